@@ -1,0 +1,68 @@
+"""QIDO-RS: search for studies, series and instances (PS3.18 §10.6)."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from ..archive import retrieve_url
+from ..dicom.attributes import Level
+from ..dicom.matching import parse_query
+from ..dicom.media_types import negotiate_json, parse_accept
+from ..dicom.search_results import build_result
+from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID
+from .responses import DicomJSONResponse
+
+router = APIRouter(tags=["QIDO-RS"])
+
+
+def _search(request: Request, archive, base: str, level: Level, own_levels: tuple,
+            study_uid: str | None = None, series_uid: str | None = None) -> Response:
+    negotiate_json(parse_accept(request.headers.get("accept")))
+    query = parse_query(level, request.query_params.multi_items(), study_uid=study_uid,
+                        series_uid=series_uid, max_results=archive.settings.max_results)
+    hits = archive.index.search(query)
+    results = []
+    for h in hits:
+        url = retrieve_url(base, h.study_uid, h.series_uid if level != "study" else None,
+                           h.sop_uid if level == "instance" else None)
+        results.append(build_result(query, h.study_json, h.series_json, h.instance_json, h.computed, url,
+                                    own_levels))
+    headers = {}
+    if query.limited and len(hits) == query.limit:
+        # PS3.18 §8.3.4.4: the server maximum cut the answer
+        headers["Warning"] = '299 dicomweb-archive: "There are additional results that can be requested"'
+    return DicomJSONResponse(orjson.dumps(results), headers=headers)
+
+
+@router.get("/studies", summary="Search for studies")
+async def search_for_studies(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
+    """Study search: matching keys of the study level (PS3.18 Table 10.6.1-5)."""
+    return _search(request, archive, base, "study", ("study",))
+
+
+@router.get("/series", summary="Search for series (all studies)")
+async def search_for_series(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
+    return _search(request, archive, base, "series", ("study", "series"))
+
+
+@router.get("/studies/{study}/series", summary="Search for series of a study")
+async def search_for_study_series(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID) -> Response:
+    return _search(request, archive, base, "series", ("series",), study_uid=study)
+
+
+@router.get("/instances", summary="Search for instances (all studies)")
+async def search_for_instances(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
+    return _search(request, archive, base, "instance", ("study", "series", "instance"))
+
+
+@router.get("/studies/{study}/instances", summary="Search for instances of a study")
+async def search_for_study_instances(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID) -> Response:
+    return _search(request, archive, base, "instance", ("series", "instance"), study_uid=study)
+
+
+@router.get("/studies/{study}/series/{series}/instances", summary="Search for instances of a series")
+async def search_for_series_instances(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID,
+                                series: SeriesUID) -> Response:
+    return _search(request, archive, base, "instance", ("instance",), study_uid=study, series_uid=series)

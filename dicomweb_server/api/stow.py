@@ -1,0 +1,136 @@
+"""STOW-RS: store instances (PS3.18 §10.5), and DELETE of studies, series and
+instances (not part of PS3.18; offered as other archives do)."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from ..archive import StoreOutcome, retrieve_url
+from ..dicom.media_types import DICOM, MULTIPART_RELATED, parse_media_type
+from ..dicom.multipart import PartSpooler
+from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
+from .errors import DICOMwebHTTPError
+from .responses import DicomJSONResponse
+
+router = APIRouter(tags=["STOW-RS"])
+
+
+def _store_response(outcome: StoreOutcome, base: str, study_uid: str | None) -> Response:
+    """Store Instances Response Module (PS3.18 §10.5.3, Table 10.5.3-1 for status)."""
+    body: dict = {}
+    studies = {s.study_uid for s in outcome.stored}
+    if study_uid is not None or len(studies) == 1:
+        body["00081190"] = {"vr": "UR", "Value": [retrieve_url(base, study_uid or next(iter(studies)))]}
+    if outcome.failed:
+        items = []
+        for f in outcome.failed:
+            item: dict = {}
+            if f.sop_class_uid:
+                item["00081150"] = {"vr": "UI", "Value": [f.sop_class_uid]}
+            if f.sop_instance_uid:
+                item["00081155"] = {"vr": "UI", "Value": [f.sop_instance_uid]}
+            item["00081197"] = {"vr": "US", "Value": [int(f.reason)]}
+            items.append(item)
+        body["00081198"] = {"vr": "SQ", "Value": items}
+    if outcome.stored:
+        body["00081199"] = {"vr": "SQ", "Value": [
+            {
+                "00081150": {"vr": "UI", "Value": [s.sop_class_uid]},
+                "00081155": {"vr": "UI", "Value": [s.sop_instance_uid]},
+                "00081190": {"vr": "UR", "Value": [retrieve_url(base, s.study_uid, s.series_uid, s.sop_instance_uid)]},
+            }
+            for s in outcome.stored
+        ]}
+    if not outcome.failed:
+        status = 200
+    elif outcome.stored:
+        status = 202
+    else:
+        status = 409
+    headers = {}
+    if outcome.failed:
+        text = "; ".join(
+            f"{f.sop_instance_uid or 'part'}: {f.message} (0x{int(f.reason):04X})" for f in outcome.failed[:20])
+        headers["Warning"] = ('299 dicomweb-archive: "' + text.replace('"', "'")[:1500] + '"').encode(
+            "latin-1", "replace").decode("latin-1")
+    return DicomJSONResponse(orjson.dumps(body), status_code=status, headers=headers)
+
+
+async def _stow(request: Request, archive, base: str, study_uid: str | None) -> Response:
+    ctype = request.headers.get("content-type", "")
+    mr = parse_media_type(ctype)
+    if mr.type != MULTIPART_RELATED:
+        raise DICOMwebHTTPError(415, f'Content-Type must be multipart/related; type="application/dicom", not {ctype!r}')
+    part_type = mr.params.get("type", DICOM).lower()
+    if part_type != DICOM:
+        raise DICOMwebHTTPError(415, f"multipart/related type {part_type!r} is not supported; "
+                                     'send type="application/dicom" (PS3.18 §10.5.1.2)')
+    boundary = mr.params.get("boundary")
+    if not boundary:
+        raise DICOMwebHTTPError(400, "multipart/related Content-Type without a boundary parameter")
+    settings = archive.settings
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > settings.max_request_bytes:
+        raise DICOMwebHTTPError(413, f"request body of {length} bytes exceeds the limit of "
+                                     f"{settings.max_request_bytes} bytes")
+    spooler = PartSpooler(boundary, archive.blobs.spool, max_bytes=settings.max_request_bytes,
+                          max_parts=settings.max_parts)
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                spooler.feed(chunk)
+        spooler.close()
+        if not spooler.parts:
+            raise DICOMwebHTTPError(400, "the multipart body holds no parts")
+        outcome = await run_in_threadpool(archive.store, spooler.parts, study_uid)
+    except ClientDisconnect:
+        spooler.discard()
+        return Response(status_code=400)
+    except BaseException:
+        spooler.discard()
+        raise
+    return _store_response(outcome, base, study_uid)
+
+
+@router.post("/studies", summary="Store instances")
+async def store_instances(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
+    """STOW-RS (PS3.18 §10.5): ``multipart/related; type="application/dicom"``,
+    one PS3.10 file per part. 200 all stored, 202 some failed, 409 none stored,
+    400 malformed body, 413 too large, 415 other media types. Answers only after
+    every stored instance is fsynced and indexed."""
+    return await _stow(request, archive, base, None)
+
+
+@router.post("/studies/{study}", summary="Store instances of one study")
+async def store_study_instances(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID) -> Response:
+    """As ``POST /studies``; instances of another study fail with 0xC409."""
+    return await _stow(request, archive, base, study)
+
+
+async def _delete(archive, study: str, series: str | None = None, sop: str | None = None) -> Response:
+    n = await run_in_threadpool(archive.delete, study, series, sop)
+    if n == 0:
+        raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
+    return Response(status_code=204)
+
+
+@router.delete("/studies/{study}", status_code=204, summary="Delete a study")
+async def delete_study(archive: ArchiveDep, study: StudyUID) -> Response:
+    """Removes the index rows (one commit), then the files. 204, or 404."""
+    return await _delete(archive, study)
+
+
+@router.delete("/studies/{study}/series/{series}", status_code=204, summary="Delete a series")
+async def delete_series(archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+    return await _delete(archive, study, series)
+
+
+@router.delete("/studies/{study}/series/{series}/instances/{instance}", status_code=204,
+               summary="Delete an instance")
+async def delete_instance(archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+                          instance: SOPInstanceUID) -> Response:
+    return await _delete(archive, study, series, instance)

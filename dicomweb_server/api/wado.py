@@ -1,0 +1,234 @@
+"""WADO-RS: retrieve studies, series, instances, metadata, frames and bulk data
+(PS3.18 §10.4). Thin: negotiation lives in dicom.media_types, reading in
+retrieve.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response, StreamingResponse
+
+from .. import retrieve
+from ..dicom import pixels
+from ..dicom.instance import BASE_URL_TOKEN
+from ..dicom.json_model import bulkdata_tagpath_parse
+from ..dicom.media_types import (
+    DICOM, MULTIPART_RELATED, OCTET_STREAM, NotAcceptable, negotiate_frames, negotiate_instances,
+    negotiate_json, parse_accept,
+)
+from ..dicom.multipart import closing, content_type, new_boundary, part_header
+from ..store.base import InstanceLocation
+from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
+from .errors import DICOMwebHTTPError
+from .responses import ChunksResponse, DicomJSONResponse
+
+router = APIRouter(tags=["WADO-RS"])
+
+_DEFAULT_TS_WARNING = '299 dicomweb-archive: "returned in the stored transfer syntax {ts}: it cannot be converted to Explicit VR Little Endian"'
+
+
+def locate(archive, study: str, series: str | None, sop: str) -> InstanceLocation:
+    loc = archive.index.locate(sop)
+    if loc is None or loc.study_uid != study or (series is not None and loc.series_uid != series):
+        raise DICOMwebHTTPError(404, f"no instance {sop} in this study/series")
+    return loc
+
+
+def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
+    """``{frames}`` path segment: comma-separated 1-based frame numbers (PS3.18
+    §10.4.1.1.2), kept in the order given. Raises 400 on anything else."""
+    numbers = []
+    for item in frames.split(","):
+        item = item.strip()
+        if not item.isdigit() or not item.isascii():
+            raise DICOMwebHTTPError(400, f"frame list {frames!r}: {item!r} is not a frame number")
+        k = int(item)
+        if k < 1:
+            raise DICOMwebHTTPError(400, f"frame list {frames!r}: frame numbers start at 1")
+        numbers.append(k)
+    if len(numbers) > limit:
+        raise DICOMwebHTTPError(400, f"at most {limit} frames per request")
+    return numbers
+
+
+# --- metadata ------------------------------------------------------------------------------
+
+
+def _metadata_response(request: Request, archive, base: str, study: str, series: str | None = None,
+                       sop: str | None = None) -> Response:
+    negotiate_json(parse_accept(request.headers.get("accept")))
+    items = archive.index.metadata(study, series, sop)
+    if not items:
+        raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
+    body = b"[" + b",".join(items) + b"]"
+    return DicomJSONResponse(body.replace(BASE_URL_TOKEN.encode(), base.encode()))
+
+
+@router.get("/studies/{study}/metadata", summary="Retrieve study metadata")
+async def retrieve_study_metadata(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID) -> Response:
+    """DICOM JSON of every instance of the study (PS3.18 §10.4.1.1.2), from the
+    JSON computed at store time; bulk elements as BulkDataURIs."""
+    return _metadata_response(request, archive, base, study)
+
+
+@router.get("/studies/{study}/series/{series}/metadata", summary="Retrieve series metadata")
+async def retrieve_series_metadata(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID,
+                                   series: SeriesUID) -> Response:
+    return _metadata_response(request, archive, base, study, series)
+
+
+@router.get("/studies/{study}/series/{series}/instances/{instance}/metadata", summary="Retrieve instance metadata")
+async def retrieve_instance_metadata(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID,
+                                     series: SeriesUID, instance: SOPInstanceUID) -> Response:
+    return _metadata_response(request, archive, base, study, series, instance)
+
+
+# --- instances -----------------------------------------------------------------------------
+
+
+def _dicom_part_type(ts: str) -> str:
+    return f"{DICOM}; transfer-syntax={ts}"
+
+
+@router.get("/studies/{study}/series/{series}/instances/{instance}", summary="Retrieve an instance")
+async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+                            instance: SOPInstanceUID) -> Response:
+    """One instance as ``multipart/related; type="application/dicom"`` or, when
+    asked, single-part ``application/dicom`` (PS3.18 §10.4.1.1.1, §8.7.3.5).
+    ``transfer-syntax=*`` returns the file as stored; 406 when the requested
+    transfer syntax cannot be produced."""
+    loc = locate(archive, study, series, instance)
+    choice = negotiate_instances(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
+                                 retrieve.can_decode, single_part_allowed=True)
+    path = archive.blobs.resolve(loc.path)
+    try:
+        data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+    except pixels.UnsupportedTransferSyntax as e:
+        raise NotAcceptable(str(e)) from None
+    headers = {}
+    if choice.defaulted and choice.transfer_syntax != "1.2.840.10008.1.2.1":
+        headers["Warning"] = _DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax)
+    if not choice.multipart:
+        return Response(data, media_type=_dicom_part_type(choice.transfer_syntax), headers=headers)
+    boundary = new_boundary()
+    return ChunksResponse(
+        [part_header(boundary, _dicom_part_type(choice.transfer_syntax)), data, closing(boundary)],
+        media_type=content_type(boundary, DICOM), headers=headers,
+    )
+
+
+async def _stream_instances(archive, locs: list[InstanceLocation], accept, boundary: str) -> AsyncIterator[bytes]:
+    first = True
+    for loc in locs:
+        try:
+            choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
+            path = archive.blobs.resolve(loc.path)
+            data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+        except (NotAcceptable, pixels.UnsupportedTransferSyntax, FileNotFoundError):
+            continue  # checked before the answer started; a file deleted meanwhile is skipped
+        yield (b"" if first else b"\r\n") + part_header(boundary, _dicom_part_type(choice.transfer_syntax))
+        yield data
+        first = False
+    yield closing(boundary)
+
+
+def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what: str) -> Response:
+    if not locs:
+        raise DICOMwebHTTPError(404, f"no such {what}")
+    accept = parse_accept(request.headers.get("accept"))
+    ok = 0
+    reason = ""
+    for loc in locs:
+        try:
+            negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
+            ok += 1
+        except NotAcceptable as e:
+            reason = str(e)
+    if ok == 0:
+        raise NotAcceptable(reason)
+    headers = {}
+    if ok < len(locs):
+        headers["Warning"] = f'299 dicomweb-archive: "{len(locs) - ok} instance(s) omitted: {reason}"'
+    boundary = new_boundary()
+    return StreamingResponse(_stream_instances(archive, locs, accept, boundary),
+                             media_type=content_type(boundary, DICOM), headers=headers)
+
+
+@router.get("/studies/{study}", summary="Retrieve a study")
+async def retrieve_study(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
+    """Every instance of the study, streamed one file at a time as
+    ``multipart/related; type="application/dicom"`` (PS3.18 §10.4.1.1.1).
+    Single-part ``application/dicom`` is 406 for more than one instance."""
+    return _retrieve_many(request, archive, archive.index.instances(study), "study")
+
+
+@router.get("/studies/{study}/series/{series}", summary="Retrieve a series")
+async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+    return _retrieve_many(request, archive, archive.index.instances(study, series), "series")
+
+
+# --- frames and bulk data ------------------------------------------------------------------
+
+
+def _multipart(parts: list[tuple[str, bytes]], part_type: str) -> Response:
+    boundary = new_boundary()
+    chunks: list[bytes] = []
+    for i, (ctype, data) in enumerate(parts):
+        chunks.append((b"\r\n" if i else b"") + part_header(boundary, ctype))
+        chunks.append(data)
+    chunks.append(closing(boundary))
+    return ChunksResponse(chunks, media_type=content_type(boundary, part_type))
+
+
+@router.get("/studies/{study}/series/{series}/instances/{instance}/frames/{frames}", summary="Retrieve frames")
+async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+                                   instance: SOPInstanceUID, frames: str) -> Response:
+    """Frames (1-based list, order kept) as ``multipart/related`` with
+    ``application/octet-stream`` native pixels (compressed sources decoded) or the
+    stored codestream in its media type (PS3.18 §10.4.1.1.2, Table 8.7.3-5).
+    400 bad list, 404 no such frame or no pixel data, 406 unproducible type."""
+    numbers = parse_frame_list(frames)
+    loc = locate(archive, study, series, instance)
+    if loc.pixel is None:
+        raise DICOMwebHTTPError(404, f"instance {instance} has no pixel data (SOP Class {loc.sop_class_uid})")
+    choice = negotiate_frames(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
+                              retrieve.can_decode)
+    path = archive.blobs.resolve(loc.path)
+    try:
+        data = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
+    except retrieve.NotFound as e:
+        raise DICOMwebHTTPError(404, str(e)) from None
+    except pixels.UnsupportedTransferSyntax as e:
+        raise NotAcceptable(str(e)) from None
+    ptype = retrieve.frame_part_type(choice)
+    return _multipart([(ptype, d) for d in data], choice.media_type)
+
+
+@router.get("/studies/{study}/series/{series}/instances/{instance}/bulkdata/{tagpath:path}",
+            summary="Retrieve bulk data")
+async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+                            instance: SOPInstanceUID, tagpath: str) -> Response:
+    """The value behind a BulkDataURI handed out in metadata (PS3.18 §10.4.1.1.5),
+    as ``multipart/related; type="application/octet-stream"`` (one part), or
+    single-part ``application/octet-stream`` when that alone is accepted.
+    Encapsulated Pixel Data: one part per frame in its compressed media type."""
+    try:
+        bulkdata_tagpath_parse(tagpath)
+    except ValueError as e:
+        raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
+    loc = locate(archive, study, series, instance)
+    path = archive.blobs.resolve(loc.path)
+    try:
+        parts = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
+    except retrieve.NotFound as e:
+        raise DICOMwebHTTPError(404, str(e)) from None
+    accept = parse_accept(request.headers.get("accept"))
+    single = accept[0].type == OCTET_STREAM and len(parts) == 1
+    if not single and not any(r.type in ("*/*", "multipart/*", MULTIPART_RELATED, OCTET_STREAM) for r in accept):
+        raise NotAcceptable("bulk data is available as multipart/related; type=\"application/octet-stream\"")
+    if single:
+        return Response(parts[0][1], media_type=OCTET_STREAM)
+    part_type = parts[0][0].split(";")[0] if parts else OCTET_STREAM
+    return _multipart(parts, part_type)

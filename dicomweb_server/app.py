@@ -1,0 +1,62 @@
+"""``create_app(settings)``: the FastAPI application of one archive process."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from . import __version__
+from .api import errors, qido, rendered, stow, wado
+from .archive import Archive
+from .settings import Settings
+
+
+def create_app(settings: Settings | None = None, archive: Archive | None = None) -> FastAPI:
+    """Build the app. The archive is opened in the lifespan unless one is given
+    (tests pass their own to share it between apps)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        opened = archive is None
+        app.state.archive = archive or Archive.open(settings)
+        try:
+            yield
+        finally:
+            if opened:
+                app.state.archive.close()
+
+    app = FastAPI(
+        title="dicomweb-archive",
+        version=__version__,
+        summary="DICOMweb (PS3.18) archive: STOW-RS, QIDO-RS, WADO-RS",
+        lifespan=lifespan,
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    if archive is not None:
+        app.state.archive = archive
+    errors.install(app)
+    for module in (qido, stow, wado, rendered):
+        app.include_router(module.router, prefix=settings.prefix)
+    if settings.cors_origins:
+        # PS3.18 does not define CORS; browser viewers need it (case H1)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["accept", "content-type", "authorization"],
+            expose_headers=["Content-Type", "Content-Location", "Warning"],
+        )
+    logging.getLogger("dicomweb_server").setLevel(settings.log_level.upper())
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for uvicorn workers: settings from ``DICOMWEB_*`` variables."""
+    return create_app(Settings())

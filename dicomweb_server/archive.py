@@ -1,0 +1,208 @@
+"""The archive: blob store + metadata index, and the STOW-RS store transaction
+that ties them together.
+
+Store order for each instance (nothing is acknowledged before step 3 returns):
+1. the received part, spooled to ``data/tmp``, is parsed and validated
+   (:func:`dicom.instance.describe_instance`);
+2. the file is fsynced and hard-linked to its final name, the directory fsynced
+   (:meth:`store.blobs.BlobStore.place`);
+3. the index rows of all instances of the request are committed in one durable
+   transaction (SQLite ``synchronous=FULL``).
+A crash before 3 leaves a file no index row names: invisible to every search and
+retrieve, re-indexed or removed by ``dicomweb-server check``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .dicom.instance import InstanceRecord, describe_instance, instance_url
+from .dicom.multipart import SpooledPart
+from .dicom.status import FailureReason, InstanceError
+from .settings import Settings
+from .store.base import Index
+from .store.blobs import BlobStore, Placed, is_out_of_resources
+
+log = logging.getLogger("dicomweb_server.archive")
+
+
+@dataclass(slots=True)
+class Stored:
+    sop_class_uid: str
+    sop_instance_uid: str
+    study_uid: str
+    series_uid: str
+    duplicate: bool = False
+
+
+@dataclass(slots=True)
+class Failed:
+    reason: FailureReason
+    message: str
+    sop_class_uid: str | None = None
+    sop_instance_uid: str | None = None
+
+
+@dataclass(slots=True)
+class StoreOutcome:
+    stored: list[Stored] = field(default_factory=list)
+    failed: list[Failed] = field(default_factory=list)
+
+
+def _is_dicom_part(content_type: str) -> bool:
+    # a part without Content-Type takes the multipart's type="application/dicom"
+    return content_type == "" or content_type.split(";")[0].strip().lower() == "application/dicom"
+
+
+class Archive:
+    """Files plus index. Methods are blocking: the web layer calls them in a
+    worker thread (or directly, for index look-ups that take microseconds)."""
+
+    def __init__(self, settings: Settings, index: Index) -> None:
+        self.settings = settings
+        self.blobs = BlobStore(Path(settings.data_dir))
+        self.index = index
+
+    @classmethod
+    def open(cls, settings: Settings) -> "Archive":
+        """Open (creating if needed) the archive in ``settings.data_dir``."""
+        data = Path(settings.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        if settings.index == "sqlite":
+            from .store.sqlite import SQLiteIndex
+
+            index: Index = SQLiteIndex(data / "index.sqlite")
+        else:
+            from .store.memory import MemoryIndex
+
+            index = MemoryIndex()
+        archive = cls(settings, index)
+        archive.blobs.clean_spool()
+        if settings.index == "memory":
+            archive.rebuild()
+        return archive
+
+    def close(self) -> None:
+        self.index.close()
+
+    def rebuild(self) -> int:
+        """Index every file under ``blobs/`` (start-up of the in-memory index)."""
+        batch: list[InstanceRecord] = []
+        n = 0
+        for rel in self.blobs.walk():
+            try:
+                rec = describe_instance(self.blobs.resolve(rel), bulk_threshold=self.settings.bulk_threshold)
+            except InstanceError as e:
+                log.warning("not indexed: %s: %s", rel, e.message)
+                continue
+            if rec.path != rel:
+                log.warning("not indexed: %s is filed under the wrong name (expected %s)", rel, rec.path)
+                continue
+            batch.append(rec)
+            if len(batch) >= 500:
+                n += sum(self.index.add(batch))
+                batch = []
+        if batch:
+            n += sum(self.index.add(batch))
+        return n
+
+    # --- STOW-RS ------------------------------------------------------------------------
+
+    def store(self, parts: list[SpooledPart], expected_study_uid: str | None = None) -> StoreOutcome:
+        """Store the parts of one STOW-RS request (PS3.18 §10.5); durable on return.
+
+        Each part succeeds or fails on its own. Spool files of parts that were not
+        stored are removed. Duplicate policy: the same SOP Instance UID with
+        byte-identical content is a success (nothing rewritten); with different
+        content it fails with 0x0111 and the stored instance is kept.
+        """
+        outcome = StoreOutcome()
+        pending: list[tuple[InstanceRecord, Path]] = []
+        for part in parts:
+            if not part.complete or part.path is None:
+                outcome.failed.append(Failed(FailureReason.CANNOT_UNDERSTAND,
+                                             "part not closed by a multipart boundary (body cut short)"))
+                continue
+            if not _is_dicom_part(part.content_type):
+                outcome.failed.append(Failed(
+                    FailureReason.CANNOT_UNDERSTAND,
+                    f"part Content-Type {part.content_type!r} is not application/dicom"))
+                continue
+            try:
+                rec = describe_instance(part.path, bulk_threshold=self.settings.bulk_threshold,
+                                        expected_study_uid=expected_study_uid)
+            except InstanceError as e:
+                outcome.failed.append(Failed(e.reason, e.message, e.sop_class_uid, e.sop_instance_uid))
+                continue
+            if any(r.sop_uid == rec.sop_uid for r, _ in pending):
+                outcome.failed.append(Failed(FailureReason.DUPLICATE_SOP_INSTANCE,
+                                             "the same SOP Instance UID twice in one request",
+                                             rec.sop_class_uid, rec.sop_uid))
+                continue
+            try:
+                placed = self.blobs.place(part.path, rec.path)
+                if placed is Placed.EXISTS:
+                    same = self.blobs.same(part.path, rec.path)
+                    indexed = self.index.locate(rec.sop_uid) is not None
+                    if same and indexed:
+                        outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
+                                                     rec.series_uid, duplicate=True))
+                        continue
+                    if indexed:
+                        outcome.failed.append(Failed(
+                            FailureReason.DUPLICATE_SOP_INSTANCE,
+                            f"SOP Instance {rec.sop_uid} is already stored with different content",
+                            rec.sop_class_uid, rec.sop_uid))
+                        continue
+                    if not same:  # an unindexed file left by a crash: never acknowledged, replace it
+                        self.blobs.replace(part.path, rec.path)
+            except OSError as e:
+                reason = FailureReason.OUT_OF_RESOURCES if is_out_of_resources(e) else FailureReason.PROCESSING_FAILURE
+                outcome.failed.append(Failed(reason, f"cannot write the file: {e.strerror or e}",
+                                             rec.sop_class_uid, rec.sop_uid))
+                continue
+            pending.append((rec, part.path))
+        if pending:
+            try:
+                added = self.index.add([r for r, _ in pending])
+            except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
+                log.error("index commit failed: %s", e)
+                for rec, _ in pending:
+                    self.blobs.remove(rec.path)
+                    outcome.failed.append(Failed(FailureReason.OUT_OF_RESOURCES,
+                                                 f"cannot commit the index: {e}", rec.sop_class_uid, rec.sop_uid))
+            else:
+                for (rec, _), new in zip(pending, added):
+                    outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
+                                                 duplicate=not new))
+        for part in parts:  # spool files not linked into place
+            if part.path is not None:
+                try:
+                    part.path.unlink()
+                except FileNotFoundError:
+                    pass
+        return outcome
+
+    # --- DELETE -------------------------------------------------------------------------
+
+    def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> int:
+        """Remove index rows (one durable commit: readers never see half of it),
+        then the files. Returns the number of instances removed."""
+        paths = self.index.delete(study_uid, series_uid, sop_uid)
+        for rel in paths:
+            try:
+                self.blobs.remove(rel)
+            except OSError as e:  # left for `check` to collect
+                log.warning("could not remove %s: %s", rel, e)
+        return len(paths)
+
+
+def retrieve_url(base_url: str, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> str:
+    """RetrieveURL of a study, series or instance (PS3.18 §10.4)."""
+    if sop_uid is not None and series_uid is not None:
+        return base_url + instance_url(study_uid, series_uid, sop_uid)
+    if series_uid is not None:
+        return f"{base_url}/studies/{study_uid}/series/{series_uid}"
+    return f"{base_url}/studies/{study_uid}"

@@ -1,0 +1,175 @@
+"""``dicomweb-server``: run the archive, import folders of files, check the data.
+
+    dicomweb-server [serve] [--host H] [--port P] [--data-dir D] [--index sqlite|memory] [--workers N]
+    dicomweb-server import [--samples] PATH...
+    dicomweb-server check [--repair]
+
+Every serve flag is also a ``DICOMWEB_*`` environment variable (see settings.py);
+flags win over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+# glibc returns large buffers to the OS after each request by default; on 0.5-1 MB
+# DICOM bodies the page faults cost more than the work (shared/performance-facts).
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+
+
+def _add_settings_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", help="archive folder (default ./data; env DICOMWEB_DATA_DIR)")
+    p.add_argument("--index", choices=["sqlite", "memory"], help="metadata index (default sqlite)")
+
+
+def _settings(args: argparse.Namespace):
+    from .settings import Settings
+
+    overrides = {k: v for k, v in vars(args).items()
+                 if k in Settings.model_fields and v is not None}
+    return Settings(**overrides)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = _settings(args)
+    if settings.index == "memory" and args.workers not in (None, 1):
+        print("dicomweb-server: the in-memory index lives in one process; "
+              "use --workers 1 or --index sqlite", file=sys.stderr)
+        return 2
+    workers = settings.effective_workers()
+    # workers (and the single-worker reloader-free run) read their settings from the environment
+    for name, value in settings.model_dump(exclude_none=True).items():
+        env = "DICOMWEB_" + name.upper()
+        os.environ[env] = str(value) if not isinstance(value, list) else __import__("json").dumps(value)
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
+          f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
+          file=sys.stderr, flush=True)
+    uvicorn.run(
+        "dicomweb_server.app:create_app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers if workers > 1 else None,
+        access_log=settings.access_log,
+        log_level=settings.log_level,
+        timeout_keep_alive=30,
+        # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
+    )
+    return 0
+
+
+def _sample_files() -> list[Path]:
+    import pydicom
+
+    root = Path(pydicom.__file__).parent / "data" / "test_files"
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _import(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .archive import Archive
+    from .dicom.multipart import SpooledPart
+
+    settings = _settings(args)
+    paths: list[Path] = []
+    for raw in args.paths:
+        p = Path(raw)
+        paths += sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
+    if args.samples:
+        paths += _sample_files()
+    if not paths:
+        print("dicomweb-server import: no files given (PATH... or --samples)", file=sys.stderr)
+        return 2
+    archive = Archive.open(settings)
+    stored = dup = failed = 0
+    try:
+        batch: list[SpooledPart] = []
+
+        def flush() -> None:
+            nonlocal stored, dup, failed
+            outcome = archive.store(batch)
+            stored += sum(1 for s in outcome.stored if not s.duplicate)
+            dup += sum(1 for s in outcome.stored if s.duplicate)
+            failed += len(outcome.failed)
+            batch.clear()
+
+        for path in tqdm(paths, unit="file", desc="import", disable=args.quiet):
+            # the archive takes ownership of what it stores: work on a copy
+            fd, tmp = tempfile.mkstemp(prefix="import-", suffix=".tmp", dir=archive.blobs.spool)
+            os.close(fd)
+            shutil.copyfile(path, tmp)
+            batch.append(SpooledPart(headers={}, path=Path(tmp), size=os.path.getsize(tmp), complete=True))
+            if len(batch) >= 50:
+                flush()
+        if batch:
+            flush()
+    finally:
+        archive.close()
+    print(f"imported {stored} new instance(s), {dup} already stored, {failed} file(s) not DICOM or invalid; "
+          f"archive in {Path(settings.data_dir).resolve()}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .archive import Archive
+    from .check import reconcile
+
+    settings = _settings(args)
+    archive = Archive.open(settings)
+    try:
+        report = reconcile(archive, repair=args.repair)
+    finally:
+        archive.close()
+    print(report.summary())
+    return 0 if report.clean or args.repair else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-"):
+        argv = ["serve"] + argv
+    parser = argparse.ArgumentParser(prog="dicomweb-server", description="DICOMweb (PS3.18) archive")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the archive (default command)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8080)")
+    serve.add_argument("--workers", type=int, help="worker processes (default: one per core with sqlite)")
+    serve.add_argument("--prefix", help="serve DICOMweb under this path, e.g. /dicomweb")
+    serve.add_argument("--public-url", dest="public_url", help="base URL written into RetrieveURLs")
+    serve.add_argument("--cors-origin", dest="cors_origins", action="append", help="allowed CORS origin (repeat)")
+    serve.add_argument("--access-log", dest="access_log", action="store_true", default=None)
+    serve.add_argument("--log-level", dest="log_level")
+    _add_settings_args(serve)
+    serve.set_defaults(func=_serve)
+
+    imp = sub.add_parser("import", help="store DICOM files from folders into the archive")
+    imp.add_argument("paths", nargs="*", help="files or folders (recursive)")
+    imp.add_argument("--samples", action="store_true", help="also import the DICOM files that ship inside pydicom")
+    imp.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_settings_args(imp)
+    imp.set_defaults(func=_import)
+
+    chk = sub.add_parser("check", help="reconcile the index with the files on disk")
+    chk.add_argument("--repair", action="store_true", help="re-index orphan files, drop rows without files")
+    _add_settings_args(chk)
+    chk.set_defaults(func=_check)
+
+    args = parser.parse_args(argv)
+    if args.command == "serve" and not all(k in os.environ for k in _MALLOC_ENV):
+        os.environ.update({k: v for k, v in _MALLOC_ENV.items() if k not in os.environ})
+        os.execv(sys.executable, [sys.executable, "-m", "dicomweb_server.cli", *argv])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

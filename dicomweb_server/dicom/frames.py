@@ -1,0 +1,175 @@
+"""Where each frame of an instance lies in its PS3.10 file, computed once at
+store time so that WADO-RS frame retrieval is a seek and a read, not a DICOM parse.
+
+References
+----------
+PS3.5 §7.1 (data element encoding), §A.4 (encapsulated pixel data: item tags,
+Basic Offset Table, sequence delimiter), PS3.5 §8.1.1 (native frame layout);
+PS3.18 §10.4.1.1.2 (frames resource).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+PIXEL_DATA = 0x7FE00010
+_ITEM = 0xFFFEE000
+_SEQ_DELIM = 0xFFFEE0DD
+
+
+class Truncated(ValueError):
+    """The file ends inside its pixel data (STOW failure 0xC000)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PixelLayout:
+    """Location of the pixel data of one file.
+
+    ``vr``: OB/OW; ``value_offset``/``value_length``: the Pixel Data value (native);
+    ``end``: file offset just past the element; ``fragments``: (offset, length) of each
+    encapsulated fragment (Basic Offset Table excluded); ``frames``: for
+    encapsulated data, the fragment index range (first, count) of each frame, or
+    None when the frame boundaries cannot be known without decoding.
+    """
+
+    vr: str
+    value_offset: int
+    value_length: int | None
+    end: int
+    fragments: tuple[tuple[int, int], ...] | None = None
+    frames: tuple[tuple[int, int], ...] | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "vr": self.vr, "offset": self.value_offset, "length": self.value_length, "end": self.end,
+            "fragments": self.fragments, "frames": self.frames,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PixelLayout":
+        frag = d.get("fragments")
+        frames = d.get("frames")
+        return cls(
+            d["vr"], d["offset"], d["length"], d["end"],
+            tuple(tuple(x) for x in frag) if frag is not None else None,  # type: ignore[misc]
+            tuple(tuple(x) for x in frames) if frames is not None else None,  # type: ignore[misc]
+        )
+
+
+def _read_exact(fp: BinaryIO, n: int) -> bytes:
+    b = fp.read(n)
+    if len(b) != n:
+        raise Truncated("the file ends inside its pixel data")
+    return b
+
+
+def scan_pixel_data(
+    fp: BinaryIO, pos: int, file_size: int, *, implicit_vr: bool, little_endian: bool, number_of_frames: int
+) -> PixelLayout | None:
+    """Describe the Pixel Data element that starts at ``pos`` (where pydicom's
+    ``stop_before_pixels`` left the file), or None when ``pos`` holds another element.
+
+    Raises
+    ------
+    Truncated
+        The value, an item or the sequence delimiter lies beyond the end of the file.
+    """
+    e = "<" if little_endian else ">"
+    fp.seek(pos)
+    head = fp.read(8)
+    if len(head) < 8:
+        return None
+    group, elem = struct.unpack(e + "HH", head[:4])
+    if (group << 16 | elem) != PIXEL_DATA:
+        return None
+    if implicit_vr:
+        vr = "OW"
+        (length,) = struct.unpack(e + "L", head[4:8])
+        value_offset = pos + 8
+    else:
+        vr = head[4:6].decode("latin-1")
+        (length,) = struct.unpack(e + "L", _read_exact(fp, 4))
+        value_offset = pos + 12
+    if length != 0xFFFFFFFF:
+        if value_offset + length > file_size:
+            raise Truncated(
+                f"Pixel Data is {length} bytes but the file ends {file_size - value_offset} bytes into it"
+            )
+        return PixelLayout(vr, value_offset, length, value_offset + length)
+    # encapsulated: a sequence of items, the first being the Basic Offset Table (PS3.5 A.4)
+    fp.seek(value_offset)
+    items: list[tuple[int, int]] = []
+    while True:
+        tag_len = _read_exact(fp, 8)
+        g, el, ln = struct.unpack("<HHL", tag_len)
+        tag = g << 16 | el
+        here = fp.tell()
+        if tag == _SEQ_DELIM:
+            end = here
+            break
+        if tag != _ITEM or ln == 0xFFFFFFFF:
+            raise Truncated(f"unexpected tag ({g:04X},{el:04X}) inside encapsulated Pixel Data")
+        if here + ln > file_size:
+            raise Truncated("the file ends inside an encapsulated pixel data fragment")
+        items.append((here, ln))
+        fp.seek(here + ln)
+    if not items:
+        raise Truncated("encapsulated Pixel Data without a Basic Offset Table item")
+    bot_off, bot_len = items[0]
+    fragments = tuple(items[1:])
+    frames: tuple[tuple[int, int], ...] | None = None
+    n = max(1, number_of_frames)
+    if bot_len >= 4 * n and bot_len % 4 == 0:
+        fp.seek(bot_off)
+        offsets = struct.unpack(f"<{bot_len // 4}L", _read_exact(fp, bot_len))
+        first_item = bot_off + bot_len  # offsets count from the first fragment's item tag
+        starts = {off - 8 - first_item: i for i, (off, _ln) in enumerate(fragments)}
+        idx = [starts.get(o) for o in offsets]
+        if None not in idx and len(idx) == n:
+            bounds = list(idx) + [len(fragments)]
+            frames = tuple((bounds[i], bounds[i + 1] - bounds[i]) for i in range(n))  # type: ignore[operator]
+    if frames is None:
+        if n == 1:
+            frames = ((0, len(fragments)),)
+        elif len(fragments) == n:
+            frames = tuple((i, 1) for i in range(n))
+    return PixelLayout(vr, value_offset, None, end, fragments, frames)
+
+
+def native_frame_length(rows: int, columns: int, samples: int, bits_allocated: int) -> int | None:
+    """Bytes of one native frame (PS3.5 §8.1.1); None for bit-packed (1-bit) data."""
+    bits = rows * columns * samples * bits_allocated
+    return bits // 8 if bits % 8 == 0 and bits_allocated % 8 == 0 else None
+
+
+def read_frame(fp: BinaryIO, layout: PixelLayout, frame_number: int, frame_length: int | None) -> bytes:
+    """The stored bytes of frame ``frame_number`` (1-based): native pixels, or the
+    concatenated fragments of an encapsulated frame.
+
+    Raises
+    ------
+    IndexError
+        No such frame (HTTP 404).
+    LookupError
+        Frame boundaries unknown (caller falls back to decoding with pydicom).
+    """
+    if layout.fragments is None:
+        if frame_length is None:
+            raise LookupError("bit-packed frames")
+        start = layout.value_offset + (frame_number - 1) * frame_length
+        if frame_number < 1 or start + frame_length > layout.value_offset + (layout.value_length or 0):
+            raise IndexError(frame_number)
+        fp.seek(start)
+        return fp.read(frame_length)
+    if layout.frames is None:
+        raise LookupError("frame boundaries not known")
+    if not 1 <= frame_number <= len(layout.frames):
+        raise IndexError(frame_number)
+    first, count = layout.frames[frame_number - 1]
+    out = []
+    for off, ln in layout.fragments[first : first + count]:
+        fp.seek(off)
+        out.append(fp.read(ln))
+    return b"".join(out)

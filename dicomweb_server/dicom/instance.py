@@ -1,0 +1,214 @@
+"""Turn one received PS3.10 file into everything the archive keeps about it:
+validated UIDs, QIDO column values per level, the DICOM JSON metadata (bulk
+elements as BulkDataURIs) and the pixel-data layout. Runs once per stored
+instance, so that no read path ever parses a DICOM file for metadata or search.
+
+References
+----------
+PS3.10 §7.1 (file meta information), PS3.18 §10.5.1 (STOW-RS request: each part a
+PS3.10 file), PS3.18 Annex F (JSON model), PS3.4 B.2.3 (failure statuses).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.multival import MultiValue
+
+from .attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute
+from .frames import PIXEL_DATA, PixelLayout, Truncated, native_frame_length, scan_pixel_data
+from .json_model import dataset_to_json, level_attributes
+from .matching import normalize_stored
+from .status import FailureReason, InstanceError
+from .uids import validate_uid
+
+#: Placeholder for the archive's base URL inside stored JSON; replaced per response.
+BASE_URL_TOKEN = "@@BASE@@"
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    """What the index keeps about one instance (values normalised for matching)."""
+
+    study_uid: str
+    series_uid: str
+    sop_uid: str
+    sop_class_uid: str
+    transfer_syntax_uid: str
+    study: dict[str, object]  # keyword -> value, for STORED["study"]
+    series: dict[str, object]
+    instance: dict[str, object]
+    study_json: bytes  # study-level attributes (DICOM JSON object)
+    series_json: bytes
+    metadata: bytes  # the whole instance (DICOM JSON object), BASE_URL_TOKEN in URIs
+    pixel: dict | None  # PixelLayout.to_json() + frame_length, number_of_frames
+    size: int
+    path: str = ""  # relative to the blob root, set when the file is placed
+
+
+def instance_path(study_uid: str, series_uid: str, sop_uid: str) -> str:
+    """Relative path of an instance's file; built from validated UIDs only."""
+    return f"{study_uid}/{series_uid}/{sop_uid}.dcm"
+
+
+def instance_url(study_uid: str, series_uid: str, sop_uid: str) -> str:
+    return f"/studies/{study_uid}/series/{series_uid}/instances/{sop_uid}"
+
+
+def _column_value(ds: Dataset, attribute: Attribute) -> object:
+    try:
+        elem = ds.get(attribute.keyword)
+    except Exception:  # an unreadable value never fails the instance; it is not indexed
+        return None
+    if elem is None:
+        return None
+    if isinstance(elem, MultiValue):
+        value: object = "\\".join(str(v) for v in elem)
+    else:
+        value = elem
+    try:
+        return normalize_stored(attribute, str(value) if not isinstance(value, (int, float)) else value)
+    except Exception:
+        return None
+
+
+def _uid(ds: Dataset, keyword: str, sop_class: str | None, sop_uid: str | None) -> str:
+    value = ds.get(keyword)
+    try:
+        return validate_uid(str(value) if value is not None else "")
+    except ValueError as e:
+        raise InstanceError(
+            FailureReason.DATASET_MISMATCH, f"{keyword}: {e}", sop_class, sop_uid
+        ) from None
+
+
+def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_uid: str | None = None
+                      ) -> InstanceRecord:
+    """Read and validate a received file.
+
+    Parameters
+    ----------
+    path
+        A PS3.10 file (128-byte preamble, ``DICM``, file meta information).
+    bulk_threshold
+        Binary values longer than this become BulkDataURIs in the metadata.
+    expected_study_uid
+        The study named by the STOW-RS URL (``POST /studies/{study}``), if any.
+
+    Raises
+    ------
+    InstanceError
+        0xC000 not a PS3.10 file / truncated / unreadable; 0xA900 a required UID is
+        missing or invalid; 0xC409 StudyInstanceUID differs from ``expected_study_uid``.
+    """
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as fp:
+            ds = pydicom.dcmread(fp, stop_before_pixels=True)
+            pos = fp.tell()
+            meta = ds.file_meta
+            ts = str(meta.get("TransferSyntaxUID", "") or "")
+            if not ts:
+                raise InstanceError(FailureReason.CANNOT_UNDERSTAND,
+                                    "no TransferSyntaxUID in the file meta information (PS3.10 §7.1)")
+            layout: PixelLayout | None = None
+            deflated = ts == "1.2.840.10008.1.2.1.99"
+            if not deflated and pos < size:
+                nframes = _int(ds.get("NumberOfFrames"), 1)
+                layout = scan_pixel_data(
+                    fp, pos, size, implicit_vr=ds.original_encoding[0] is True,
+                    little_endian=ds.original_encoding[1] is not False, number_of_frames=nframes,
+                )
+                trailing_at = layout.end if layout is not None else pos
+                if trailing_at < size:
+                    # elements after Pixel Data (e.g. padding): read them too, pixels stay on disk
+                    fp.seek(trailing_at)
+                    trailing = pydicom.filereader.read_dataset(
+                        fp, ds.original_encoding[0] is True, ds.original_encoding[1] is not False
+                    )
+                    for elem in trailing:
+                        if elem.tag != PIXEL_DATA:
+                            ds.add(elem)
+            elif deflated:
+                full = pydicom.dcmread(path, defer_size=bulk_threshold)
+                if PIXEL_DATA in full:
+                    ds = full
+    except InstanceError:
+        raise
+    except Truncated as e:
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e)) from None
+    except InvalidDicomError as e:
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND,
+                            f"not a PS3.10 DICOM file (preamble and 'DICM' prefix required): {e}") from None
+    except Exception as e:  # pydicom raises many types on garbage input
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot parse the DICOM file: {e}") from None
+
+    sop_class_raw = str(ds.get("SOPClassUID", "") or "") or None
+    sop_uid_raw = str(ds.get("SOPInstanceUID", "") or "") or None
+    sop_class = _uid(ds, "SOPClassUID", sop_class_raw, sop_uid_raw)
+    sop_uid = _uid(ds, "SOPInstanceUID", sop_class_raw, sop_uid_raw)
+    study_uid = _uid(ds, "StudyInstanceUID", sop_class, sop_uid)
+    series_uid = _uid(ds, "SeriesInstanceUID", sop_class, sop_uid)
+    if expected_study_uid is not None and study_uid != expected_study_uid:
+        raise InstanceError(
+            FailureReason.STUDY_UID_MISMATCH,
+            f"StudyInstanceUID {study_uid} differs from the study {expected_study_uid} named in the request URL",
+            sop_class, sop_uid,
+        )
+
+    prefix = BASE_URL_TOKEN + instance_url(study_uid, series_uid, sop_uid) + "/bulkdata"
+    try:
+        meta_json = dataset_to_json(ds, prefix, bulk_threshold=bulk_threshold)
+    except Exception as e:
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot convert to DICOM JSON: {e}",
+                            sop_class, sop_uid) from None
+    pixel = None
+    if layout is not None:
+        vr = layout.vr if layout.vr in ("OB", "OW") else "OW"
+        meta_json["7FE00010"] = {"vr": vr, "BulkDataURI": prefix + "/7FE00010"}
+        pixel = layout.to_json()
+        pixel["number_of_frames"] = _int(ds.get("NumberOfFrames"), 1)
+        pixel["frame_length"] = native_frame_length(
+            _int(ds.get("Rows"), 0), _int(ds.get("Columns"), 0),
+            _int(ds.get("SamplesPerPixel"), 1), _int(ds.get("BitsAllocated"), 8),
+        )
+        if layout.fragments is None and pixel["frame_length"] and layout.value_length is not None:
+            need = pixel["frame_length"] * pixel["number_of_frames"]
+            if layout.value_length < need:
+                raise InstanceError(
+                    FailureReason.CANNOT_UNDERSTAND,
+                    f"Pixel Data holds {layout.value_length} bytes; Rows x Columns x Samples x "
+                    f"BitsAllocated x NumberOfFrames needs {need}", sop_class, sop_uid)
+    elif deflated and PIXEL_DATA in ds:
+        pixel = {"deflated": True, "number_of_frames": _int(ds.get("NumberOfFrames"), 1)}
+    meta_json = dict(sorted(meta_json.items()))
+    dumps = orjson.dumps
+    return InstanceRecord(
+        study_uid=study_uid,
+        series_uid=series_uid,
+        sop_uid=sop_uid,
+        sop_class_uid=sop_class,
+        transfer_syntax_uid=ts,
+        study={a.keyword: _column_value(ds, a) for a in STORED["study"]},
+        series={a.keyword: _column_value(ds, a) for a in STORED["series"]},
+        instance={a.keyword: _column_value(ds, a) for a in STORED["instance"]},
+        study_json=dumps(level_attributes(meta_json, STUDY_LEVEL_TAGS)),
+        series_json=dumps(level_attributes(meta_json, SERIES_LEVEL_TAGS)),
+        metadata=dumps(meta_json),
+        pixel=pixel,
+        size=size,
+        path=instance_path(study_uid, series_uid, sop_uid),
+    )
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return default

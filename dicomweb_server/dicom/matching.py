@@ -1,0 +1,366 @@
+"""QIDO-RS query parsing and attribute matching.
+
+One parsed :class:`Query` serves both index back ends: the in-memory index
+evaluates it with :func:`match_value`, the SQLite index compiles it to SQL.
+
+References
+----------
+PS3.18 §8.3.4 (query parameters: ``{attributeID}={value}``, ``includefield``,
+``fuzzymatching``, ``limit``, ``offset``); PS3.4 C.2.2.2 (single value, list of UID,
+universal, wildcard and range matching).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .attributes import BY_KEYWORD, BY_TAG, LEVELS, Attribute, Kind, Level, resolve_attribute
+from .uids import validate_uid
+
+
+class QueryError(ValueError):
+    """A query parameter the archive cannot accept (HTTP 400, with this message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One matching key.
+
+    ``type`` is one of ``single`` (values: one normalised value), ``list`` (UID list
+    or multi-valued CS: any value matches), ``wildcard`` (values: the pattern with
+    ``*``/``?``), ``range`` (values: (low or None, high or None), inclusive) and
+    ``universal`` (no constraint; the attribute is returned).
+    """
+
+    attribute: Attribute
+    type: str
+    values: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A parsed QIDO-RS request (PS3.18 §10.6.1)."""
+
+    level: Level
+    study_uid: str | None
+    series_uid: str | None
+    matches: tuple[Match, ...]
+    includefields: tuple[str, ...]  # tags, 8 uppercase hex
+    include_all: bool
+    fuzzy: bool
+    limit: int
+    offset: int
+    limited: bool  # True when the server maximum cut the client's limit (or none was given)
+
+
+_DATE_RE = re.compile(r"^\d{8}$")
+_TIME_RE = re.compile(r"^(\d{2})(\d{2})?(\d{2})?(?:\.(\d{1,6}))?$")
+_DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(?:\.(\d{1,6}))?([+-]\d{4})?$")
+
+# Aliases kept for clients that send series/instance keys to a study search: they
+# mean "any series/instance of the study has this value" (documented in the README).
+_STUDY_ALIASES = {"Modality": "ModalitiesInStudy", "SOPClassUID": "SOPClassesInStudy"}
+
+
+# --- normalisation (shared with the indexes, which store normalised values) ---------------
+
+
+def normalize_date(value: str) -> str | None:
+    """DA ``YYYYMMDD`` as stored; None when empty or malformed (never matches a range)."""
+    v = value.strip()
+    return v if _DATE_RE.match(v) else None
+
+
+def normalize_time(value: str, upper: bool = False) -> str | None:
+    """TM to the fixed width ``HHMMSS.ffffff``; missing components are filled with
+    zeros (or their maximum when ``upper``, so that ``-10`` includes 10:59)."""
+    m = _TIME_RE.match(value.strip())
+    if not m:
+        return None
+    hh, mm, ss, frac = m.groups()
+    fill = "59" if upper else "00"
+    return f"{hh}{mm or fill}{ss or fill}.{(frac or '').ljust(6, '9' if upper else '0')}"
+
+
+def normalize_datetime(value: str, upper: bool = False) -> str | None:
+    """DT to ``YYYYMMDDHHMMSS.ffffff`` (the UTC offset suffix is ignored)."""
+    m = _DT_RE.match(value.strip())
+    if not m:
+        return None
+    y, mo, d, hh, mi, ss, frac, _tz = m.groups()
+    if upper:
+        return f"{y}{mo or '12'}{d or '31'}{hh or '23'}{mi or '59'}{ss or '59'}.{(frac or '').ljust(6, '9')}"
+    return f"{y}{mo or '01'}{d or '01'}{hh or '00'}{mi or '00'}{ss or '00'}.{(frac or '').ljust(6, '0')}"
+
+
+def normalize_pn(value: str) -> str:
+    """Person names are matched case-insensitively (a documented choice; PS3.4
+    C.2.2.2.1 leaves PN case sensitivity to the implementation)."""
+    return value.strip().upper()
+
+
+def normalize_stored(attribute: Attribute, value: object) -> object:
+    """The value an index keeps for ``attribute`` (None when absent/empty)."""
+    if value is None or value == "":
+        return None
+    kind = attribute.kind
+    if kind is Kind.INT:
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            return None
+    text = str(value)
+    if kind is Kind.DATE:
+        return normalize_date(text) or text.strip()
+    if kind is Kind.TIME:
+        return normalize_time(text) or text.strip()
+    if kind is Kind.DATETIME:
+        return normalize_datetime(text) or text.strip()
+    if kind is Kind.PN:
+        return normalize_pn(text)
+    return text.strip()
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def _level_rank(level: Level) -> int:
+    return LEVELS.index(level)
+
+
+def _split_list(value: str) -> list[str]:
+    return [v for v in re.split(r"[\\,]", value) if v != ""]
+
+
+def _parse_match(attribute: Attribute, raw: str) -> Match:
+    kind = attribute.kind
+    value = raw.strip() if kind is not Kind.TEXT else raw
+    if value == "" or value == "*":
+        return Match(attribute, "universal", ())
+    if kind is Kind.UID:
+        uids = _split_list(value)
+        try:
+            uids = [validate_uid(u) for u in uids]
+        except ValueError as e:
+            raise QueryError(f"{attribute.keyword}: {e}") from None
+        return Match(attribute, "single" if len(uids) == 1 else "list", tuple(uids))
+    if kind is Kind.MULTI:
+        return Match(attribute, "list", tuple(_split_list(value)))
+    if kind is Kind.INT:
+        try:
+            return Match(attribute, "single", (int(value),))
+        except ValueError:
+            raise QueryError(f"{attribute.keyword}: {raw!r} is not an integer") from None
+    if kind in (Kind.DATE, Kind.TIME, Kind.DATETIME):
+        return _parse_temporal(attribute, value, raw)
+    if kind is Kind.PN:
+        value = normalize_pn(value)
+    if "*" in value or "?" in value:
+        return Match(attribute, "wildcard", (value,))
+    return Match(attribute, "single", (value,))
+
+
+_NORMALIZERS = {
+    Kind.DATE: (normalize_date, normalize_date),
+    Kind.TIME: (normalize_time, lambda v: normalize_time(v, upper=True)),
+    Kind.DATETIME: (normalize_datetime, lambda v: normalize_datetime(v, upper=True)),
+}
+
+
+def _parse_temporal(attribute: Attribute, value: str, raw: str) -> Match:
+    """DA/TM/DT single value or range ``low-high`` with either end open (PS3.4
+    C.2.2.2.5). A partial TM/DT names a period and matches all of it."""
+    kind = attribute.kind
+    lower, upper = _NORMALIZERS[kind]
+    lo = lower(value)
+    if lo is not None:  # a single value (a DT may carry a "-hhmm" UTC offset)
+        if kind is Kind.DATE:
+            return Match(attribute, "single", (lo,))
+        return Match(attribute, "range", (lo, upper(value)))
+    for i, ch in enumerate(value):
+        if ch != "-":
+            continue
+        lo_raw, hi_raw = value[:i], value[i + 1 :]
+        lo = lower(lo_raw) if lo_raw else None
+        hi = upper(hi_raw) if hi_raw else None
+        if (lo_raw and lo is None) or (hi_raw and hi is None) or (lo is None and hi is None):
+            continue
+        return Match(attribute, "range", (lo, hi))
+    raise QueryError(f"{attribute.keyword}: {raw!r} is not a valid {kind.value} value or range")
+
+
+def _bool_param(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no", ""):
+        return False
+    raise QueryError(f"{name}: {value!r} is not true or false")
+
+
+def _int_param(name: str, value: str, minimum: int) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise QueryError(f"{name}: {value!r} is not an integer") from None
+    if n < minimum:
+        raise QueryError(f"{name}: must be >= {minimum}")
+    if n > 2**31:
+        raise QueryError(f"{name}: {n} is too large")
+    return n
+
+
+def parse_query(
+    level: Level,
+    params: Iterable[tuple[str, str]],
+    *,
+    study_uid: str | None = None,
+    series_uid: str | None = None,
+    max_results: int = 1000,
+) -> Query:
+    """Parse QIDO-RS query parameters (PS3.18 §8.3.4) for a search at ``level``.
+
+    Parameters
+    ----------
+    level
+        ``study``, ``series`` or ``instance``: the level of the resource searched.
+    params
+        The query string as (name, value) pairs, repeats kept.
+    study_uid, series_uid
+        The scope given in the path (``/studies/{study}/series``), already validated.
+    max_results
+        Server maximum for ``limit``; a larger or missing limit is cut to it.
+
+    Returns
+    -------
+    Query
+
+    Raises
+    ------
+    QueryError
+        Unknown attribute, an attribute not supported for matching at this level,
+        malformed value, a key given twice, bad ``limit``/``offset``/``fuzzymatching``
+        (HTTP 400).
+    """
+    matches: dict[str, Match] = {}
+    includes: list[str] = []
+    include_all = False
+    fuzzy = False
+    limit: int | None = None
+    offset = 0
+    rank = _level_rank(level)
+    for name, value in params:
+        lname = name.lower()
+        if lname == "includefield":
+            for item in value.split(","):
+                item = item.strip()
+                if not item:
+                    continue
+                if item.lower() == "all":
+                    include_all = True
+                    continue
+                try:
+                    tag, _kw = resolve_attribute(item)
+                except ValueError as e:
+                    raise QueryError(f"includefield: {e}") from None
+                includes.append(tag)
+            continue
+        if lname == "fuzzymatching":
+            fuzzy = _bool_param(name, value)
+            continue
+        if lname == "limit":
+            limit = _int_param(name, value, 0)
+            continue
+        if lname == "offset":
+            offset = _int_param(name, value, 0)
+            continue
+        # {attributeID}={value}; nested sequence paths (a.b) are not supported for matching
+        try:
+            tag, keyword = resolve_attribute(name)
+        except ValueError as e:
+            raise QueryError(str(e)) from None
+        attribute = BY_TAG.get(tag)
+        if attribute is not None and level == "study" and attribute.keyword in _STUDY_ALIASES:
+            attribute = BY_KEYWORD[_STUDY_ALIASES[attribute.keyword]]
+        if attribute is None:
+            raise QueryError(
+                f"{keyword or tag} is not supported as a matching key; supported: "
+                + ", ".join(a.keyword for a in BY_KEYWORD.values() if _level_rank(a.level) <= rank)
+            )
+        if _level_rank(attribute.level) > rank:
+            raise QueryError(f"{attribute.keyword} is a {attribute.level}-level attribute; "
+                             f"it cannot be matched in a {level} search")
+        if attribute.keyword in matches:
+            raise QueryError(f"{attribute.keyword} is given more than once")
+        matches[attribute.keyword] = _parse_match(attribute, value)
+    limited = limit is None or limit > max_results
+    return Query(
+        level=level,
+        study_uid=study_uid,
+        series_uid=series_uid,
+        matches=tuple(matches.values()),
+        includefields=tuple(dict.fromkeys(includes)),
+        include_all=include_all,
+        fuzzy=fuzzy,
+        limit=max_results if limited else limit,  # type: ignore[arg-type]
+        offset=offset,
+        limited=limited,
+    )
+
+
+# --- evaluation (in-memory index) --------------------------------------------------------
+
+
+@lru_cache(maxsize=1024)
+def wildcard_regex(pattern: str) -> re.Pattern[str]:
+    """DICOM wildcard (``*`` any run, ``?`` one character) as an anchored regex."""
+    out = []
+    for ch in pattern:
+        out.append(".*" if ch == "*" else "." if ch == "?" else re.escape(ch))
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+def fuzzy_tokens(value: str) -> list[str]:
+    """Words of a fuzzy PN query: each must start some component of the name."""
+    return [t for t in re.split(r"[\^= ,]+", value.replace("*", "").replace("?", "")) if t]
+
+
+def fuzzy_pn_match(tokens: list[str], stored: str) -> bool:
+    words = re.split(r"[\^= ]+", stored)
+    return all(any(w.startswith(t) for w in words) for t in tokens)
+
+
+def match_value(match: Match, stored: object, fuzzy: bool = False) -> bool:
+    """Does one stored (normalised) value satisfy ``match``? (PS3.4 C.2.2.2)
+
+    ``stored`` is what :func:`normalize_stored` produced; for MULTI attributes it
+    is a collection of values.
+    """
+    t = match.type
+    if t == "universal":
+        return True
+    if stored is None:
+        return False
+    kind = match.attribute.kind
+    if kind is Kind.MULTI:
+        return any(v in stored for v in match.values)  # type: ignore[operator]
+    if t == "single":
+        if kind is Kind.PN and fuzzy:
+            return fuzzy_pn_match(fuzzy_tokens(match.values[0]), stored)  # type: ignore[arg-type]
+        return stored == match.values[0]
+    if t == "list":
+        return stored in match.values
+    if t == "wildcard":
+        if kind is Kind.PN and fuzzy:
+            return fuzzy_pn_match(fuzzy_tokens(match.values[0]), stored)  # type: ignore[arg-type]
+        return wildcard_regex(match.values[0]).match(stored) is not None  # type: ignore[arg-type]
+    if t == "range":
+        lo, hi = match.values
+        s = stored
+        if not isinstance(s, str) or not s[:1].isdigit():
+            return False
+        return (lo is None or s >= lo) and (hi is None or s <= hi)
+    raise AssertionError(t)

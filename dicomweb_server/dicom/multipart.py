@@ -1,0 +1,194 @@
+"""multipart/related (RFC 2387) for DICOMweb: a streaming reader that spools each
+part of a STOW-RS body to its own file, and helpers that frame response parts.
+
+The reader drives python-multipart's low-level ``MultipartParser`` (a streaming
+byte parser, ~1 GB/s here). That parser does not accept a preamble before the first
+boundary (RFC 2046 §5.1.1 allows one), so :class:`PartSpooler` skips it first; this
+is the only hand-written framing code.
+
+References
+----------
+PS3.18 §8.6.1.2 (multipart/related payloads), RFC 2046 §5.1.1 (boundary, preamble,
+epilogue), RFC 2387.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser
+
+CRLF = b"\r\n"
+
+
+class MultipartError(ValueError):
+    """Malformed multipart framing (HTTP 400)."""
+
+
+class TooLarge(ValueError):
+    """Body or part count above the configured cap (HTTP 413)."""
+
+
+@dataclass(slots=True)
+class SpooledPart:
+    """One part of a multipart body, spooled to ``path`` (a file the caller owns)."""
+
+    headers: dict[str, str] = field(default_factory=dict)  # names lower-cased
+    path: Path | None = None
+    size: int = 0
+    complete: bool = False
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "")
+
+
+class PartSpooler:
+    """Feed a multipart body chunk by chunk; each part goes to a new file in
+    ``spool_dir`` (same filesystem as the archive, so a stored part is renamed, not
+    copied). Memory stays bounded by the chunk size.
+
+    Raises
+    ------
+    MultipartError
+        Framing errors (no boundary found, bad delimiters).
+    TooLarge
+        More than ``max_bytes`` bytes or ``max_parts`` parts.
+    """
+
+    def __init__(self, boundary: str, spool_dir: Path, *, max_bytes: int, max_parts: int) -> None:
+        if not boundary or len(boundary) > 70:
+            raise MultipartError("the multipart boundary must be 1 to 70 characters (RFC 2046)")
+        self._boundary = boundary.encode("latin-1")
+        self._delim = b"--" + self._boundary
+        self._spool_dir = spool_dir
+        self._max_bytes = max_bytes
+        self._max_parts = max_parts
+        self._received = 0
+        self._in_preamble = True
+        self._head = b""
+        self.parts: list[SpooledPart] = []
+        self._file = None
+        self._hname = b""
+        self._hvalue = b""
+        self._ended = False
+        self._parser = MultipartParser(
+            self._boundary,
+            {
+                "on_part_begin": self._on_part_begin,
+                "on_header_field": self._on_header_field,
+                "on_header_value": self._on_header_value,
+                "on_header_end": self._on_header_end,
+                "on_part_data": self._on_part_data,
+                "on_part_end": self._on_part_end,
+                "on_end": self._on_end,
+            },
+        )
+
+    # python-multipart callbacks
+    def _on_part_begin(self) -> None:
+        if len(self.parts) >= self._max_parts:
+            raise TooLarge(f"more than {self._max_parts} parts in one request")
+        fd, name = tempfile.mkstemp(prefix="part-", suffix=".tmp", dir=self._spool_dir)
+        self._file = os.fdopen(fd, "wb", buffering=0)
+        self.parts.append(SpooledPart(path=Path(name)))
+
+    def _on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._hname += data[start:end]
+
+    def _on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._hvalue += data[start:end]
+
+    def _on_header_end(self) -> None:
+        name = self._hname.decode("latin-1").strip().lower()
+        self.parts[-1].headers[name] = self._hvalue.decode("latin-1").strip()
+        self._hname = self._hvalue = b""
+
+    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
+        assert self._file is not None
+        self._file.write(memoryview(data)[start:end])
+        self.parts[-1].size += end - start
+
+    def _on_part_end(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.parts[-1].complete = True
+
+    def _on_end(self) -> None:
+        self._ended = True
+
+    def feed(self, chunk: bytes) -> None:
+        """Consume the next chunk of the body."""
+        self._received += len(chunk)
+        if self._received > self._max_bytes:
+            raise TooLarge(f"request body larger than {self._max_bytes} bytes")
+        if self._in_preamble:
+            # RFC 2046: anything before the first "--boundary" line is a preamble.
+            self._head += chunk
+            if self._head.startswith(self._delim):
+                idx = 0
+            else:
+                idx = self._head.find(CRLF + self._delim)
+                if idx < 0:
+                    if len(self._head) > 65536:
+                        raise MultipartError("no multipart boundary found in the first 64 KiB of the body")
+                    return
+                idx += 2
+            chunk, self._head, self._in_preamble = self._head[idx:], b"", False
+        if self._ended:
+            return  # epilogue
+        try:
+            self._parser.write(chunk)
+        except MultipartParseError as e:
+            raise MultipartError(f"malformed multipart body: {e}") from None
+
+    def close(self) -> None:
+        """End of body. Parts not closed by a delimiter stay ``complete=False``."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._in_preamble:
+            raise MultipartError("no multipart boundary found in the body")
+
+    def discard(self) -> None:
+        """Remove every spooled file that the caller did not take."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        for p in self.parts:
+            if p.path is not None:
+                try:
+                    p.path.unlink()
+                except FileNotFoundError:
+                    pass
+
+
+def new_boundary() -> str:
+    return "dicomweb-" + secrets.token_hex(16)
+
+
+def part_header(boundary: str, content_type: str, extra: dict[str, str] | None = None) -> bytes:
+    """Delimiter and headers that open one part (CRLF framing, RFC 2046 §5.1.1)."""
+    lines = [f"--{boundary}", f"Content-Type: {content_type}"]
+    if extra:
+        lines += [f"{k}: {v}" for k, v in extra.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def closing(boundary: str) -> bytes:
+    """The close delimiter, preceded by the CRLF that ends the last part."""
+    return f"\r\n--{boundary}--\r\n".encode("latin-1")
+
+
+def content_type(boundary: str, part_type: str, transfer_syntax: str | None = None) -> str:
+    """``multipart/related; type="..."; boundary=...`` for a response."""
+    ct = f'multipart/related; type="{part_type}"; boundary={boundary}'
+    if transfer_syntax:
+        ct += f"; transfer-syntax={transfer_syntax}"
+    return ct

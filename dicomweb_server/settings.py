@@ -1,0 +1,53 @@
+"""Archive configuration: one pydantic-settings model; every field is also an
+environment variable with the prefix ``DICOMWEB_`` (e.g. ``DICOMWEB_DATA_DIR``),
+and the ``dicomweb-server`` command line maps its flags onto the same fields."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Configuration of one archive process.
+
+    Units: sizes in bytes, times in seconds.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="DICOMWEB_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    data_dir: Path = Path("./data")
+    index: Literal["sqlite", "memory"] = "sqlite"
+    workers: int | None = Field(None, ge=1, description="default: one per core with sqlite, 1 with memory")
+    prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. /dicomweb")
+    public_url: str | None = Field(
+        None, description="base URL written into RetrieveURL/BulkDataURI; default: from the request"
+    )
+    max_request_bytes: int = Field(4 * 1024**3, ge=1, description="STOW-RS body cap -> 413")
+    max_parts: int = Field(10_000, ge=1, description="STOW-RS parts per request cap -> 413")
+    max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) limit")
+    bulk_threshold: int = Field(1024, ge=0, description="binary values larger than this become BulkDataURIs")
+    render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-image cache cap per worker")
+    access_log: bool = False
+    log_level: str = "info"
+    cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; ['*'] for any")
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if v and not v.startswith("/"):
+            v = "/" + v
+        return v
+
+    def effective_workers(self) -> int:
+        """Worker processes to start: the in-memory index lives in one process."""
+        if self.index == "memory":
+            return 1
+        return self.workers or (os.cpu_count() or 1)

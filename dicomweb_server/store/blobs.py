@@ -1,0 +1,144 @@
+"""Instance files on disk, written so that a crash at any moment leaves either the
+complete file or nothing at its final name.
+
+Write path (``place``): the received part was spooled to ``tmp/`` on the same
+filesystem; it is fsynced, hard-linked to its final name (``link`` fails if the
+name exists, so two writers of one SOP Instance UID never overwrite each other),
+the final directory is fsynced, and the spool name is removed. Paths are built
+from validated UIDs only (``dicom.uids.validate_uid``); :meth:`BlobStore.resolve`
+refuses anything that would leave the blob root.
+"""
+
+from __future__ import annotations
+
+import errno
+import filecmp
+import os
+from enum import Enum
+from pathlib import Path
+
+
+class Placed(str, Enum):
+    NEW = "new"  # the file is now at its final name
+    EXISTS = "exists"  # a file is already at that name (see BlobStore.same)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    """Files under ``root/blobs``; spool files under ``root/tmp``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blobs = root / "blobs"
+        self.spool = root / "tmp"
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)
+
+    def clean_spool(self) -> int:
+        """Remove spool files left by a crash (never acknowledged). Returns the count."""
+        n = 0
+        for p in self.spool.iterdir():
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+        return n
+
+    def resolve(self, relpath: str) -> Path:
+        """Absolute path of a stored file.
+
+        Raises
+        ------
+        ValueError
+            ``relpath`` would leave the blob root.
+        """
+        p = (self.blobs / relpath).resolve()
+        if not p.is_relative_to(self.blobs.resolve()):
+            raise ValueError(f"path {relpath!r} is outside the archive")
+        return p
+
+    def _mkdirs(self, directory: Path) -> None:
+        missing = []
+        d = directory
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        for m in reversed(missing):
+            try:
+                m.mkdir()
+            except FileExistsError:
+                pass
+            _fsync_dir(m.parent)
+
+    def place(self, spooled: Path, relpath: str) -> Placed:
+        """Durably move a spooled file to ``relpath`` (see module docstring).
+
+        Raises
+        ------
+        OSError
+            ENOSPC/EROFS/EDQUOT and other I/O errors (STOW failure 0xA700); the
+            final name is then untouched.
+        """
+        final = self.resolve(relpath)
+        fd = os.open(spooled, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._mkdirs(final.parent)
+        try:
+            os.link(spooled, final)
+        except FileExistsError:
+            return Placed.EXISTS
+        _fsync_dir(final.parent)
+        os.unlink(spooled)
+        return Placed.NEW
+
+    def replace(self, spooled: Path, relpath: str) -> None:
+        """Durably replace an unindexed file left at ``relpath`` (an orphan)."""
+        final = self.resolve(relpath)
+        os.replace(spooled, final)
+        _fsync_dir(final.parent)
+
+    def same(self, spooled: Path, relpath: str) -> bool:
+        """Whether the spooled file is byte-identical to the stored one."""
+        return filecmp.cmp(spooled, self.resolve(relpath), shallow=False)
+
+    def remove(self, relpath: str) -> None:
+        """Delete a stored file and its emptied series/study folders."""
+        final = self.resolve(relpath)
+        try:
+            final.unlink()
+        except FileNotFoundError:
+            return
+        d = final.parent
+        for _ in range(2):
+            try:
+                d.rmdir()
+            except OSError:
+                break
+            d = d.parent
+        _fsync_dir(d)
+
+    def walk(self):
+        """Relative paths of every stored ``.dcm`` file."""
+        for dirpath, _dirs, files in os.walk(self.blobs):
+            for f in files:
+                if f.endswith(".dcm"):
+                    yield os.path.relpath(os.path.join(dirpath, f), self.blobs)
+
+
+def is_out_of_resources(err: OSError) -> bool:
+    """Errors that mean 'no room or no write access' (STOW failure 0xA700)."""
+    return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+
+
+__all__ = ["BlobStore", "Placed", "is_out_of_resources"]

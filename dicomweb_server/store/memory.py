@@ -1,0 +1,238 @@
+"""In-memory metadata index (``--index memory``): Python objects with
+``__slots__``, rebuilt from the data folder at start-up, so nothing is lost on
+restart. It lives in one process (the server refuses more than one worker).
+
+Kept lean: per instance, the index holds its column values, location and the
+stored DICOM JSON as compact bytes (no per-element Python objects); see the
+README for the measured bytes per instance.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from itertools import islice
+
+from ..dicom.attributes import STORED, Kind
+from ..dicom.instance import InstanceRecord
+from ..dicom.matching import Query, match_value
+from .base import Index, InstanceLocation, SearchHit
+
+_STUDY_COLS = tuple(a.keyword for a in STORED["study"])
+_SERIES_COLS = tuple(a.keyword for a in STORED["series"])
+_INSTANCE_COLS = tuple(a.keyword for a in STORED["instance"])
+_COL_INDEX = {
+    "study": {k: i for i, k in enumerate(_STUDY_COLS)},
+    "series": {k: i for i, k in enumerate(_SERIES_COLS)},
+    "instance": {k: i for i, k in enumerate(_INSTANCE_COLS)},
+}
+
+
+class _Study:
+    __slots__ = ("uid", "cols", "json", "series")
+
+    def __init__(self, uid: str, cols: tuple, json: bytes) -> None:
+        self.uid, self.cols, self.json = uid, cols, json
+        self.series: dict[str, _Series] = {}
+
+    def modalities(self) -> list[str]:
+        return sorted({s.cols[_COL_INDEX["series"]["Modality"]] for s in self.series.values()} - {None})
+
+    def sop_classes(self) -> list[str]:
+        return sorted({i.sop_class for s in self.series.values() for i in s.instances.values()})
+
+    def n_instances(self) -> int:
+        return sum(len(s.instances) for s in self.series.values())
+
+
+class _Series:
+    __slots__ = ("uid", "study", "cols", "json", "instances")
+
+    def __init__(self, uid: str, study: _Study, cols: tuple, json: bytes) -> None:
+        self.uid, self.study, self.cols, self.json = uid, study, cols, json
+        self.instances: dict[str, _Instance] = {}
+
+
+class _Instance:
+    __slots__ = ("uid", "series", "cols", "sop_class", "ts", "path", "size", "pixel", "metadata")
+
+    def __init__(self, r: InstanceRecord, series: _Series) -> None:
+        self.uid = r.sop_uid
+        self.series = series
+        self.cols = tuple(r.instance[c] for c in _INSTANCE_COLS)
+        self.sop_class = r.sop_class_uid
+        self.ts = r.transfer_syntax_uid
+        self.path = r.path
+        self.size = r.size
+        self.pixel = r.pixel
+        self.metadata = r.metadata
+
+    def location(self) -> InstanceLocation:
+        se = self.series
+        return InstanceLocation(se.study.uid, se.uid, self.uid, self.sop_class, self.ts, self.path,
+                                self.size, self.pixel)
+
+
+class MemoryIndex(Index):
+    """Everything in dicts keyed by UID; insertion order is the stable order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._studies: dict[str, _Study] = {}
+        self._series: dict[str, _Series] = {}
+        self._instances: dict[str, _Instance] = {}
+
+    def add(self, records: list[InstanceRecord]) -> list[bool]:
+        out = []
+        with self._lock:
+            for r in records:
+                if r.sop_uid in self._instances:
+                    out.append(False)
+                    continue
+                study = self._studies.get(r.study_uid)
+                if study is None:
+                    study = self._studies[r.study_uid] = _Study(
+                        r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), r.study_json)
+                series = self._series.get(r.series_uid)
+                if series is None:
+                    series = self._series[r.series_uid] = _Series(
+                        r.series_uid, study, tuple(r.series[c] for c in _SERIES_COLS), r.series_json)
+                    study.series[r.series_uid] = series
+                inst = _Instance(r, series)
+                series.instances[r.sop_uid] = inst
+                self._instances[r.sop_uid] = inst
+                out.append(True)
+        return out
+
+    def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
+        with self._lock:
+            study = self._studies.get(study_uid)
+            if study is None:
+                return []
+            victims = [i for i in self._iter_instances(study, series_uid) if sop_uid is None or i.uid == sop_uid]
+            for inst in victims:
+                se = inst.series
+                del se.instances[inst.uid]
+                del self._instances[inst.uid]
+                if not se.instances:
+                    del se.study.series[se.uid]
+                    del self._series[se.uid]
+            if not study.series:
+                del self._studies[study_uid]
+            return [i.path for i in victims]
+
+    def _iter_instances(self, study: _Study, series_uid: str | None) -> list[_Instance]:
+        if series_uid is not None:
+            se = study.series.get(series_uid)
+            return list(se.instances.values()) if se is not None else []
+        return [i for se in study.series.values() for i in se.instances.values()]
+
+    def locate(self, sop_uid: str) -> InstanceLocation | None:
+        inst = self._instances.get(sop_uid)
+        return inst.location() if inst is not None else None
+
+    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
+        with self._lock:
+            study = self._studies.get(study_uid)
+            return [i.location() for i in self._iter_instances(study, series_uid)] if study else []
+
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[bytes]:
+        with self._lock:
+            study = self._studies.get(study_uid)
+            if study is None:
+                return []
+            return [i.metadata for i in self._iter_instances(study, series_uid)
+                    if sop_uid is None or i.uid == sop_uid]
+
+    # --- search -----------------------------------------------------------------------
+
+    @staticmethod
+    def _study_value(study: _Study, keyword: str) -> object:
+        if keyword == "ModalitiesInStudy":
+            return study.modalities()
+        if keyword == "SOPClassesInStudy":
+            return study.sop_classes()
+        if keyword == "NumberOfStudyRelatedSeries":
+            return len(study.series)
+        if keyword == "NumberOfStudyRelatedInstances":
+            return study.n_instances()
+        return study.cols[_COL_INDEX["study"][keyword]]
+
+    def _matches(self, query: Query, level: str, entity) -> bool:
+        for m in query.matches:
+            if m.attribute.level != level:
+                continue
+            if level == "study":
+                value = self._study_value(entity, m.attribute.keyword)
+            elif m.attribute.keyword == "NumberOfSeriesRelatedInstances":
+                value = len(entity.instances)
+            else:
+                value = entity.cols[_COL_INDEX[level][m.attribute.keyword]]
+            if not match_value(m, value, query.fuzzy and m.attribute.kind is Kind.PN):
+                return False
+        return True
+
+    def search(self, query: Query) -> list[SearchHit]:
+        with self._lock:
+            if query.study_uid is not None:
+                s = self._studies.get(query.study_uid)
+                studies = [s] if s is not None else []
+            else:
+                studies = list(self._studies.values())
+            gen = self._generate(query, studies)
+            return list(islice(gen, query.offset, query.offset + query.limit))
+
+    def _generate(self, query: Query, studies: list[_Study]) -> Iterator[SearchHit]:
+        level = query.level
+        # stable order = arrival order of the entity searched
+        if level == "study":
+            for st in studies:
+                if self._matches(query, "study", st):
+                    yield SearchHit(st.uid, None, None, st.json, None, None, self._computed(st, None))
+            return
+        if level == "series":
+            candidates = (se for se in self._series.values()) if query.study_uid is None else \
+                (se for st in studies for se in st.series.values())
+            for se in candidates:
+                if query.series_uid is not None and se.uid != query.series_uid:
+                    continue
+                if self._matches(query, "study", se.study) and self._matches(query, "series", se):
+                    yield SearchHit(se.study.uid, se.uid, None, se.study.json, se.json, None,
+                                    self._computed(se.study, se))
+            return
+        insts = (i for i in self._instances.values()) if query.study_uid is None else \
+            (i for st in studies for se in st.series.values() for i in se.instances.values())
+        ok_study: dict[str, bool] = {}
+        ok_series: dict[str, bool] = {}
+        for inst in insts:
+            se = inst.series
+            if query.series_uid is not None and se.uid != query.series_uid:
+                continue
+            st = se.study
+            if st.uid not in ok_study:
+                ok_study[st.uid] = self._matches(query, "study", st)
+            if se.uid not in ok_series:
+                ok_series[se.uid] = self._matches(query, "series", se)
+            if ok_study[st.uid] and ok_series[se.uid] and self._matches(query, "instance", inst):
+                yield SearchHit(st.uid, se.uid, inst.uid, st.json, se.json, inst.metadata,
+                                self._computed(st, se))
+
+    @staticmethod
+    def _computed(st: _Study, se: _Series | None) -> dict[str, object]:
+        c: dict[str, object] = {
+            "ModalitiesInStudy": st.modalities(),
+            "SOPClassesInStudy": st.sop_classes(),
+            "NumberOfStudyRelatedSeries": len(st.series),
+            "NumberOfStudyRelatedInstances": st.n_instances(),
+        }
+        if se is not None:
+            c["NumberOfSeriesRelatedInstances"] = len(se.instances)
+        return c
+
+    def count(self) -> int:
+        return len(self._instances)
+
+    def paths(self) -> Iterator[tuple[str, str]]:
+        with self._lock:
+            items = [(i.uid, i.path) for i in self._instances.values()]
+        yield from items

@@ -1,0 +1,335 @@
+"""SQLite metadata index: WAL journal, ``synchronous=FULL`` (a commit survives
+power loss), one table per query/retrieve level with a column per matching key,
+computed study/series attributes kept current in the same transaction.
+
+Safe with several worker processes: each thread of each process has its own
+connection; writers serialise on ``BEGIN IMMEDIATE`` (busy timeout 30 s).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from ..dicom.attributes import STORED, Attribute, Kind
+from ..dicom.instance import InstanceRecord
+from ..dicom.matching import Match, Query, fuzzy_tokens
+from .base import Index, InstanceLocation, SearchHit
+
+_ALIAS = {"study": "s", "series": "se", "instance": "i"}
+_COLTYPE = {Kind.INT: "INTEGER"}
+
+
+def _cols(level: str) -> list[str]:
+    return [a.keyword for a in STORED[level]]  # type: ignore[index]
+
+
+def _schema() -> str:
+    def coldefs(level: str, skip: str) -> str:
+        return ",\n  ".join(f"{a.keyword} {_COLTYPE.get(a.kind, 'TEXT')}" for a in STORED[level] if a.keyword != skip)  # type: ignore[index]
+
+    return f"""
+CREATE TABLE IF NOT EXISTS study (
+  pk INTEGER PRIMARY KEY,
+  StudyInstanceUID TEXT NOT NULL UNIQUE,
+  {coldefs("study", "StudyInstanceUID")},
+  ModalitiesInStudy TEXT, SOPClassesInStudy TEXT,
+  NumberOfStudyRelatedSeries INTEGER NOT NULL DEFAULT 0,
+  NumberOfStudyRelatedInstances INTEGER NOT NULL DEFAULT 0,
+  _json BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS series (
+  pk INTEGER PRIMARY KEY,
+  study_pk INTEGER NOT NULL REFERENCES study(pk),
+  SeriesInstanceUID TEXT NOT NULL UNIQUE,
+  {coldefs("series", "SeriesInstanceUID")},
+  NumberOfSeriesRelatedInstances INTEGER NOT NULL DEFAULT 0,
+  _json BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS instance (
+  pk INTEGER PRIMARY KEY,
+  series_pk INTEGER NOT NULL REFERENCES series(pk),
+  SOPInstanceUID TEXT NOT NULL UNIQUE,
+  {coldefs("instance", "SOPInstanceUID")},
+  _transfer_syntax TEXT NOT NULL,
+  _path TEXT NOT NULL,
+  _size INTEGER NOT NULL,
+  _pixel BLOB,
+  _metadata BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS study_patient_id ON study(PatientID);
+CREATE INDEX IF NOT EXISTS study_patient_name ON study(PatientName);
+CREATE INDEX IF NOT EXISTS study_date ON study(StudyDate);
+CREATE INDEX IF NOT EXISTS study_accession ON study(AccessionNumber);
+CREATE INDEX IF NOT EXISTS series_study ON series(study_pk);
+CREATE INDEX IF NOT EXISTS series_modality ON series(Modality);
+CREATE INDEX IF NOT EXISTS instance_series ON instance(series_pk);
+"""
+
+
+def _glob_escape(text: str) -> str:
+    """Escape GLOB's own metacharacters; DICOM's ``*``/``?`` keep their meaning."""
+    return text.replace("[", "[[]")
+
+
+def _compile(m: Match, fuzzy: bool) -> tuple[str, list]:
+    a: Attribute = m.attribute
+    col = f"{_ALIAS[a.level]}.{a.keyword}"
+    t = m.type
+    if t == "universal":
+        return "", []
+    if a.kind is Kind.MULTI:
+        return "(" + " OR ".join(f"instr({col}, ?) > 0" for _ in m.values) + ")", [f"\\{v}\\" for v in m.values]
+    if a.kind is Kind.PN and fuzzy and t in ("single", "wildcard"):
+        words = f"(' ' || replace(replace(replace({col}, '^', ' '), '=', ' '), ',', ' '))"
+        toks = fuzzy_tokens(m.values[0])
+        if not toks:
+            return f"{col} IS NOT NULL", []
+        return "(" + " AND ".join(f"{words} GLOB ?" for _ in toks) + ")", [f"* {_glob_escape(t)}*" for t in toks]
+    if t == "single":
+        return f"{col} = ?", [m.values[0]]
+    if t == "list":
+        return f"{col} IN ({','.join('?' * len(m.values))})", list(m.values)
+    if t == "wildcard":
+        return f"{col} GLOB ?", [_glob_escape(m.values[0])]
+    if t == "range":
+        lo, hi = m.values
+        parts, params = [f"substr({col}, 1, 1) BETWEEN '0' AND '9'"], []
+        if lo is not None:
+            parts.append(f"{col} >= ?")
+            params.append(lo)
+        if hi is not None:
+            parts.append(f"{col} <= ?")
+            params.append(hi)
+        return "(" + " AND ".join(parts) + ")", params
+    raise AssertionError(t)
+
+
+def _split_multi(v: str | None) -> list[str]:
+    return [x for x in (v or "").split("\\") if x]
+
+
+class SQLiteIndex(Index):
+    """The default, embedded index (``--index sqlite``): ``data_dir/index.sqlite``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        con = self._con()
+        with con:
+            con.executescript(_schema())
+
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=FULL")
+            con.execute("PRAGMA foreign_keys=ON")
+            con.execute("PRAGMA cache_size=-32000")
+            self._local.con = con
+            with self._lock:
+                self._all.append(con)
+        return con
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._all:
+                try:
+                    con.close()
+                except sqlite3.Error:
+                    pass
+            self._all.clear()
+        self._local = threading.local()
+
+    # --- writes -----------------------------------------------------------------------
+
+    def add(self, records: list[InstanceRecord]) -> list[bool]:
+        con = self._con()
+        added: list[bool] = []
+        touched_series: set[int] = set()
+        touched_studies: set[int] = set()
+        scols, secols, icols = _cols("study"), _cols("series"), _cols("instance")
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for r in records:
+                if con.execute("SELECT 1 FROM instance WHERE SOPInstanceUID = ?", (r.sop_uid,)).fetchone():
+                    added.append(False)
+                    continue
+                con.execute(
+                    f"INSERT OR IGNORE INTO study ({','.join(scols)}, _json) VALUES ({','.join('?' * (len(scols) + 1))})",
+                    [r.study[c] for c in scols] + [r.study_json],
+                )
+                (study_pk,) = con.execute("SELECT pk FROM study WHERE StudyInstanceUID = ?", (r.study_uid,)).fetchone()
+                con.execute(
+                    f"INSERT OR IGNORE INTO series (study_pk, {','.join(secols)}, _json) "
+                    f"VALUES (?, {','.join('?' * (len(secols) + 1))})",
+                    [study_pk] + [r.series[c] for c in secols] + [r.series_json],
+                )
+                row = con.execute("SELECT pk, study_pk FROM series WHERE SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
+                series_pk = row[0]
+                if row[1] != study_pk:
+                    # same series UID already filed under another study: keep the first filing
+                    study_pk = row[1]
+                con.execute(
+                    f"INSERT INTO instance (series_pk, {','.join(icols)}, _transfer_syntax, _path, _size, _pixel, _metadata) "
+                    f"VALUES (?, {','.join('?' * (len(icols) + 5))})",
+                    [series_pk] + [r.instance[c] for c in icols]
+                    + [r.transfer_syntax_uid, r.path, r.size,
+                       orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata],
+                )
+                touched_series.add(series_pk)
+                touched_studies.add(study_pk)
+                added.append(True)
+            self._recompute(con, touched_series, touched_studies)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return added
+
+    @staticmethod
+    def _recompute(con: sqlite3.Connection, series_pks: set[int], study_pks: set[int]) -> None:
+        for pk in series_pks:
+            con.execute(
+                "UPDATE series SET NumberOfSeriesRelatedInstances = "
+                "(SELECT count(*) FROM instance WHERE series_pk = ?) WHERE pk = ?", (pk, pk))
+        for pk in study_pks:
+            mods = sorted({m for (m,) in con.execute(
+                "SELECT DISTINCT Modality FROM series WHERE study_pk = ? AND Modality IS NOT NULL", (pk,))})
+            classes = sorted({c for (c,) in con.execute(
+                "SELECT DISTINCT i.SOPClassUID FROM instance i JOIN series se ON se.pk = i.series_pk "
+                "WHERE se.study_pk = ?", (pk,))})
+            con.execute(
+                "UPDATE study SET ModalitiesInStudy = ?, SOPClassesInStudy = ?, "
+                "NumberOfStudyRelatedSeries = (SELECT count(*) FROM series WHERE study_pk = ?), "
+                "NumberOfStudyRelatedInstances = (SELECT coalesce(sum(NumberOfSeriesRelatedInstances), 0) "
+                "FROM series WHERE study_pk = ?) WHERE pk = ?",
+                ("\\" + "\\".join(mods) + "\\" if mods else None,
+                 "\\" + "\\".join(classes) + "\\" if classes else None, pk, pk, pk),
+            )
+
+    def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
+        con = self._con()
+        where, params = ["s.StudyInstanceUID = ?"], [study_uid]
+        if series_uid is not None:
+            where.append("se.SeriesInstanceUID = ?")
+            params.append(series_uid)
+        if sop_uid is not None:
+            where.append("i.SOPInstanceUID = ?")
+            params.append(sop_uid)
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            rows = con.execute(
+                "SELECT i.pk, i._path, se.pk, s.pk FROM instance i JOIN series se ON se.pk = i.series_pk "
+                f"JOIN study s ON s.pk = se.study_pk WHERE {' AND '.join(where)}", params).fetchall()
+            con.executemany("DELETE FROM instance WHERE pk = ?", [(r[0],) for r in rows])
+            series_pks = {r[2] for r in rows}
+            study_pks = {r[3] for r in rows}
+            self._recompute(con, series_pks, set())
+            con.execute("DELETE FROM series WHERE NumberOfSeriesRelatedInstances = 0 AND pk IN "
+                        f"({','.join('?' * len(series_pks))})", list(series_pks))
+            self._recompute(con, set(), study_pks)
+            con.execute("DELETE FROM study WHERE NumberOfStudyRelatedSeries = 0 AND pk IN "
+                        f"({','.join('?' * len(study_pks))})", list(study_pks))
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return [r[1] for r in rows]
+
+    # --- reads ------------------------------------------------------------------------
+
+    _LOC = ("SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID, i.SOPClassUID, "
+            "i._transfer_syntax, i._path, i._size, i._pixel FROM instance i "
+            "JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk ")
+
+    @staticmethod
+    def _loc(row: tuple) -> InstanceLocation:
+        return InstanceLocation(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
+                                orjson.loads(row[7]) if row[7] is not None else None)
+
+    def locate(self, sop_uid: str) -> InstanceLocation | None:
+        row = self._con().execute(self._LOC + "WHERE i.SOPInstanceUID = ?", (sop_uid,)).fetchone()
+        return self._loc(row) if row else None
+
+    def _scope(self, study_uid: str, series_uid: str | None, sop_uid: str | None = None) -> tuple[str, list]:
+        where, params = ["s.StudyInstanceUID = ?"], [study_uid]
+        if series_uid is not None:
+            where.append("se.SeriesInstanceUID = ?")
+            params.append(series_uid)
+        if sop_uid is not None:
+            where.append("i.SOPInstanceUID = ?")
+            params.append(sop_uid)
+        return "WHERE " + " AND ".join(where) + " ORDER BY se.pk, i.pk", params
+
+    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
+        where, params = self._scope(study_uid, series_uid)
+        return [self._loc(r) for r in self._con().execute(self._LOC + where, params)]
+
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[bytes]:
+        where, params = self._scope(study_uid, series_uid, sop_uid)
+        return [r[0] for r in self._con().execute(
+            "SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
+            "JOIN study s ON s.pk = se.study_pk " + where, params)]
+
+    def search(self, query: Query) -> list[SearchHit]:
+        level = query.level
+        select = ["s.StudyInstanceUID", "s._json", "s.ModalitiesInStudy", "s.SOPClassesInStudy",
+                  "s.NumberOfStudyRelatedSeries", "s.NumberOfStudyRelatedInstances"]
+        frm = "study s"
+        order = "s.pk"
+        if level in ("series", "instance"):
+            select += ["se.SeriesInstanceUID", "se._json", "se.NumberOfSeriesRelatedInstances"]
+            frm = "series se JOIN study s ON s.pk = se.study_pk"
+            order = "se.pk"
+        if level == "instance":
+            select += ["i.SOPInstanceUID", "i._metadata"]
+            frm = "instance i JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk"
+            order = "i.pk"
+        where: list[str] = []
+        params: list = []
+        if query.study_uid is not None:
+            where.append("s.StudyInstanceUID = ?")
+            params.append(query.study_uid)
+        if query.series_uid is not None:
+            where.append("se.SeriesInstanceUID = ?")
+            params.append(query.series_uid)
+        for m in query.matches:
+            sql, p = _compile(m, query.fuzzy)
+            if sql:
+                where.append(sql)
+                params += p
+        sql = f"SELECT {', '.join(select)} FROM {frm}"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY {order} LIMIT ? OFFSET ?"
+        params += [query.limit, query.offset]
+        hits = []
+        for row in self._con().execute(sql, params):
+            computed: dict[str, object] = {
+                "ModalitiesInStudy": _split_multi(row[2]),
+                "SOPClassesInStudy": _split_multi(row[3]),
+                "NumberOfStudyRelatedSeries": row[4],
+                "NumberOfStudyRelatedInstances": row[5],
+            }
+            series_uid = series_json = sop_uid = instance_json = None
+            if level != "study":
+                series_uid, series_json = row[6], row[7]
+                computed["NumberOfSeriesRelatedInstances"] = row[8]
+            if level == "instance":
+                sop_uid, instance_json = row[9], row[10]
+            hits.append(SearchHit(row[0], series_uid, sop_uid, row[1], series_json, instance_json, computed))
+        return hits
+
+    def count(self) -> int:
+        return self._con().execute("SELECT count(*) FROM instance").fetchone()[0]
+
+    def paths(self) -> Iterator[tuple[str, str]]:
+        yield from self._con().execute("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk").fetchall()
