@@ -88,10 +88,12 @@ class Archive:
         self.index.close()
 
     def rebuild(self) -> int:
-        """Index every file under ``blobs/`` (start-up of the in-memory index)."""
+        """Index every file under ``blobs/`` (start-up of the in-memory index), in
+        the order the files were written, so that search order survives restarts."""
         batch: list[InstanceRecord] = []
         n = 0
-        for rel in self.blobs.walk():
+        files = sorted(self.blobs.walk(), key=lambda rel: (self.blobs.resolve(rel).stat().st_mtime_ns, rel))
+        for rel in files:
             try:
                 rec = describe_instance(self.blobs.resolve(rel), bulk_threshold=self.settings.bulk_threshold)
             except InstanceError as e:

@@ -84,6 +84,8 @@ def scan_pixel_data(
     group, elem = struct.unpack(e + "HH", head[:4])
     if (group << 16 | elem) != PIXEL_DATA:
         return None
+    if not implicit_vr and head[4:6] not in (b"OB", b"OW", b"UN", b"OV", b"OD", b"OF", b"OL"):
+        implicit_vr = True  # some writers encode this element implicitly despite the transfer syntax
     if implicit_vr:
         vr = "OW"
         (length,) = struct.unpack(e + "L", head[4:8])

@@ -1,0 +1,141 @@
+"""Test data made with pydicom, and a real uvicorn server on a loopback socket."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import uvicorn
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+from dicomweb_server.app import create_app
+from dicomweb_server.settings import Settings
+
+CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
+MR_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.4"
+BASIC_TEXT_SR = "1.2.840.10008.5.1.4.1.1.88.11"
+
+
+def sample_files() -> dict[str, Path]:
+    """pydicom's bundled test files that parse as PS3.10 files with file meta and
+    carry Study/Series/SOP Instance UIDs: the first file (sorted path order) for
+    each SOP Instance UID. Computed, never hard-coded."""
+    root = Path(pydicom.__file__).parent / "data" / "test_files"
+    chosen: dict[str, Path] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+        except Exception:
+            continue
+        if "TransferSyntaxUID" not in getattr(ds, "file_meta", {}):
+            continue
+        if not all(k in ds for k in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID")):
+            continue
+        chosen.setdefault(str(ds.SOPInstanceUID), path)
+    return chosen
+
+
+def make_dataset(
+    *,
+    study: str | None = None,
+    series: str | None = None,
+    sop: str | None = None,
+    sop_class: str = CT_IMAGE_STORAGE,
+    modality: str = "CT",
+    rows: int = 8,
+    columns: int = 8,
+    frames: int = 1,
+    pixels: bool = True,
+    transfer_syntax: str = ExplicitVRLittleEndian,
+    **attrs,
+) -> Dataset:
+    """A small valid instance; extra keyword arguments become attributes."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = transfer_syntax
+    ds.file_meta.MediaStorageSOPClassUID = sop_class
+    ds.SOPClassUID = sop_class
+    ds.SOPInstanceUID = sop or generate_uid()
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    ds.StudyInstanceUID = study or generate_uid()
+    ds.SeriesInstanceUID = series or generate_uid()
+    ds.Modality = modality
+    ds.PatientName = attrs.pop("PatientName", "Test^Patient")
+    ds.PatientID = attrs.pop("PatientID", "P1")
+    ds.StudyDate = attrs.pop("StudyDate", "20240101")
+    for k, v in attrs.items():
+        setattr(ds, k, v)
+    if pixels:
+        ds.Rows, ds.Columns = rows, columns
+        ds.SamplesPerPixel = 1
+        ds.PhotometricInterpretation = "MONOCHROME2"
+        ds.BitsAllocated = ds.BitsStored = 16
+        ds.HighBit = 15
+        ds.PixelRepresentation = 0
+        if frames > 1:
+            ds.NumberOfFrames = frames
+        arr = (np.arange(rows * columns * frames, dtype=np.uint16) % 4096).reshape(frames, rows, columns)
+        ds.PixelData = arr.tobytes()
+    return ds
+
+
+def to_bytes(ds: Dataset) -> bytes:
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
+
+
+def multipart(parts: list[bytes | tuple[str, bytes]], boundary: str = "test-boundary.=1") -> tuple[bytes, str]:
+    """A multipart/related body; a part is bytes (application/dicom) or
+    (content type, bytes). Returns (body, Content-Type)."""
+    out = []
+    for p in parts:
+        ctype, data = ("application/dicom", p) if isinstance(p, (bytes, bytearray)) else p
+        out.append(f"--{boundary}\r\nContent-Type: {ctype}\r\n\r\n".encode() + data + b"\r\n")
+    out.append(f"--{boundary}--\r\n".encode())
+    return b"".join(out), f'multipart/related; type="application/dicom"; boundary="{boundary}"'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving the archive on 127.0.0.1 in a thread."""
+
+    def __init__(self, data_dir: Path, index: str = "sqlite", **settings) -> None:
+        self.settings = Settings(data_dir=data_dir, index=index, port=free_port(), **settings)
+        self.url = f"http://127.0.0.1:{self.settings.port}"
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "LiveServer":
+        config = uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=self.settings.port,
+                                log_level="warning", access_log=False, lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=20)  # type: ignore[union-attr]
+            self._server = None
+
+    def restart(self) -> "LiveServer":
+        self.stop()
+        return self.start()
