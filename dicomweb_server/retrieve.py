@@ -149,3 +149,31 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
         return [(OCTET_STREAM, resolve_bulkdata(ds, tagpath))]
     except KeyError as e:
         raise NotFound(f"no bulk data at {tagpath}: {e}") from None
+
+
+def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,
+             thumbnail: bool = False) -> bytes:
+    """Render frames of an instance (PS3.18 §10.4.1.1.3): the frames asked, or
+    those PS3.18 gives for an instance-level request of this media type.
+
+    Raises
+    ------
+    NotFound
+        No pixel data or no such frame.
+    pixels.NotAnImage, pixels.UnsupportedTransferSyntax, render.UnsupportedMediaType
+        Cannot be rendered (HTTP 406).
+    render.InvalidRenderParameter
+        e.g. a viewport region outside the image (HTTP 400).
+    """
+    from .dicom import render
+
+    if loc.pixel is None:
+        raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) is not an image")
+    n = int(loc.pixel.get("number_of_frames") or 1)
+    if frame_numbers is None:
+        frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
+    hdr = header(path)
+    raw = stored_frames(path, loc, frame_numbers)
+    vr = loc.pixel.get("vr")
+    arrays = [pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr) for f in raw]
+    return render.render(hdr, arrays, params, media_type, frame_numbers=frame_numbers)

@@ -1,0 +1,168 @@
+"""WADO-RS rendered and thumbnail resources (PS3.18 §10.4.1.1.3, §10.4.1.1.4,
+§8.3.5): consumer-format pictures of images, at study, series, instance and frame
+level. Negotiation here; the pixel pipeline in dicom.pixels / dicom.render."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from .. import retrieve
+from ..dicom import pixels, render
+from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, parse_accept
+from ..render_cache import RenderCache
+from ..store.base import InstanceLocation
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
+from .errors import DICOMwebHTTPError
+from .wado import _multipart, locate, parse_frame_list
+
+router = APIRouter(tags=["WADO-RS rendered"])
+
+_IMAGE_TYPES = render.RENDERED_MEDIA_TYPES
+
+
+def negotiate_rendered(accept: list[MediaRange], multi: bool) -> tuple[str, bool]:
+    """(media type, multipart?) for a rendered answer. ``multi``: the resource
+    holds several pictures (study, series, frame list); those are only given as
+    ``multipart/related; type=image/...`` (or one animated GIF for frames).
+
+    Raises
+    ------
+    NotAcceptable
+    """
+    reason = f"rendered pictures are {', '.join(_IMAGE_TYPES)}"
+    for r in accept:
+        if r.type == MULTIPART_RELATED:
+            t = r.params.get("type", "image/jpeg").lower()
+            t = "image/jpeg" if t in ("image/*", "*/*") else t
+            if t in _IMAGE_TYPES:
+                return t, True
+            continue
+        t = "image/jpeg" if r.type in ("*/*", "image/*") else r.type
+        if t not in _IMAGE_TYPES:
+            continue
+        if multi and r.type in ("*/*", "image/*"):
+            return t, True
+        if multi:
+            reason = (f"this resource holds several pictures: ask for multipart/related; type=\"{t}\"")
+            continue
+        return t, False
+    raise NotAcceptable(reason)
+
+
+def _query(request: Request) -> dict[str, str | list[str]]:
+    out: dict[str, str | list[str]] = {}
+    for k, v in request.query_params.multi_items():
+        if k in out:
+            prev = out[k]
+            out[k] = (prev if isinstance(prev, list) else [prev]) + [v]
+        else:
+            out[k] = v
+    return out
+
+
+def _params(request: Request, thumbnail: bool):
+    q = _query(request)
+    try:
+        return render.thumbnail_params(q) if thumbnail else render.RenderParams.parse(q)
+    except render.InvalidRenderParameter as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
+
+
+def _cache(request: Request) -> RenderCache:
+    app = request.app
+    cache = getattr(app.state, "render_cache", None)
+    if cache is None:
+        cache = app.state.render_cache = RenderCache(app.state.settings.render_cache_bytes)
+    return cache
+
+
+async def _picture(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, params,
+                   media_type: str, thumbnail: bool) -> bytes:
+    cache = _cache(request)
+    key = (loc.sop_uid, tuple(frames) if frames else None, params, media_type, thumbnail)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    path = archive.blobs.resolve(loc.path)
+    try:
+        data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail)
+    except retrieve.NotFound as e:
+        raise DICOMwebHTTPError(404, str(e)) from None
+    except (pixels.NotAnImage, pixels.UnsupportedTransferSyntax, render.UnsupportedMediaType) as e:
+        raise NotAcceptable(f"cannot render instance {loc.sop_uid}: {e}") from None
+    except render.InvalidRenderParameter as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
+    cache.put(key, data)
+    return data
+
+
+async def _one(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, thumbnail: bool) -> Response:
+    multi = frames is not None and len(frames) > 1
+    media_type, as_multipart = negotiate_rendered(parse_accept(request.headers.get("accept")), multi)
+    params = _params(request, thumbnail)
+    if loc.pixel is None:
+        raise NotAcceptable(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) is not an image")
+    if multi and media_type != "image/gif":
+        parts = [(media_type, await _picture(request, archive, loc, [k], params, media_type, thumbnail))
+                 for k in frames]  # type: ignore[union-attr]
+        return _multipart(parts, media_type)
+    data = await _picture(request, archive, loc, frames, params, media_type, thumbnail)
+    if as_multipart:
+        return _multipart([(media_type, data)], media_type)
+    return Response(data, media_type=media_type)
+
+
+async def _many(request: Request, archive, locs: list[InstanceLocation], what: str, thumbnail: bool) -> Response:
+    if not locs:
+        raise DICOMwebHTTPError(404, f"no such {what}")
+    images = [loc for loc in locs if loc.pixel is not None]
+    if thumbnail:
+        # a thumbnail of a study or series is one picture: its first image (documented)
+        if not images:
+            raise NotAcceptable(f"the {what} holds no images")
+        return await _one(request, archive, images[0], None, True)
+    media_type, _ = negotiate_rendered(parse_accept(request.headers.get("accept")), multi=True)
+    params = _params(request, thumbnail)
+    if not images:
+        raise NotAcceptable(f"the {what} holds no images (non-image instances are skipped)")
+    parts = []
+    for loc in images:
+        try:
+            parts.append((media_type, await _picture(request, archive, loc, None, params, media_type, thumbnail)))
+        except NotAcceptable:
+            continue  # e.g. an image in an undecodable transfer syntax: skipped like non-images
+    if not parts:
+        raise NotAcceptable(f"no image of the {what} can be rendered")
+    return _multipart(parts, media_type)
+
+
+def _routes(suffix: str, thumbnail: bool) -> None:
+    kind = "thumbnail" if thumbnail else "rendered"
+
+    @router.get(f"/studies/{{study}}/{suffix}", summary=f"Retrieve a {kind} study", name=f"study_{kind}")
+    async def study_level(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
+        return await _many(request, archive, archive.index.instances(study), "study", thumbnail)
+
+    @router.get(f"/studies/{{study}}/series/{{series}}/{suffix}", summary=f"Retrieve a {kind} series",
+                name=f"series_{kind}")
+    async def series_level(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+        return await _many(request, archive, archive.index.instances(study, series), "series", thumbnail)
+
+    @router.get(f"/studies/{{study}}/series/{{series}}/instances/{{instance}}/{suffix}",
+                summary=f"Retrieve a {kind} instance", name=f"instance_{kind}")
+    async def instance_level(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+                             instance: SOPInstanceUID) -> Response:
+        return await _one(request, archive, locate(archive, study, series, instance), None, thumbnail)
+
+    @router.get(f"/studies/{{study}}/series/{{series}}/instances/{{instance}}/frames/{{frames}}/{suffix}",
+                summary=f"Retrieve {kind} frames", name=f"frames_{kind}")
+    async def frame_level(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+                          instance: SOPInstanceUID, frames: str) -> Response:
+        numbers = parse_frame_list(frames)
+        return await _one(request, archive, locate(archive, study, series, instance), numbers, thumbnail)
+
+
+_routes("rendered", thumbnail=False)
+_routes("thumbnail", thumbnail=True)
