@@ -5,8 +5,8 @@ Standard sections this module follows (DICOM PS3.18 Web Services, PS3.3, PS3.4):
 * Query parameters, PS3.18 8.3.5.1 (Table 8.3.5-1): ``quality``, ``viewport``,
   ``window``, ``annotation``, ``iccprofile`` (``accept``/``charset`` belong to content
   negotiation and are left to the web layer). Unknown parameters are ignored: "The
-  origin server shall ignore any unknown parameters" (PS3.18 Retrieve Rendered
-  query parameters). An invalid value of a known parameter raises
+  origin server shall ignore any unknown parameters" (PS3.18 2018b 6.5.8.1.2, the
+  Retrieve Rendered query parameters that 8.3.5.1 now holds). An invalid value of a known parameter raises
   :class:`InvalidRenderParameter` (web layer: 400 Bad Request).
 * Rendering pipeline, PS3.18 8.3.5.1 / PS3.4 N.2: the parameters are applied "as if
   they were a Presentation State": Modality LUT -> VOI -> Presentation LUT
@@ -21,23 +21,24 @@ Standard sections this module follows (DICOM PS3.18 Web Services, PS3.3, PS3.4):
   frame 1 only for JPEG/PNG (a single-frame format cannot hold more; clients that
   want another frame use the rendered *frames* resource) and for every frame for
   GIF, which becomes an animated GIF (Frame Time / Cine Rate give the delay).
-* quality (PS3.18 8.3.5.1.2): 1..100, 100 best; it only affects lossy media types
+* quality (Table 8.3.5-1, uint): 1..100, 100 best; it only affects lossy media types
   (JPEG). The standard leaves the default to the origin server: 90.
-* viewport=vw,vh[,sx,sy,sw,sh] (PS3.18 8.3.5.1.3): the source region starts at
+* viewport=vw,vh[,sx,sy,sw,sh] (Table 8.3.5-1): the source region starts at
   (sx, sy) (default 0,0) and is |sw| x |sh| pixels (default: to the right/bottom
   edge); a negative sw flips the region horizontally, a negative sh vertically. The
   region is clipped to the image, then scaled (up or down) to the largest size that
   fits vw x vh keeping its aspect ratio; the result is not padded. vw and vh are
   limited to :data:`MAX_VIEWPORT`.
-* window=center,width[,function] (PS3.18 8.3.5.1.4): replaces the header's VOI;
+* window=center,width[,function] (Table 8.3.5-1, PS3.3 C.11.2.1.2): replaces the header's VOI;
   function linear | linear-exact (or linear_exact) | sigmoid, case-insensitive,
   default linear. Ignored for colour images.
-* annotation=patient[,technique] (PS3.18 8.3.5.1.1): burned in after scaling with
+* annotation=patient[,technique] (Table 8.3.5-1; "the exact nature and presentation
+  of the annotations is determined by the origin server"): burned in after scaling with
   Pillow's default font: "patient" draws Patient's Name, Patient ID, Birth Date and
   Sex top-left; "technique" draws Modality, Series Description, the window
   actually applied (C/W), kVp and Slice Thickness bottom-left. Without the
   parameter nothing is drawn.
-* iccprofile (PS3.18 8.3.5.1.5): "no" (default) embeds nothing; "yes" embeds the
+* iccprofile (Table 8.3.5-1: no, yes, srgb, adobergb, rommrgb): "no" (default) embeds nothing; "yes" embeds the
   instance's ICC Profile (0028,2000) if it has one, else sRGB; "srgb" converts
   pixels from the instance's profile (if any) to sRGB and embeds sRGB. "adobergb"
   and "rommrgb" are accepted but served as "srgb" (no such profiles are bundled).

@@ -1,0 +1,1040 @@
+"""Streaming ``multipart/related`` decoding and encoding (RFC 2046, RFC 2387).
+
+DICOMweb moves instances, frames, bulk data and rendered images as
+``multipart/related`` bodies (PS3.18 Section 8.7.1.2, 8.7.3). A study can be
+gigabytes, so nothing here holds more than one part -- or, with the
+streaming form, more than one network chunk -- in memory.
+
+Decoding
+    :class:`MultipartDecoder` is a push parser: :meth:`~MultipartDecoder.feed`
+    it byte chunks of any size (1 byte to many MB) and it returns events.
+    :func:`iter_parts` / :func:`aiter_parts` turn an (async) iterator of chunks
+    into ``Part`` objects (headers + whole body);
+    :func:`iter_part_streams` / :func:`aiter_part_streams` yield parts whose
+    bodies are themselves streamed, for parts too large to hold.
+
+    Why not python-multipart's ``MultipartParser``: it is a
+    ``multipart/form-data`` parser. It rejects a preamble (and a leading CRLF
+    before the first boundary, which some servers send), it does not accept
+    transport padding after a boundary, it caps the number of part headers at 8
+    and boundaries at 70 characters, and it silently accepts a body cut before
+    the closing delimiter. A truncated WADO-RS answer must be an error, not a
+    shorter instance. The decoder below is a small state machine over
+    ``bytes.find`` (C speed, >1 GB/s here) that handles all of these.
+
+Encoding
+    :func:`encode_multipart` yields a body chunk by chunk from part sources
+    (bytes, file paths streamed from disk, binary file objects, or iterables
+    of bytes). :func:`stow_body` builds a STOW-RS body from pydicom datasets
+    and/or files, encoding datasets one at a time.
+
+References
+----------
+PS3.18 Section 8.7.1.2 (multipart/related), 8.7.3 (bulk data media types),
+10.5.2 (Store Instances request); RFC 2046 Section 5.1.1; RFC 2387.
+"""
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from typing import (
+    Any,
+    AsyncIterable,
+    AsyncIterator,
+    BinaryIO,
+    Iterable,
+    Iterator,
+    Mapping,
+    Union,
+)
+
+from .errors import ResponseError
+
+__all__ = [
+    "MultipartError",
+    "Part",
+    "MultipartDecoder",
+    "StreamingPart",
+    "AsyncStreamingPart",
+    "parse_media_type",
+    "format_media_type",
+    "iter_parts",
+    "aiter_parts",
+    "iter_part_streams",
+    "aiter_part_streams",
+    "encode_multipart",
+    "make_boundary",
+    "stow_body",
+    "StowBody",
+]
+
+
+class MultipartError(ResponseError):
+    """A multipart body (or its Content-Type) is malformed or truncated."""
+
+
+# --------------------------------------------------------------------------
+# Media type parsing (RFC 9110 Section 8.3.1)
+# --------------------------------------------------------------------------
+_TOKEN_SEPARATORS = set('()<>@,;:\\"/[]?={} \t')
+
+
+def parse_media_type(value: str | None) -> tuple[str, dict[str, str]]:
+    """Split a Content-Type value into media type and parameters.
+
+    Names are case-insensitive (returned lower-case), values may be quoted
+    or not (quotes and backslash escapes removed), whitespace around ``;``
+    and ``=`` is ignored, and quoted values may contain ``;``, ``=`` or ``,``.
+
+    Parameters
+    ----------
+    value : str or None
+        e.g. ``'Multipart/Related; TYPE="application/dicom"; boundary=a=b.c'``
+
+    Returns
+    -------
+    tuple of (str, dict of str to str)
+        ``("multipart/related", {"type": "application/dicom", "boundary": "a=b.c"})``.
+        An empty or missing value gives ``("", {})``.
+
+    Examples
+    --------
+    >>> parse_media_type('multipart/related; type="application/dicom"; boundary="x;y"')
+    ('multipart/related', {'type': 'application/dicom', 'boundary': 'x;y'})
+    """
+    if not value:
+        return "", {}
+    s = value
+    n = len(s)
+    i = s.find(";")
+    media_type = (s if i < 0 else s[:i]).strip().lower()
+    params: dict[str, str] = {}
+    if i < 0:
+        return media_type, params
+    i += 1
+    while i < n:
+        # skip whitespace and empty parameters
+        while i < n and s[i] in " \t;":
+            i += 1
+        if i >= n:
+            break
+        start = i
+        while i < n and s[i] not in "=;":
+            i += 1
+        name = s[start:i].strip().lower()
+        if i >= n or s[i] == ";":
+            # a parameter without value: keep it with an empty value
+            if name:
+                params.setdefault(name, "")
+            continue
+        i += 1  # '='
+        while i < n and s[i] in " \t":
+            i += 1
+        if i < n and s[i] == '"':
+            i += 1
+            buf = []
+            while i < n and s[i] != '"':
+                if s[i] == "\\" and i + 1 < n:
+                    i += 1
+                buf.append(s[i])
+                i += 1
+            i += 1  # closing quote (or end)
+            val = "".join(buf)
+            # skip anything up to the next ';'
+            while i < n and s[i] != ";":
+                i += 1
+        else:
+            start = i
+            while i < n and s[i] != ";":
+                i += 1
+            val = s[start:i].strip()
+            # tolerate a value quoted with single quotes
+            if len(val) >= 2 and val[0] == val[-1] == "'":
+                val = val[1:-1]
+        if name:
+            params.setdefault(name, val)
+    return media_type, params
+
+
+def _needs_quotes(value: str) -> bool:
+    return value == "" or any(c in _TOKEN_SEPARATORS or ord(c) < 33 or ord(c) > 126 for c in value)
+
+
+def format_media_type(media_type: str, params: Mapping[str, str] | None = None) -> str:
+    """Build a Content-Type / Accept value, quoting parameter values when needed.
+
+    ``type`` parameters are always quoted (PS3.18 examples quote them; the
+    ``/`` in a media type is a separator, so quoting is required).
+    """
+    parts = [media_type]
+    for name, val in (params or {}).items():
+        if _needs_quotes(val):
+            val = '"' + val.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        parts.append(f"{name}={val}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------
+# Parts
+# --------------------------------------------------------------------------
+class Part:
+    """One body part of a multipart message.
+
+    Attributes
+    ----------
+    headers : dict of str to str
+        Part headers, names lower-cased (a repeated header is joined with ``", "``).
+    content : bytes
+        The part body.
+    """
+
+    __slots__ = ("headers", "content")
+
+    def __init__(self, headers: Mapping[str, str], content: bytes = b"") -> None:
+        self.headers = dict(headers)
+        self.content = content
+
+    # Convenience accessors ------------------------------------------------
+    @property
+    def content_type(self) -> str:
+        """The raw ``Content-Type`` header ("" when absent)."""
+        return self.headers.get("content-type", "")
+
+    @property
+    def media_type(self) -> str:
+        """The media type without parameters, lower-case (e.g. ``"application/dicom"``)."""
+        return parse_media_type(self.content_type)[0]
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        """The Content-Type parameters (names lower-case, values unquoted)."""
+        return parse_media_type(self.content_type)[1]
+
+    @property
+    def transfer_syntax_uid(self) -> str | None:
+        """The ``transfer-syntax`` parameter of the part's Content-Type, if any."""
+        return self.parameters.get("transfer-syntax")
+
+    @property
+    def content_location(self) -> str | None:
+        """The ``Content-Location`` header, if any (PS3.18 8.7.1)."""
+        return self.headers.get("content-location")
+
+    @property
+    def content_id(self) -> str | None:
+        """The ``Content-ID`` header, if any."""
+        return self.headers.get("content-id")
+
+    def __len__(self) -> int:
+        return len(self.content)
+
+    def __repr__(self) -> str:
+        return f"Part({self.content_type!r}, {len(self.content)} bytes)"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Part):
+            return NotImplemented
+        return self.headers == other.headers and self.content == other.content
+
+
+def _parse_header_block(block: bytes) -> dict[str, str]:
+    """Parse part headers (CRLF or LF separated, folded lines joined)."""
+    headers: dict[str, str] = {}
+    lines = block.replace(b"\r\n", b"\n").split(b"\n")
+    logical: list[str] = []
+    for raw in lines:
+        line = raw.decode("latin-1")
+        if not line:
+            continue
+        if line[0] in " \t" and logical:
+            logical[-1] += " " + line.strip()
+        else:
+            logical.append(line)
+    for line in logical:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise MultipartError(f"malformed part header line: {line[:100]!r}")
+        name = name.strip().lower()
+        value = value.strip()
+        if name in headers:
+            headers[name] += ", " + value
+        else:
+            headers[name] = value
+    return headers
+
+
+# --------------------------------------------------------------------------
+# The push decoder
+# --------------------------------------------------------------------------
+#: Event kinds returned by MultipartDecoder.feed
+HEADERS = 0  # payload: dict of part headers (a new part starts)
+DATA = 1  # payload: memoryview/bytes slice of the current part's body
+END = 2  # payload: None (the current part is complete)
+
+_PREAMBLE, _HEADERS, _BODY, _DONE = range(4)
+_LWSP = b" \t"
+
+
+class MultipartDecoder:
+    """Incremental ``multipart/related`` decoder with bounded memory.
+
+    Feed chunks with :meth:`feed`; each call returns a list of
+    ``(kind, payload)`` events: ``(HEADERS, dict)`` when a part starts,
+    ``(DATA, bytes-like)`` for pieces of its body, ``(END, None)`` when it is
+    complete. Call :meth:`close` at the end of input: it raises if the body
+    was cut before the closing delimiter.
+
+    Memory held between calls is at most the boundary length plus a few bytes
+    (or one header block, capped by ``max_header_bytes``), whatever the part
+    sizes. DATA payloads are zero-copy ``memoryview`` slices of the fed chunks;
+    convert with ``bytes()`` if they must outlive the chunk's owner (chunks are
+    immutable ``bytes`` in practice, so they stay valid).
+
+    Tolerated: a preamble (any bytes before the first boundary, including a
+    leading CRLF), an epilogue (anything after the closing delimiter),
+    transport padding (spaces/tabs) after a boundary, LF-only part header
+    blocks, folded header lines, and boundary-like byte runs inside a part
+    that are not followed by CRLF or ``--`` (they are data).
+
+    Parameters
+    ----------
+    boundary : str or bytes
+        The ``boundary`` parameter of the message's Content-Type (unquoted).
+    max_header_bytes : int
+        Largest accepted header block of one part.
+    strict : bool
+        If true (default), :meth:`close` raises :class:`MultipartError` when
+        the closing delimiter is missing. If false, a body cut mid-part ends
+        that part.
+
+    Raises
+    ------
+    MultipartError
+        Empty boundary, oversized or malformed part headers, truncated body.
+    """
+
+    __slots__ = (
+        "_dash",
+        "_delim",
+        "_tail",
+        "_state",
+        "_max_header_bytes",
+        "_strict",
+        "_parts",
+        "_at_start",
+    )
+
+    def __init__(self, boundary: str | bytes, *, max_header_bytes: int = 65536, strict: bool = True) -> None:
+        if isinstance(boundary, str):
+            boundary = boundary.encode("latin-1")
+        if not boundary:
+            raise MultipartError("empty multipart boundary")
+        self._dash = b"--" + boundary
+        self._delim = b"\r\n--" + boundary
+        self._tail = b""
+        self._state = _PREAMBLE
+        self._max_header_bytes = max_header_bytes
+        self._strict = strict
+        self._parts = 0
+        self._at_start = True  # no preamble byte discarded yet
+
+    @property
+    def done(self) -> bool:
+        """True once the closing delimiter has been seen."""
+        return self._state == _DONE
+
+    @property
+    def parts(self) -> int:
+        """Number of parts started so far."""
+        return self._parts
+
+    # The delimiter line after a boundary: '--' (close), or LWSP* CRLF.
+    def _after_boundary(self, buf: bytes, pos: int) -> tuple[str, int]:
+        """Classify what follows a boundary at ``pos``.
+
+        Returns ``("close", end)``, ``("open", end)`` (end = start of the
+        next part's headers), ``("wait", 0)`` (need more bytes) or
+        ``("no", 0)`` (not a delimiter: boundary-like data).
+        """
+        n = len(buf)
+        if n < pos + 2:
+            if n > pos and buf[pos] not in b"-\r \t\n":
+                return "no", 0
+            return "wait", 0
+        two = buf[pos : pos + 2]
+        if two == b"--":
+            return "close", pos + 2
+        j = pos
+        while j < n and buf[j] in _LWSP:
+            j += 1
+            if j - pos > 1024:
+                raise MultipartError("too much transport padding after a multipart boundary")
+        if j >= n:
+            return "wait", 0
+        if buf[j] == 0x0D:  # \r
+            if j + 1 >= n:
+                return "wait", 0
+            if buf[j + 1] == 0x0A:
+                return "open", j + 2
+            return "no", 0
+        if buf[j] == 0x0A:  # bare LF, tolerated
+            return "open", j + 1
+        return "no", 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, Any]]:
+        """Decode one more chunk.
+
+        Parameters
+        ----------
+        data : bytes-like
+            The next bytes of the body (any length, may be empty).
+
+        Returns
+        -------
+        list of (int, object)
+            Events ``(HEADERS, dict)``, ``(DATA, memoryview)``, ``(END, None)``.
+        """
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if self._tail:
+            buf = self._tail + data
+        else:
+            buf = data
+        self._tail = b""
+        events: list[tuple[int, Any]] = []
+        pos = 0  # start of unconsumed bytes in buf
+        n = len(buf)
+        dash, delim = self._dash, self._delim
+        dlen = len(delim)
+        while True:
+            state = self._state
+            if state == _BODY:
+                i = buf.find(delim, pos)
+                while i >= 0:
+                    kind, end = self._after_boundary(buf, i + dlen)
+                    if kind == "no":
+                        i = buf.find(delim, i + 1)
+                        continue
+                    break
+                if i < 0:
+                    # keep the bytes that could start a delimiter
+                    safe = n - (dlen - 1)
+                    if safe > pos:
+                        events.append((DATA, memoryview(buf)[pos:safe]))
+                        pos = safe
+                    break
+                if i > pos:
+                    events.append((DATA, memoryview(buf)[pos:i]))
+                    pos = i
+                if kind == "wait":
+                    break
+                events.append((END, None))
+                pos = end
+                if kind == "close":
+                    self._state = _DONE
+                else:
+                    self._state = _HEADERS
+                continue
+            if state == _HEADERS:
+                if buf.startswith(b"\r\n", pos):
+                    headers: dict[str, str] = {}
+                    pos += 2
+                elif buf.startswith(b"\n", pos):
+                    headers = {}
+                    pos += 1
+                else:
+                    i = buf.find(b"\r\n\r\n", pos)
+                    j = buf.find(b"\n\n", pos)
+                    if i < 0 and j < 0:
+                        if n - pos > self._max_header_bytes:
+                            raise MultipartError(
+                                f"multipart part headers exceed {self._max_header_bytes} bytes"
+                            )
+                        break
+                    if i >= 0 and (j < 0 or i < j):
+                        block, pos = buf[pos:i], i + 4
+                    else:
+                        block, pos = buf[pos:j], j + 2
+                    if len(block) > self._max_header_bytes:
+                        raise MultipartError(f"multipart part headers exceed {self._max_header_bytes} bytes")
+                    headers = _parse_header_block(block)
+                self._parts += 1
+                events.append((HEADERS, headers))
+                self._state = _BODY
+                continue
+            if state == _PREAMBLE:
+                # The first boundary may open the body (no CRLF before it) or
+                # follow a preamble line.
+                if pos == 0 and self._at_start and buf.startswith(dash):
+                    i = 0
+                    blen = len(dash)
+                else:
+                    i = buf.find(delim, pos)
+                    blen = dlen
+                while i >= 0:
+                    kind, end = self._after_boundary(buf, i + blen)
+                    if kind != "no":
+                        break
+                    i = buf.find(delim, i + 1)
+                    blen = dlen
+                if i < 0:
+                    # discard the preamble, keep a possible partial delimiter
+                    keep = max(pos, n - (dlen - 1))
+                    if keep > 0:
+                        self._at_start = False
+                    pos = keep
+                    break
+                if i > 0:
+                    self._at_start = False
+                pos = i
+                if kind == "wait":
+                    break
+                pos = end
+                self._state = _DONE if kind == "close" else _HEADERS
+                continue
+            # _DONE: the epilogue is ignored
+            pos = n
+            break
+        if pos < n and self._state != _DONE:
+            self._tail = buf[pos:]
+        return events
+
+    def close(self) -> list[tuple[int, Any]]:
+        """Signal the end of input.
+
+        Returns
+        -------
+        list of (int, object)
+            Remaining events (only in non-strict mode for a truncated body).
+
+        Raises
+        ------
+        MultipartError
+            In strict mode, when the closing delimiter was not seen.
+        """
+        if self._state == _DONE:
+            return []
+        if self._strict:
+            if self._state == _PREAMBLE:
+                raise MultipartError("no multipart boundary found in the body")
+            raise MultipartError(
+                f"multipart body truncated: no closing delimiter after {self._parts} part(s)"
+            )
+        events: list[tuple[int, Any]] = []
+        if self._state == _BODY:
+            if self._tail:
+                events.append((DATA, memoryview(self._tail)))
+            events.append((END, None))
+        self._tail = b""
+        self._state = _DONE
+        return events
+
+
+# --------------------------------------------------------------------------
+# Pull-style wrappers
+# --------------------------------------------------------------------------
+def _boundary_of(content_type_or_boundary: str | bytes) -> str | bytes:
+    """Accept either a boundary or a whole Content-Type value."""
+    if isinstance(content_type_or_boundary, str) and ";" in content_type_or_boundary and "/" in content_type_or_boundary:
+        media, params = parse_media_type(content_type_or_boundary)
+        if not media.startswith("multipart/"):
+            raise MultipartError(f"not a multipart media type: {media!r}")
+        b = params.get("boundary")
+        if not b:
+            raise MultipartError(f"no boundary parameter in Content-Type {content_type_or_boundary!r}")
+        return b
+    return content_type_or_boundary
+
+
+def _join(pieces: list) -> bytes:
+    if len(pieces) == 1:
+        return bytes(pieces[0])
+    return b"".join(pieces)
+
+
+def iter_parts(
+    chunks: Iterable[bytes], boundary: str | bytes, *, strict: bool = True, max_header_bytes: int = 65536
+) -> Iterator[Part]:
+    """Decode a multipart body from an iterator of chunks, one part at a time.
+
+    Parameters
+    ----------
+    chunks : iterable of bytes
+        The body, in chunks of any size (e.g. ``httpx.Response.iter_bytes()``).
+    boundary : str or bytes
+        The boundary, or the whole Content-Type value of the message.
+    strict : bool
+        Raise on a missing closing delimiter (default) instead of ending the last part.
+    max_header_bytes : int
+        Largest accepted header block of one part.
+
+    Yields
+    ------
+    Part
+        Headers and complete body of each part, in order. Memory: one part.
+
+    Raises
+    ------
+    MultipartError
+        Malformed or truncated body.
+    """
+    dec = MultipartDecoder(_boundary_of(boundary), strict=strict, max_header_bytes=max_header_bytes)
+    headers: dict[str, str] = {}
+    pieces: list = []
+    for chunk in chunks:
+        for kind, payload in dec.feed(chunk):
+            if kind == DATA:
+                pieces.append(payload)
+            elif kind == HEADERS:
+                headers = payload
+                pieces = []
+            else:
+                yield Part(headers, _join(pieces) if pieces else b"")
+                pieces = []
+        if dec.done:
+            break
+    for kind, payload in dec.close():
+        if kind == DATA:
+            pieces.append(payload)
+        elif kind == END:
+            yield Part(headers, _join(pieces) if pieces else b"")
+
+
+async def aiter_parts(
+    chunks: AsyncIterable[bytes], boundary: str | bytes, *, strict: bool = True, max_header_bytes: int = 65536
+) -> AsyncIterator[Part]:
+    """Async twin of :func:`iter_parts` (``chunks`` is an async iterable)."""
+    dec = MultipartDecoder(_boundary_of(boundary), strict=strict, max_header_bytes=max_header_bytes)
+    headers: dict[str, str] = {}
+    pieces: list = []
+    async for chunk in chunks:
+        for kind, payload in dec.feed(chunk):
+            if kind == DATA:
+                pieces.append(payload)
+            elif kind == HEADERS:
+                headers = payload
+                pieces = []
+            else:
+                yield Part(headers, _join(pieces) if pieces else b"")
+                pieces = []
+        if dec.done:
+            break
+    for kind, payload in dec.close():
+        if kind == DATA:
+            pieces.append(payload)
+        elif kind == END:
+            yield Part(headers, _join(pieces) if pieces else b"")
+
+
+class _EventSource:
+    """Buffered decoder events behind the streaming-part iterators."""
+
+    __slots__ = ("_pending", "_idx")
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, Any]] = []
+        self._idx = 0
+
+    def push(self, events: list[tuple[int, Any]]) -> None:
+        self._pending = events
+        self._idx = 0
+
+    def pop(self) -> tuple[int, Any] | None:
+        if self._idx < len(self._pending):
+            ev = self._pending[self._idx]
+            self._idx += 1
+            return ev
+        return None
+
+
+class StreamingPart:
+    """A part whose body is streamed: iterate over it to get ``bytes`` chunks.
+
+    The body must be consumed (or skipped: the next part does it for you)
+    before the next part is available. :meth:`read` returns the whole body.
+
+    Attributes
+    ----------
+    headers : dict of str to str
+        Part headers, names lower-cased.
+    """
+
+    def __init__(self, headers: dict[str, str], gen: Iterator[bytes]) -> None:
+        self.headers = headers
+        self._gen = gen
+        self._consumed = False
+
+    content_type = Part.content_type
+    media_type = Part.media_type
+    parameters = Part.parameters
+    transfer_syntax_uid = Part.transfer_syntax_uid
+    content_location = Part.content_location
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._consumed:
+            return
+        self._consumed = True
+        yield from self._gen
+
+    def read(self) -> bytes:
+        """Read the whole (remaining) body."""
+        return b"".join(self)
+
+    def _drain(self) -> None:
+        self._consumed = True
+        for _ in self._gen:
+            pass
+
+
+class AsyncStreamingPart:
+    """Async twin of :class:`StreamingPart` (``async for chunk in part``, ``await part.read()``)."""
+
+    def __init__(self, headers: dict[str, str], agen: AsyncIterator[bytes]) -> None:
+        self.headers = headers
+        self._agen = agen
+        self._consumed = False
+
+    content_type = Part.content_type
+    media_type = Part.media_type
+    parameters = Part.parameters
+    transfer_syntax_uid = Part.transfer_syntax_uid
+    content_location = Part.content_location
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._consumed:
+            return
+        self._consumed = True
+        async for chunk in self._agen:
+            yield chunk
+
+    async def read(self) -> bytes:
+        """Read the whole (remaining) body."""
+        return b"".join([c async for c in self])
+
+    async def _drain(self) -> None:
+        self._consumed = True
+        async for _ in self._agen:
+            pass
+
+
+def iter_part_streams(
+    chunks: Iterable[bytes], boundary: str | bytes, *, strict: bool = True
+) -> Iterator[StreamingPart]:
+    """Decode a multipart body yielding parts whose bodies are streamed.
+
+    Memory is bounded by the chunk size, even for a multi-gigabyte part.
+
+    Parameters
+    ----------
+    chunks : iterable of bytes
+        The body.
+    boundary : str or bytes
+        The boundary, or the whole Content-Type value.
+    strict : bool
+        Raise on a missing closing delimiter.
+
+    Yields
+    ------
+    StreamingPart
+        Iterate over each to receive its body in ``bytes`` chunks.
+    """
+    dec = MultipartDecoder(_boundary_of(boundary), strict=strict)
+    src = _EventSource()
+    it = iter(chunks)
+    finished = False
+
+    def next_event() -> tuple[int, Any] | None:
+        nonlocal finished
+        while True:
+            ev = src.pop()
+            if ev is not None:
+                return ev
+            if finished:
+                return None
+            try:
+                chunk = next(it)
+            except StopIteration:
+                finished = True
+                src.push(dec.close())
+                continue
+            src.push(dec.feed(chunk))
+
+    def body() -> Iterator[bytes]:
+        while True:
+            ev = next_event()
+            if ev is None:
+                return
+            kind, payload = ev
+            if kind == DATA:
+                yield bytes(payload)
+            elif kind == END:
+                return
+            else:  # pragma: no cover - decoder never emits HEADERS inside a body
+                raise MultipartError("unexpected part headers inside a part body")
+
+    while True:
+        ev = next_event()
+        if ev is None:
+            return
+        kind, payload = ev
+        if kind != HEADERS:  # pragma: no cover
+            raise MultipartError("multipart data outside of a part")
+        part = StreamingPart(payload, body())
+        yield part
+        part._drain()
+
+
+async def aiter_part_streams(
+    chunks: AsyncIterable[bytes], boundary: str | bytes, *, strict: bool = True
+) -> AsyncIterator[AsyncStreamingPart]:
+    """Async twin of :func:`iter_part_streams`."""
+    dec = MultipartDecoder(_boundary_of(boundary), strict=strict)
+    src = _EventSource()
+    it = chunks.__aiter__()
+    finished = False
+
+    async def next_event() -> tuple[int, Any] | None:
+        nonlocal finished
+        while True:
+            ev = src.pop()
+            if ev is not None:
+                return ev
+            if finished:
+                return None
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                finished = True
+                src.push(dec.close())
+                continue
+            src.push(dec.feed(chunk))
+
+    async def body() -> AsyncIterator[bytes]:
+        while True:
+            ev = await next_event()
+            if ev is None:
+                return
+            kind, payload = ev
+            if kind == DATA:
+                yield bytes(payload)
+            elif kind == END:
+                return
+            else:  # pragma: no cover
+                raise MultipartError("unexpected part headers inside a part body")
+
+    while True:
+        ev = await next_event()
+        if ev is None:
+            return
+        kind, payload = ev
+        if kind != HEADERS:  # pragma: no cover
+            raise MultipartError("multipart data outside of a part")
+        part = AsyncStreamingPart(payload, body())
+        yield part
+        await part._drain()
+
+
+# --------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------
+PartSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO, Iterable[bytes]]
+
+DEFAULT_CHUNK_SIZE = 1 << 20
+
+
+def make_boundary() -> str:
+    """A random boundary (32 hex digits plus a fixed prefix) that will not occur in binary data."""
+    return "dicomweb-" + uuid.uuid4().hex
+
+
+def _source_length(src: Any) -> int | None:
+    if isinstance(src, (bytes, bytearray)):
+        return len(src)
+    if isinstance(src, memoryview):
+        return src.nbytes
+    if isinstance(src, (str, os.PathLike)):
+        return os.path.getsize(src)
+    return None
+
+
+def _iter_source(src: Any, chunk_size: int) -> Iterator[bytes]:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        mv = memoryview(src).cast("B")
+        for off in range(0, len(mv), chunk_size):
+            yield bytes(mv[off : off + chunk_size])
+        return
+    if isinstance(src, (str, os.PathLike)):
+        with open(src, "rb") as fh:
+            while True:
+                chunk = fh.read(chunk_size)
+                if not chunk:
+                    return
+                yield chunk
+    if hasattr(src, "read"):
+        while True:
+            chunk = src.read(chunk_size)
+            if not chunk:
+                return
+            yield bytes(chunk)
+    for chunk in src:
+        if chunk:
+            yield bytes(chunk)
+
+
+def encode_multipart(
+    parts: Iterable[tuple[Mapping[str, str], Any]],
+    boundary: str,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Iterator[bytes]:
+    """Encode a ``multipart/related`` body as a stream of chunks.
+
+    Parameters
+    ----------
+    parts : iterable of (headers, source)
+        Part headers (e.g. ``{"Content-Type": "application/dicom"}``) and the
+        part body: bytes-like, a file path (read in ``chunk_size`` pieces), a
+        binary file object, or an iterable of bytes. Consumed lazily.
+    boundary : str
+        The boundary (must not occur in any part).
+    chunk_size : int
+        Size of the pieces read from files.
+
+    Yields
+    ------
+    bytes
+        The body: ``--b CRLF headers CRLF CRLF body CRLF --b ... --b-- CRLF``.
+    """
+    b = boundary.encode("latin-1")
+    first = True
+    for headers, src in parts:
+        head = b"" if first else b"\r\n"
+        first = False
+        lines = [head + b"--" + b]
+        for name, value in headers.items():
+            lines.append(f"{name}: {value}".encode("latin-1"))
+        yield b"\r\n".join(lines) + b"\r\n\r\n"
+        yield from _iter_source(src, chunk_size)
+    yield (b"--" if first else b"\r\n--") + b + b"--\r\n"
+
+
+def _encoded_part_overhead(headers: Mapping[str, str], boundary: str, first: bool) -> int:
+    size = (0 if first else 2) + 2 + len(boundary.encode("latin-1")) + 2
+    for name, value in headers.items():
+        size += len(f"{name}: {value}".encode("latin-1")) + 2
+    return size + 2
+
+
+class StowBody:
+    """A STOW-RS request body, produced lazily.
+
+    Attributes
+    ----------
+    content_type : str
+        ``multipart/related; type="application/dicom"; boundary=...``
+    length : int or None
+        Exact body length when every source has a known size (files, bytes),
+        else None (sent with chunked transfer encoding).
+    """
+
+    def __init__(self, content_type: str, length: int | None, factory) -> None:
+        self.content_type = content_type
+        self.length = length
+        self._factory = factory
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._factory()
+
+
+def _encode_dataset(ds: Any) -> bytes:
+    """Write one pydicom Dataset as a PS3.10 file (preamble + file meta)."""
+    import copy
+
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.filewriter import dcmwrite
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    meta = getattr(ds, "file_meta", None)
+    if meta is None or "TransferSyntaxUID" not in meta or "MediaStorageSOPInstanceUID" not in meta:
+        ds = copy.copy(ds)
+        new_meta = FileMetaDataset(meta) if meta is not None else FileMetaDataset()
+        if "TransferSyntaxUID" not in new_meta:
+            new_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        if "MediaStorageSOPClassUID" not in new_meta and "SOPClassUID" in ds:
+            new_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+        if "MediaStorageSOPInstanceUID" not in new_meta and "SOPInstanceUID" in ds:
+            new_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+        ds.file_meta = new_meta
+    buf = io.BytesIO()
+    dcmwrite(buf, ds, enforce_file_format=True)
+    return buf.getvalue()
+
+
+def _is_dataset(obj: Any) -> bool:
+    try:
+        from pydicom.dataset import Dataset
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(obj, Dataset)
+
+
+def stow_body(
+    instances: Iterable[Any],
+    *,
+    boundary: str | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> StowBody:
+    """Build a STOW-RS body (PS3.18 10.5.2) that is produced while it is sent.
+
+    Parameters
+    ----------
+    instances : iterable
+        Each item is a ``pydicom.Dataset`` (written to PS3.10 one at a time,
+        file meta added when missing), a path to a DICOM file (streamed in
+        ``chunk_size`` pieces), PS3.10 bytes, or a binary file object. A
+        generator is consumed lazily (only when the body is sent).
+    boundary : str, optional
+        Multipart boundary (random by default).
+    chunk_size : int
+        Size of file reads.
+
+    Returns
+    -------
+    StowBody
+        Iterable of body chunks with ``content_type`` and ``length``.
+        Iterating more than once re-encodes from the sources (only possible
+        when ``instances`` is a sequence).
+    """
+    boundary = boundary or make_boundary()
+    headers = {"Content-Type": "application/dicom"}
+    content_type = format_media_type(
+        "multipart/related", {"type": "application/dicom", "boundary": boundary}
+    )
+    length: int | None = None
+    if isinstance(instances, (list, tuple)):
+        total = 0
+        for idx, item in enumerate(instances):
+            if _is_dataset(item):
+                total = -1
+                break
+            size = _source_length(item)
+            if size is None:
+                total = -1
+                break
+            total += _encoded_part_overhead(headers, boundary, idx == 0) + size
+        if total >= 0:
+            total += (0 if not instances else 2) + 2 + len(boundary) + 4
+            length = total
+
+    def parts() -> Iterator[tuple[Mapping[str, str], Any]]:
+        for item in instances:
+            if _is_dataset(item):
+                yield headers, _encode_dataset(item)
+            else:
+                yield headers, item
+
+    def factory() -> Iterator[bytes]:
+        return encode_multipart(parts(), boundary, chunk_size=chunk_size)
+
+    return StowBody(content_type, length, factory)

@@ -1,0 +1,93 @@
+"""QIDO-RS query parsing (PS3.18 §8.3.4) and matching (PS3.4 C.2.2.2)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from dicomweb_server.dicom.attributes import BY_KEYWORD
+from dicomweb_server.dicom.matching import (
+    QueryError, match_value, normalize_datetime, normalize_time, parse_query, wildcard_regex,
+)
+
+
+def p(level="study", **params):
+    return parse_query(level, list(params.items()))
+
+
+def test_keyword_and_tag_are_the_same_key():
+    assert p(PatientID="X").matches == parse_query("study", [("00100020", "X")]).matches
+
+
+def test_match_types():
+    (m,) = p(StudyDate="20200101-").matches
+    assert (m.type, m.values) == ("range", ("20200101", None))
+    (m,) = p(PatientName="doe*").matches
+    assert (m.type, m.values) == ("wildcard", ("DOE*",))
+    (m,) = p(StudyInstanceUID="1.2,1.3").matches
+    assert (m.type, m.values) == ("list", ("1.2", "1.3"))
+    (m,) = p(PatientID="").matches
+    assert m.type == "universal"
+    (m,) = p(StudyTime="10").matches
+    assert m.values == ("100000.000000", "105959.999999")
+
+
+def test_includefield_limit_offset():
+    q = parse_query("study", [("includefield", "00281050,WindowWidth"), ("includefield", "all"),
+                              ("limit", "5"), ("offset", "2"), ("fuzzymatching", "true")])
+    assert q.includefields == ("00281050", "00281051")
+    assert q.include_all and q.fuzzy and (q.limit, q.offset, q.limited) == (5, 2, False)
+    q = parse_query("study", [("limit", "5000")], max_results=100)
+    assert (q.limit, q.limited) == (100, True)
+
+
+def test_time_normalisation():
+    assert normalize_time("0930") == "093000.000000"
+    assert normalize_time("093000.5") == "093000.500000"
+    assert normalize_time("09", upper=True) == "095959.999999"
+    assert normalize_time("9:30") is None
+    assert normalize_datetime("2020") == "20200101000000.000000"
+    assert normalize_datetime("202002", upper=True) == "20200231235959.999999"  # a bound, not a date
+    assert normalize_datetime("20200101120000-0500") == "20200101120000.000000"
+
+
+@pytest.mark.parametrize("params", [
+    {"Modality": "CT", "level": "series", "SOPInstanceUID": "1.2"},
+])
+def test_deeper_level_keys_are_rejected(params):
+    with pytest.raises(QueryError, match="instance-level"):
+        parse_query("series", [("SOPInstanceUID", "1.2")])
+
+
+def test_wildcards():
+    assert wildcard_regex("D?E*").match("DOE^JOHN")
+    assert not wildcard_regex("D?E").match("DOES")
+    assert wildcard_regex("a.b*").match("a.bc") and not wildcard_regex("a.b*").match("axbc")
+
+
+def test_match_value_range_and_empty():
+    (m,) = p(StudyDate="20200101-20200615").matches
+    assert match_value(m, "20200101") and match_value(m, "20200615")
+    assert not match_value(m, None) and not match_value(m, "garbage")
+
+
+@given(st.lists(st.tuples(st.sampled_from(["PatientID", "StudyDate", "StudyTime", "PatientName", "limit",
+                                           "offset", "includefield", "fuzzymatching", "StudyInstanceUID",
+                                           "ModalitiesInStudy", "00100020", "bogus", "AcquisitionDateTime"]),
+                          st.text(max_size=20)), max_size=6))
+def test_parser_never_raises_anything_but_query_error(params):
+    try:
+        parse_query("instance", params)
+    except QueryError:
+        pass
+
+
+@given(st.text(alphabet="0123456789-.", max_size=24))
+def test_temporal_values_parse_or_400(value):
+    for kw in ("StudyDate", "StudyTime", "AcquisitionDateTime"):
+        try:
+            q = parse_query("instance", [(kw, value)])
+        except QueryError:
+            continue
+        for m in q.matches:
+            assert m.attribute is BY_KEYWORD[kw]

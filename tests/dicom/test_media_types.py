@@ -1,0 +1,59 @@
+"""Accept parsing and negotiation (PS3.18 §8.7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dicomweb_server.dicom.media_types import (
+    NotAcceptable, negotiate_frames, negotiate_instances, negotiate_json, parse_accept,
+)
+
+ELE, JPEG = "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.4.50"
+
+
+def yes(_ts):
+    return True
+
+
+def no(_ts):
+    return False
+
+
+def test_parse_accept_quotes_case_q():
+    rs = parse_accept('text/html;q=0.2, Multipart/Related; Type="application/dicom"; transfer-syntax="*", */*;q=0')
+    assert [r.type for r in rs] == ["multipart/related", "text/html"]
+    assert rs[0].params == {"type": "application/dicom", "transfer-syntax": "*"}
+    assert parse_accept(None)[0].type == "*/*"
+
+
+def test_instances():
+    acc = parse_accept('multipart/related; type="application/dicom"; transfer-syntax=*')
+    c = negotiate_instances(acc, JPEG, no, True)
+    assert (c.transfer_syntax, c.transcode, c.multipart) == (JPEG, False, True)
+    c = negotiate_instances(parse_accept("multipart/related; type=application/dicom"), JPEG, yes, True)
+    assert (c.transfer_syntax, c.transcode, c.defaulted) == (ELE, True, True)
+    c = negotiate_instances(parse_accept("multipart/related; type=application/dicom"), JPEG, no, True)
+    assert (c.transfer_syntax, c.transcode, c.defaulted) == (JPEG, False, True)
+    with pytest.raises(NotAcceptable):
+        negotiate_instances(parse_accept(f"application/dicom; transfer-syntax={ELE}"), JPEG, no, True)
+    with pytest.raises(NotAcceptable):
+        negotiate_instances(parse_accept("application/dicom"), ELE, yes, False)
+
+
+def test_frames():
+    c = negotiate_frames(parse_accept('multipart/related; type="image/jpeg"'), JPEG, no)
+    assert (c.media_type, c.transfer_syntax) == ("image/jpeg", JPEG)
+    c = negotiate_frames(parse_accept("multipart/related; type=application/octet-stream"), JPEG, yes)
+    assert (c.media_type, c.transfer_syntax, c.transcode) == ("application/octet-stream", ELE, True)
+    c = negotiate_frames(parse_accept("multipart/related; type=application/octet-stream; transfer-syntax=*"), JPEG, yes)
+    assert (c.media_type, c.transfer_syntax) == ("image/jpeg", JPEG)
+    with pytest.raises(NotAcceptable):
+        negotiate_frames(parse_accept('multipart/related; type="image/jp2"'), JPEG, yes)
+    with pytest.raises(NotAcceptable):
+        negotiate_frames(parse_accept('multipart/related; type="image/jpeg"'), ELE, yes)
+
+
+def test_json():
+    assert negotiate_json(parse_accept("application/json")) == "application/dicom+json"
+    with pytest.raises(NotAcceptable):
+        negotiate_json(parse_accept("application/dicom+xml"))
