@@ -13,11 +13,11 @@ from ..dicom.uids import validate_uid
 from .errors import DICOMwebHTTPError
 
 
-def get_archive(request: Request) -> Archive:
+async def get_archive(request: Request) -> Archive:
     return request.app.state.archive
 
 
-def base_url(request: Request) -> str:
+async def base_url(request: Request) -> str:  # async: FastAPI runs sync dependencies in a thread
     """Absolute URL of the DICOMweb root (``--public-url``, else from the request)."""
     settings = request.app.state.settings
     if settings.public_url:
@@ -32,15 +32,15 @@ def checked_uid(value: str, what: str) -> str:
         raise DICOMwebHTTPError(400, f"{what}: {e}") from None
 
 
-def _study(study: Annotated[str, Path(description="StudyInstanceUID")]) -> str:
+async def _study(study: Annotated[str, Path(description="StudyInstanceUID")]) -> str:
     return checked_uid(study, "StudyInstanceUID")
 
 
-def _series(series: Annotated[str, Path(description="SeriesInstanceUID")]) -> str:
+async def _series(series: Annotated[str, Path(description="SeriesInstanceUID")]) -> str:
     return checked_uid(series, "SeriesInstanceUID")
 
 
-def _instance(instance: Annotated[str, Path(description="SOPInstanceUID")]) -> str:
+async def _instance(instance: Annotated[str, Path(description="SOPInstanceUID")]) -> str:
     return checked_uid(instance, "SOPInstanceUID")
 
 

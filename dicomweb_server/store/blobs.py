@@ -40,6 +40,7 @@ class BlobStore:
         self.spool = root / "tmp"
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.spool.mkdir(parents=True, exist_ok=True)
+        self._blobs_abs = self.blobs.resolve()
 
     def clean_spool(self) -> int:
         """Remove spool files left by a crash (never acknowledged). Returns the count."""
@@ -58,12 +59,13 @@ class BlobStore:
         Raises
         ------
         ValueError
-            ``relpath`` would leave the blob root.
+            ``relpath`` is absolute or climbs out of the blob root (``..``). A
+            lexical check: the archive itself never creates symbolic links.
         """
-        p = (self.blobs / relpath).resolve()
-        if not p.is_relative_to(self.blobs.resolve()):
+        norm = os.path.normpath(relpath)
+        if os.path.isabs(norm) or norm == ".." or norm.startswith("../") or "\0" in norm:
             raise ValueError(f"path {relpath!r} is outside the archive")
-        return p
+        return self._blobs_abs / norm
 
     def _mkdirs(self, directory: Path) -> None:
         missing = []
