@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faults
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
@@ -122,6 +123,7 @@ class Archive:
         """
         outcome = StoreOutcome()
         pending: list[tuple[InstanceRecord, Path]] = []
+        faults.point("spooled")
         for part in parts:
             if not part.complete or part.path is None:
                 outcome.failed.append(Failed(FailureReason.CANNOT_UNDERSTAND,
@@ -167,6 +169,7 @@ class Archive:
                 continue
             pending.append((rec, part.path))
         if pending:
+            faults.point("placed")
             try:
                 added = self.index.add([r for r, _ in pending])
             except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
@@ -176,6 +179,7 @@ class Archive:
                     outcome.failed.append(Failed(FailureReason.OUT_OF_RESOURCES,
                                                  f"cannot commit the index: {e}", rec.sop_class_uid, rec.sop_uid))
             else:
+                faults.point("indexed")
                 for (rec, _), new in zip(pending, added):
                     outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
                                                  duplicate=not new))

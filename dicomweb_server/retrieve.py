@@ -72,6 +72,18 @@ def _check_frames(loc: InstanceLocation, numbers: list[int]) -> int:
     return n
 
 
+_RLE = "1.2.840.10008.1.2.5"
+
+
+def _unpad(frame: bytes, ts: str) -> bytes:
+    """Drop the 0x00 that encapsulation adds after an odd-length codestream (PS3.5
+    §A.4), so a JPEG/JPEG-LS/JPEG 2000 frame is its codestream byte-for-byte (the
+    codestream ends with the EOI/EOC marker FFD9)."""
+    if ts != _RLE and ts not in UNENCAPSULATED and frame.endswith(b"\xff\xd9\x00"):
+        return frame[:-1]
+    return frame
+
+
 def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
     """Frames (1-based numbers, in the order asked) exactly as stored: native
     bytes in the stored byte order, or each frame's compressed codestream.
@@ -87,7 +99,8 @@ def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list
         layout = PixelLayout.from_json(pix)
         try:
             with open(path, "rb") as fp:
-                return [read_frame(fp, layout, k, pix.get("frame_length")) for k in numbers]
+                return [_unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
+                        for k in numbers]
         except IndexError as e:
             raise NotFound(f"no frame {e}") from None
         except LookupError:
@@ -98,7 +111,7 @@ def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list
         flen = pix.get("frame_length") or len(data) // n
         return [bytes(data[(k - 1) * flen : k * flen]) for k in numbers]
     frames = list(generate_frames(data, number_of_frames=n))
-    return [frames[k - 1] for k in numbers]
+    return [_unpad(frames[k - 1], loc.transfer_syntax_uid) for k in numbers]
 
 
 def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> list[bytes]:
@@ -140,7 +153,7 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
             media = MEDIA_TYPE_OF_TS.get(ts, OCTET_STREAM)
             return [(f"{media}; transfer-syntax={ts}", f) for f in stored_frames(path, loc, list(range(1, n + 1)))]
         pix = loc.pixel
-        if "offset" in pix and pix.get("length") is not None:
+        if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
             with open(path, "rb") as fp:
                 fp.seek(pix["offset"])
                 return [(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))]

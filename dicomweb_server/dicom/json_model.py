@@ -355,6 +355,24 @@ def _public_vr(tag: int) -> str | None:
     return vr
 
 
+def _private_creator(ds: Dataset, creator_tag: int) -> str | None:
+    """The private creator string in (gggg,00xx), read without converting it."""
+    d = getattr(ds, "_dict", None)
+    elem = d.get(creator_tag) if d is not None else None
+    if elem is None:
+        if creator_tag not in ds:
+            return None
+        elem = ds.get_item(creator_tag)
+    value = elem.value
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("latin-1")
+    if isinstance(value, (list, MultiValue)):  # a multi-valued creator: use the first
+        value = value[0] if value else None
+    if not isinstance(value, str):
+        return None
+    return value.strip(_PAD) or None
+
+
 def _implicit_vr(ds: Dataset, tag: int) -> str:
     """VR for an element read without one (implicit VR), PS3.5 6.2.2 / 7.8.1."""
     group, element = tag >> 16, tag & 0xFFFF
@@ -362,13 +380,11 @@ def _implicit_vr(ds: Dataset, tag: int) -> str:
         if 0x0010 <= element <= 0x00FF:
             return "LO"  # private creator
         if element >= 0x1000:
-            creator_tag = (group << 16) | (element >> 8)
-            if creator_tag in ds:
+            creator = _private_creator(ds, (group << 16) | (element >> 8))
+            if creator:
                 try:
-                    creator = ds[creator_tag].value
-                    if isinstance(creator, str) and creator.strip(_PAD):
-                        return private_dictionary_VR(tag, creator.strip(_PAD))
-                except Exception:  # unknown creator/element or bad creator
+                    return private_dictionary_VR(tag, creator)
+                except KeyError:  # creator or element not in the dictionary
                     pass
         return "UN"
     return _public_vr(tag) or "UN"

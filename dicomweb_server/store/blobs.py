@@ -17,6 +17,8 @@ import os
 from enum import Enum
 from pathlib import Path
 
+from .. import faults
+
 
 class Placed(str, Enum):
     NEW = "new"  # the file is now at its final name
@@ -95,11 +97,13 @@ class BlobStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+        faults.point("fsynced")
         self._mkdirs(final.parent)
         try:
             os.link(spooled, final)
         except FileExistsError:
             return Placed.EXISTS
+        faults.point("linked")
         _fsync_dir(final.parent)
         os.unlink(spooled)
         return Placed.NEW
