@@ -44,6 +44,10 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     errors.install(app)
     for module in (qido, stow, wado, rendered):
         app.include_router(module.router, prefix=settings.prefix)
+    if settings.viewer:  # the OHIF viewer at /viewer, same origin (viewer.py)
+        from .viewer import mount_viewer
+
+        mount_viewer(app, settings)
     if settings.cors_origins:
         # PS3.18 does not define CORS; browser viewers need it (case H1)
         app.add_middleware(

@@ -122,67 +122,28 @@ class Archive:
         content it fails with 0x0111 and the stored instance is kept.
         """
         outcome = StoreOutcome()
-        pending: list[tuple[InstanceRecord, Path]] = []
         faults.point("spooled")
+        described: list[tuple[InstanceRecord, Path]] = []
         for part in parts:
-            if not part.complete or part.path is None:
-                outcome.failed.append(Failed(FailureReason.CANNOT_UNDERSTAND,
-                                             "part not closed by a multipart boundary (body cut short)"))
-                continue
-            if not _is_dicom_part(part.content_type):
-                outcome.failed.append(Failed(
-                    FailureReason.CANNOT_UNDERSTAND,
-                    f"part Content-Type {part.content_type!r} is not application/dicom"))
+            failure = self._check_part(part)
+            if failure is not None:
+                outcome.failed.append(failure)
                 continue
             try:
-                rec = describe_instance(part.path, bulk_threshold=self.settings.bulk_threshold,
+                rec = describe_instance(part.path, bulk_threshold=self.settings.bulk_threshold,  # type: ignore[arg-type]
                                         expected_study_uid=expected_study_uid)
             except InstanceError as e:
                 outcome.failed.append(Failed(e.reason, e.message, e.sop_class_uid, e.sop_instance_uid))
                 continue
-            if any(r.sop_uid == rec.sop_uid for r, _ in pending):
+            if any(r.sop_uid == rec.sop_uid for r, _ in described):
                 outcome.failed.append(Failed(FailureReason.DUPLICATE_SOP_INSTANCE,
                                              "the same SOP Instance UID twice in one request",
                                              rec.sop_class_uid, rec.sop_uid))
                 continue
-            try:
-                placed = self.blobs.place(part.path, rec.path)
-                if placed is Placed.EXISTS:
-                    same = self.blobs.same(part.path, rec.path)
-                    indexed = self.index.locate(rec.sop_uid) is not None
-                    if same and indexed:
-                        outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
-                                                     rec.series_uid, duplicate=True))
-                        continue
-                    if indexed:
-                        outcome.failed.append(Failed(
-                            FailureReason.DUPLICATE_SOP_INSTANCE,
-                            f"SOP Instance {rec.sop_uid} is already stored with different content",
-                            rec.sop_class_uid, rec.sop_uid))
-                        continue
-                    if not same:  # an unindexed file left by a crash: never acknowledged, replace it
-                        self.blobs.replace(part.path, rec.path)
-            except OSError as e:
-                reason = FailureReason.OUT_OF_RESOURCES if is_out_of_resources(e) else FailureReason.PROCESSING_FAILURE
-                outcome.failed.append(Failed(reason, f"cannot write the file: {e.strerror or e}",
-                                             rec.sop_class_uid, rec.sop_uid))
-                continue
-            pending.append((rec, part.path))
-        if pending:
-            faults.point("placed")
-            try:
-                added = self.index.add([r for r, _ in pending])
-            except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
-                log.error("index commit failed: %s", e)
-                for rec, _ in pending:
-                    self.blobs.remove(rec.path)
-                    outcome.failed.append(Failed(FailureReason.OUT_OF_RESOURCES,
-                                                 f"cannot commit the index: {e}", rec.sop_class_uid, rec.sop_uid))
-            else:
-                faults.point("indexed")
-                for (rec, _), new in zip(pending, added):
-                    outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
-                                                 duplicate=not new))
+            described.append((rec, part.path))  # type: ignore[arg-type]
+        if described:
+            with self.blobs.locked(r.sop_uid for r, _ in described):
+                self._place_and_index(described, outcome)
         for part in parts:  # spool files not linked into place
             if part.path is not None:
                 try:
@@ -191,17 +152,79 @@ class Archive:
                     pass
         return outcome
 
+    @staticmethod
+    def _check_part(part: SpooledPart) -> Failed | None:
+        if part.error is not None:
+            reason = (FailureReason.OUT_OF_RESOURCES if is_out_of_resources(part.error)
+                      else FailureReason.PROCESSING_FAILURE)
+            return Failed(reason, f"cannot write the received part: {part.error.strerror}")
+        if not part.complete or part.path is None:
+            return Failed(FailureReason.CANNOT_UNDERSTAND, "part not closed by a multipart boundary (body cut short)")
+        if not _is_dicom_part(part.content_type):
+            return Failed(FailureReason.CANNOT_UNDERSTAND,
+                          f"part Content-Type {part.content_type!r} is not application/dicom")
+        return None
+
+    def _place_and_index(self, described: list[tuple[InstanceRecord, Path]], outcome: StoreOutcome) -> None:
+        """Steps 2 and 3 of the module docstring, under the instances' write locks."""
+        pending: list[InstanceRecord] = []
+        for rec, spooled in described:
+            try:
+                if self.blobs.place(spooled, rec.path) is Placed.EXISTS:
+                    same = self.blobs.same(spooled, rec.path)
+                    if self.index.locate(rec.sop_uid) is not None:
+                        if same:
+                            outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
+                                                         rec.series_uid, duplicate=True))
+                        else:
+                            outcome.failed.append(Failed(
+                                FailureReason.DUPLICATE_SOP_INSTANCE,
+                                f"SOP Instance {rec.sop_uid} is already stored with different content",
+                                rec.sop_class_uid, rec.sop_uid))
+                        continue
+                    if not same:  # a crash orphan (we hold the lock): never acknowledged, replace it
+                        self.blobs.replace(spooled, rec.path)
+            except OSError as e:
+                reason = FailureReason.OUT_OF_RESOURCES if is_out_of_resources(e) else FailureReason.PROCESSING_FAILURE
+                outcome.failed.append(Failed(reason, f"cannot write the file: {e.strerror or e}",
+                                             rec.sop_class_uid, rec.sop_uid))
+                continue
+            pending.append(rec)
+        if not pending:
+            return
+        faults.point("placed")
+        try:
+            added = self.index.add(pending)
+        except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
+            log.error("index commit failed: %s", e)
+            for rec in pending:
+                try:
+                    self.blobs.remove(rec.path)  # never acknowledged: leave nothing behind
+                except OSError as err:
+                    log.error("could not remove %s after the failed commit: %s", rec.path, err)
+                outcome.failed.append(Failed(FailureReason.OUT_OF_RESOURCES, f"cannot commit the index: {e}",
+                                             rec.sop_class_uid, rec.sop_uid))
+            return
+        faults.point("indexed")
+        for rec, new in zip(pending, added):
+            outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
+                                         duplicate=not new))
+
     # --- DELETE -------------------------------------------------------------------------
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> int:
         """Remove index rows (one durable commit: readers never see half of it),
         then the files. Returns the number of instances removed."""
         paths = self.index.delete(study_uid, series_uid, sop_uid)
-        for rel in paths:
-            try:
-                self.blobs.remove(rel)
-            except OSError as e:  # left for `check` to collect
-                log.warning("could not remove %s: %s", rel, e)
+        uids = {Path(rel).stem: rel for rel in paths}
+        with self.blobs.locked(uids):
+            for uid, rel in uids.items():
+                if self.index.locate(uid) is not None:
+                    continue  # stored again since the rows were deleted: keep its file
+                try:
+                    self.blobs.remove(rel)
+                except OSError as e:  # left for `check` to collect
+                    log.warning("could not remove %s: %s", rel, e)
         return len(paths)
 
 

@@ -43,6 +43,14 @@ def _serve(args: argparse.Namespace) -> int:
         print("dicomweb-server: the in-memory index lives in one process; "
               "use --workers 1 or --index sqlite", file=sys.stderr)
         return 2
+    if settings.viewer:  # fetch the OHIF viewer with npm before the workers start (viewer.py)
+        from .viewer import ViewerNotInstalled, ensure_installed
+
+        try:
+            settings.viewer_dir = ensure_installed(settings.viewer_dir)
+        except ViewerNotInstalled as e:
+            print(f"dicomweb-server: --viewer: {e}", file=sys.stderr)
+            return 2
     workers = settings.effective_workers()
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
@@ -52,6 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
           f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
           file=sys.stderr, flush=True)
+    if settings.viewer:
+        print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
+              file=sys.stderr, flush=True)
     uvicorn.run(
         "dicomweb_server.app:create_app_from_env",
         factory=True,
@@ -149,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--cors-origin", dest="cors_origins", action="append", help="allowed CORS origin (repeat)")
     serve.add_argument("--access-log", dest="access_log", action="store_true", default=None)
     serve.add_argument("--log-level", dest="log_level")
+    serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
+    serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
     _add_settings_args(serve)
     serve.set_defaults(func=_serve)
 

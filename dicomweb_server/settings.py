@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     access_log: bool = False
     log_level: str = "info"
     cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; ['*'] for any")
+    # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
+    viewer: bool = Field(False, description="serve the OHIF viewer at /viewer")
+    viewer_dir: Path | None = Field(None, description="OHIF dist/ folder; default: fetched with npm into ~/.cache")
 
     @field_validator("prefix")
     @classmethod

@@ -42,6 +42,7 @@ class SpooledPart:
     path: Path | None = None
     size: int = 0
     complete: bool = False
+    error: OSError | None = None  # the spool file could not be written (disk full, read-only)
 
     @property
     def content_type(self) -> str:
@@ -94,9 +95,15 @@ class PartSpooler:
     def _on_part_begin(self) -> None:
         if len(self.parts) >= self._max_parts:
             raise TooLarge(f"more than {self._max_parts} parts in one request")
-        fd, name = tempfile.mkstemp(prefix="part-", suffix=".tmp", dir=self._spool_dir)
+        part = SpooledPart()
+        self.parts.append(part)
+        try:
+            fd, name = tempfile.mkstemp(prefix="part-", suffix=".tmp", dir=self._spool_dir)
+        except OSError as e:
+            part.error = e  # the rest of this part is read and dropped; the part fails
+            return
+        part.path = Path(name)
         self._file = os.fdopen(fd, "wb", buffering=0)
-        self.parts.append(SpooledPart(path=Path(name)))
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
         self._hname += data[start:end]
@@ -110,15 +117,43 @@ class PartSpooler:
         self._hname = self._hvalue = b""
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
-        assert self._file is not None
-        self._file.write(memoryview(data)[start:end])
-        self.parts[-1].size += end - start
+        part = self.parts[-1]
+        part.size += end - start
+        if self._file is None:
+            return
+        try:
+            view = memoryview(data)[start:end]
+            while view:  # a raw write may be short (e.g. the disk filling up): write the rest
+                n = self._file.write(view)
+                view = view[n:]
+        except OSError as e:  # ENOSPC, EROFS, EIO: fail this part, keep reading the body
+            part.error = e
+            self._drop_file(part)
+
+    def _drop_file(self, part: SpooledPart) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if part.path is not None:
+            try:
+                part.path.unlink()
+            except OSError:
+                pass
+            part.path = None
 
     def _on_part_end(self) -> None:
+        part = self.parts[-1]
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as e:
+                part.error = e
+                self._drop_file(part)
             self._file = None
-        self.parts[-1].complete = True
+        part.complete = True
 
     def _on_end(self) -> None:
         self._ended = True

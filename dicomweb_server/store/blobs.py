@@ -12,8 +12,12 @@ refuses anything that would leave the blob root.
 from __future__ import annotations
 
 import errno
+import fcntl
 import filecmp
 import os
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
@@ -43,6 +47,27 @@ class BlobStore:
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.spool.mkdir(parents=True, exist_ok=True)
         self._blobs_abs = self.blobs.resolve()
+        self.locks = root / "locks"
+        self.locks.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def locked(self, sop_uids: Iterable[str]) -> Iterator[None]:
+        """Hold the write locks of these SOP Instance UIDs (256 striped ``flock``
+        files, taken in order, so there is no deadlock). Held from placing a file to
+        committing its index row, they serialise writers of one instance across
+        threads and worker processes: a file found at its final name without an
+        index row is then a crash orphan, never another writer's work in progress."""
+        stripes = sorted({zlib.crc32(u.encode()) % 256 for u in sop_uids})
+        fds = []
+        try:
+            for n in stripes:
+                fd = os.open(self.locks / f"{n:02x}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                fds.append(fd)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)  # closing releases the flock
 
     def clean_spool(self) -> int:
         """Remove spool files left by a crash (never acknowledged). Returns the count."""

@@ -1,0 +1,355 @@
+"""The OHIF viewer (npm package ``@ohif/app``) served by the archive at ``/viewer``.
+
+``@ohif/app`` ships a built viewer in ``dist/`` that expects to be served at ``/``:
+its ``index.html``, CSS, webpack runtimes (``__webpack_require__.p = "/"``) and
+service-worker list name files with absolute paths. The archive serves that folder,
+unchanged on disk, under ``/viewer/`` and rewrites those absolute references in the
+text files it sends (``"/app.bundle.js"`` -> ``"/viewer/app.bundle.js"``; only paths
+whose first segment is a top-level entry of ``dist/``), so the viewer shares the
+archive's origin (no CORS) and port. ``/viewer/app-config.js`` is generated: one
+DICOMweb data source pointing at this archive's own DICOMweb root (``--public-url``,
+else the page's origin plus ``--prefix``), OHIF's router based at ``/viewer``, the
+first-visit tour and the investigational-use banner off.
+
+OHIF's own routes then live under the base: the study list is ``/viewer/`` and a study
+``/viewer/viewer?StudyInstanceUIDs=...``; ``/viewer?StudyInstanceUIDs=...`` redirects
+there.
+
+The package is fetched with npm, never committed::
+
+    python -m dicomweb_server.viewer install [--dist DIR]   # npm pack @ohif/app@VERSION
+
+``dicomweb-server --viewer`` runs the same step when the folder is missing. Any other
+OHIF build can be served with ``--viewer-dir DIR`` (a folder holding ``index.html``).
+``python -m dicomweb_server.viewer serve --port 3000 --dicomweb URL`` serves the viewer
+alone, from its own origin, against any DICOMweb server (which then needs CORS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import mimetypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route, Router
+
+OHIF_PACKAGE = "@ohif/app"
+OHIF_VERSION = "3.13.2"
+MOUNT = "/viewer"
+
+# files whose text may name other files of dist/ by absolute path
+_TEXT_SUFFIXES = {".html", ".js", ".mjs", ".css", ".json", ".webapp", ".xml"}
+_NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+class ViewerNotInstalled(RuntimeError):
+    pass
+
+
+def default_dist_dir() -> Path:
+    """Where ``install`` puts ``dist/`` by default: the user's cache folder."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "dicomweb-archive" / f"ohif-app-{OHIF_VERSION}" / "dist"
+
+
+def dist_dir(viewer_dir: str | os.PathLike | None) -> Path:
+    return Path(viewer_dir) if viewer_dir else default_dist_dir()
+
+
+def is_installed(dist: Path) -> bool:
+    return (dist / "index.html").is_file()
+
+
+def install(dist: Path | None = None, *, version: str = OHIF_VERSION, npm: str | None = None,
+            quiet: bool = False) -> Path:
+    """Fetch ``@ohif/app@version`` with ``npm pack`` (the package's tarball only, none of its
+    dependencies: ``dist/`` is a complete build) and unpack its ``dist/`` to ``dist``."""
+    dist = Path(dist) if dist else default_dist_dir()
+    npm = npm or shutil.which("npm")
+    if not npm:
+        raise ViewerNotInstalled("npm is not installed: it fetches the OHIF viewer (Debian: apt-get install npm)")
+    dist.parent.mkdir(parents=True, exist_ok=True)
+    spec = f"{OHIF_PACKAGE}@{version}"
+    if not quiet:
+        print(f"dicomweb-server: fetching {spec} with npm into {dist}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix=".ohif-", dir=dist.parent) as tmp:
+        try:
+            subprocess.run([npm, "pack", spec, "--pack-destination", tmp, "--silent"], cwd=tmp, check=True,
+                           stdout=subprocess.DEVNULL)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise ViewerNotInstalled(f"npm pack {spec} failed: {e}") from e
+        (tgz,) = [p for p in Path(tmp).iterdir() if p.name.endswith(".tgz")]
+        with tarfile.open(tgz) as tf:
+            members = [m for m in tf.getmembers() if m.name.startswith("package/dist/")]
+            tf.extractall(tmp, members=members, filter="data")
+        src = Path(tmp) / "package" / "dist"
+        if not (src / "index.html").is_file():
+            raise ViewerNotInstalled(f"{spec} has no dist/index.html")
+        (src / ".ohif-version").write_text(version + "\n")
+        if dist.exists():
+            shutil.rmtree(dist)
+        os.replace(src, dist)
+    return dist
+
+
+def ensure_installed(viewer_dir: str | os.PathLike | None) -> Path:
+    """The viewer's folder, fetched with npm first when it is the default one and missing."""
+    dist = dist_dir(viewer_dir)
+    if not is_installed(dist):
+        if viewer_dir:
+            raise ViewerNotInstalled(f"{dist} holds no OHIF build (index.html); "
+                                     "run: python -m dicomweb_server.viewer install --dist DIR")
+        install(dist)
+    return dist
+
+
+# -- app-config.js ---------------------------------------------------------------------
+
+_CONFIG_TEMPLATE = """\
+/* Generated by dicomweb-archive (dicomweb_server/viewer.py) for OHIF __PACKAGE__. */
+(function () {
+  var root = __ROOT__ || (window.location.origin + __PREFIX__);
+  window.config = {
+    name: 'dicomweb-archive',
+    routerBasename: __BASE__,
+    extensions: [],
+    modes: [],
+    showStudyList: true,
+    maxNumberOfWebWorkers: 3,
+    showWarningMessageForCrossOrigin: false,
+    showCPUFallbackMessage: true,
+    showLoadingIndicator: true,
+    strictZSpacingForVolumeViewport: true,
+    groupEnabledModesFirst: true,
+    investigationalUseDialog: { option: 'never' },
+    customizationService: { global: { 'ohif.tours': { $set: [] } } },
+    maxNumRequests: { interaction: 100, thumbnail: 10, prefetch: 25 },
+    showErrorDetails: 'always',
+    defaultDataSourceName: 'archive',
+    dataSources: [
+      {
+        namespace: '@ohif/extension-default.dataSourcesModule.dicomweb',
+        sourceName: 'archive',
+        configuration: {
+          friendlyName: 'dicomweb-archive',
+          name: 'archive',
+          qidoRoot: root,
+          wadoRoot: root,
+          wadoUriRoot: root,
+          qidoSupportsIncludeField: true,
+          supportsReject: false,
+          supportsFuzzyMatching: true,
+          supportsWildcard: true,
+          staticWado: false,
+          imageRendering: 'wadors',
+          thumbnailRendering: 'thumbnail',
+          thumbnailRequestStrategy: 'fetch',
+          enableStudyLazyLoad: true,
+          bulkDataURI: { enabled: true },
+          omitQuotationForMultipartRequest: true,
+          dicomUploadEnabled: true,
+        },
+      },
+    ],
+  };
+})();
+"""
+
+
+def app_config_js(dicomweb_url: str | None, prefix: str = "", base: str = MOUNT) -> str:
+    """The viewer's configuration: one DICOMweb data source at ``dicomweb_url``, or, when
+    that is None, at the origin the page was loaded from plus ``prefix``."""
+    values = {
+        "__PACKAGE__": f"{OHIF_PACKAGE}",
+        "__ROOT__": json.dumps(dicomweb_url.rstrip("/") if dicomweb_url else ""),
+        "__PREFIX__": json.dumps(prefix),
+        "__BASE__": json.dumps(base or "/"),
+    }
+    text = _CONFIG_TEMPLATE
+    for k, v in values.items():
+        text = text.replace(k, v)
+    return text
+
+
+# -- serving dist/ under a base path -----------------------------------------------------
+
+
+class ViewerFiles:
+    """``dist/`` served under ``base``; text files rewritten once, kept in memory."""
+
+    def __init__(self, dist: Path, base: str = MOUNT) -> None:
+        self.dist = Path(dist).resolve()
+        if not is_installed(self.dist):
+            raise ViewerNotInstalled(f"{self.dist} holds no OHIF build (index.html)")
+        self.base = base.rstrip("/") + "/"  # "/viewer/"
+        names = sorted((re.escape(n) for n in os.listdir(self.dist) if not n.startswith(".")),
+                       key=len, reverse=True)
+        # "/name..." or '/name...' or `/name...` or url(/name...), name a top-level entry of dist/
+        self._absolute = re.compile(r"""(?<=["'`(])/(?=(?:%s)(?:[/"'`)?#]))""" % "|".join(names))
+        self._cache: dict[str, tuple[bytes, str, bytes | None]] = {}  # body, ETag, gzipped body
+        self._lock = threading.Lock()
+
+    def rewrite(self, text: str) -> str:
+        if self.base == "/":
+            return text
+        text = text.replace('window.PUBLIC_URL="/"', f'window.PUBLIC_URL="{self.base}"')
+        text = text.replace('__webpack_require__.p = "/"', f'__webpack_require__.p = "{self.base}"')
+        return self._absolute.sub(self.base, text)
+
+    def resolve(self, rel: str) -> Path | None:
+        """A file of dist/ named by a URL path, never outside it."""
+        if not rel or rel.endswith("/"):
+            return None
+        path = (self.dist / rel).resolve()
+        if self.dist not in path.parents or not path.is_file():
+            return None
+        return path
+
+    def _text(self, path: Path) -> tuple[bytes, str]:
+        key = str(path)
+        hit = self._cache.get(key)
+        if hit is None:
+            raw = path.read_bytes()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                body = raw
+            else:
+                new = self.rewrite(text)
+                body = new.encode("utf-8") if new != text else raw
+            hit = (body, '"%s"' % hashlib.blake2b(body, digest_size=12).hexdigest(), None)
+            with self._lock:
+                self._cache[key] = hit
+        return hit[0], hit[1]
+
+    def _gzipped(self, path: Path) -> bytes:
+        key = str(path)
+        body, etag, gz = self._cache[key]
+        if gz is None:
+            gz = gzip.compress(body, compresslevel=6, mtime=0)
+            with self._lock:
+                self._cache[key] = (body, etag, gz)
+        return gz
+
+    def response(self, request: Request, path: Path, headers: dict[str, str] | None = None) -> Response:
+        headers = dict(headers or {})
+        media_type = _media_type(path)
+        if path.suffix not in _TEXT_SUFFIXES:
+            return FileResponse(path, media_type=media_type, headers=headers)
+        body, etag = self._text(path)
+        headers["ETag"] = etag
+        headers["Vary"] = "Accept-Encoding"
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        if len(body) > 1024 and "gzip" in request.headers.get("accept-encoding", ""):
+            headers["Content-Encoding"] = "gzip"
+            return Response(self._gzipped(path), media_type=media_type, headers=headers)
+        return Response(body, media_type=media_type, headers=headers)
+
+
+def _media_type(path: Path) -> str:
+    if path.suffix == ".wasm":
+        return "application/wasm"
+    if path.suffix in (".js", ".mjs"):
+        return "text/javascript; charset=utf-8"
+    return mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", base: str = MOUNT) -> Router:
+    """Routes serving the viewer at ``base`` (``/viewer`` or ``/``)."""
+    files = ViewerFiles(dist, base)
+    base = files.base.rstrip("/")  # "" for the root
+    config = app_config_js(dicomweb_url, prefix, base or "/").encode()
+
+    async def index(request: Request) -> Response:
+        return files.response(request, files.dist / "index.html", _NO_CACHE)
+
+    async def entry(request: Request) -> Response:
+        # OHIF's study route is {base}/viewer?StudyInstanceUIDs=...; keep /viewer?... working
+        query = request.url.query
+        target = f"{base}/viewer" if "studyinstanceuids" in query.lower() else f"{base}/"
+        return RedirectResponse(target + (f"?{query}" if query else ""), status_code=307)
+
+    async def asset(request: Request) -> Response:
+        rel = request.path_params["path"]
+        if rel == "app-config.js":
+            return Response(config, media_type="text/javascript; charset=utf-8", headers=_NO_CACHE)
+        path = files.resolve(rel)
+        if path is not None:
+            if path.name == "index.html":
+                return await index(request)
+            return files.response(request, path)
+        if "." in rel.rsplit("/", 1)[-1]:
+            return PlainTextResponse("Not Found", status_code=404)
+        return await index(request)  # a route of the single-page app
+
+    routes = [Route(f"{base}/", index, methods=["GET", "HEAD"]),
+              Route(f"{base}/{{path:path}}", asset, methods=["GET", "HEAD"])]
+    if base:
+        routes.insert(0, Route(base, entry, methods=["GET", "HEAD"]))
+    return Router(routes=routes)
+
+
+def mount_viewer(app, settings) -> None:
+    """Add the viewer's routes to the archive's app (``--viewer``)."""
+    if settings.prefix == MOUNT or settings.prefix.startswith(MOUNT + "/"):
+        raise ValueError(f"--prefix {settings.prefix} collides with the viewer at {MOUNT}")
+    dist = dist_dir(settings.viewer_dir)
+    router = viewer_router(dist, dicomweb_url=settings.public_url, prefix=settings.prefix)
+    for route in router.routes:
+        app.router.routes.append(route)
+
+
+# -- python -m dicomweb_server.viewer ----------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dicomweb_server.viewer",
+                                     description="the OHIF viewer for the archive")
+    sub = parser.add_subparsers(dest="command", required=True)
+    inst = sub.add_parser("install", help=f"fetch {OHIF_PACKAGE} with npm pack, unpack its dist/")
+    inst.add_argument("--dist", type=Path, help=f"target folder (default {default_dist_dir()})")
+    inst.add_argument("--version", default=OHIF_VERSION)
+    inst.add_argument("--force", action="store_true", help="fetch again even if present")
+    srv = sub.add_parser("serve", help="serve the viewer alone on its own origin")
+    srv.add_argument("--dicomweb", required=True, help="DICOMweb root URL the viewer talks to")
+    srv.add_argument("--dist", type=Path, help="OHIF dist/ folder (default: the installed one)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=3000)
+    srv.add_argument("--base", default="/", help="path to serve the viewer at (default /)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "install":
+            dist = args.dist or default_dist_dir()
+            if is_installed(dist) and not args.force and args.version == OHIF_VERSION:
+                print(f"{OHIF_PACKAGE} already in {dist}")
+                return 0
+            print(install(dist, version=args.version))
+            return 0
+        import uvicorn
+        from starlette.applications import Starlette
+
+        dist = args.dist or ensure_installed(None)
+        app = Starlette(routes=viewer_router(dist, dicomweb_url=args.dicomweb, base=args.base).routes)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        return 0
+    except ViewerNotInstalled as e:
+        print(f"dicomweb-server viewer: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
