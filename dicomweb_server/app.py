@@ -10,6 +10,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
 from .api import errors, qido, rendered, stow, wado
+from .api.limits import HeaderLimit
 from .archive import Archive
 from .settings import Settings
 
@@ -57,6 +58,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             allow_headers=["accept", "content-type", "authorization"],
             expose_headers=["Content-Type", "Content-Location", "Warning"],
         )
+    app.add_middleware(HeaderLimit, max_header_bytes=settings.max_header_bytes)
     logging.getLogger("dicomweb_server").setLevel(settings.log_level.upper())
     return app
 

@@ -142,13 +142,16 @@ def _parse_match(attribute: Attribute, raw: str) -> Match:
         return Match(attribute, "universal", ())
     if kind is Kind.UID:
         uids = _split_list(value)
+        if not uids:
+            raise QueryError(f"{attribute.keyword}: {raw!r} holds no UID")
         try:
             uids = [validate_uid(u) for u in uids]
         except ValueError as e:
             raise QueryError(f"{attribute.keyword}: {e}") from None
         return Match(attribute, "single" if len(uids) == 1 else "list", tuple(uids))
     if kind is Kind.MULTI:
-        return Match(attribute, "list", tuple(_split_list(value)))
+        values = tuple(_split_list(value))
+        return Match(attribute, "list", values) if values else Match(attribute, "universal", ())
     if kind is Kind.INT:
         try:
             return Match(attribute, "single", (int(value),))
