@@ -10,6 +10,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
 from .api import errors, qido, rendered, stow, wado
+from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
 from .api.limits import HeaderLimit
 from .archive import Archive
 from .settings import Settings
@@ -49,11 +50,23 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         from .viewer import mount_viewer
 
         mount_viewer(app, settings)
+    authenticator = Authenticator(
+        {**load_json_file(settings.api_keys_file), **settings.api_keys},
+        oidc_issuer=settings.oidc_issuer, oidc_audience=settings.oidc_audience,
+        oidc_jwks_url=settings.oidc_jwks_url, basic_users=load_json_file(settings.basic_users_file),
+    )
+    if settings.audit_log is not None:
+        configure_audit_file(settings.audit_log)
+    if authenticator.enabled or settings.audit_log is not None:
+        app.add_middleware(AuthAuditMiddleware, authenticator=authenticator, prefix=settings.prefix,
+                           audit=settings.audit_log is not None)
     if settings.cors_origins:
-        # PS3.18 does not define CORS; browser viewers need it (case H1)
+        # PS3.18 does not define CORS; browser viewers need it (case H1). Added after
+        # (outside) authentication so that 401/403 answers carry the CORS headers too.
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
+            allow_credentials="*" not in settings.cors_origins,
             allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["accept", "content-type", "authorization"],
             expose_headers=["Content-Type", "Content-Location", "Warning"],

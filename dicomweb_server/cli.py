@@ -39,6 +39,11 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = _settings(args)
+    if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
+        print(f"dicomweb-server: refusing to listen on {settings.host} without authentication: configure "
+              "API keys (--api-keys-file), OIDC (--oidc-jwks-url) or basic users, or pass --insecure",
+              file=sys.stderr)
+        return 2
     if settings.index == "memory" and args.workers not in (None, 1):
         print("dicomweb-server: the in-memory index lives in one process; "
               "use --workers 1 or --index sqlite", file=sys.stderr)
@@ -75,6 +80,17 @@ def _serve(args: argparse.Namespace) -> int:
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _sample_files() -> list[Path]:
@@ -159,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--public-url", dest="public_url", help="base URL written into RetrieveURLs")
     serve.add_argument("--cors-origin", dest="cors_origins", action="append", help="allowed CORS origin (repeat)")
     serve.add_argument("--access-log", dest="access_log", action="store_true", default=None)
+    serve.add_argument("--api-keys-file", dest="api_keys_file", help='JSON {"token": ["read","write","delete"]}')
+    serve.add_argument("--basic-users-file", dest="basic_users_file",
+                       help='JSON {"user": {"password_sha256": "...", "scopes": [...]}}')
+    serve.add_argument("--oidc-issuer", dest="oidc_issuer", help="expected JWT issuer (iss)")
+    serve.add_argument("--oidc-audience", dest="oidc_audience", help="expected JWT audience (aud)")
+    serve.add_argument("--oidc-jwks-url", dest="oidc_jwks_url", help="the issuer's JWKS URL")
+    serve.add_argument("--audit-log", dest="audit_log", help="append one JSON line per request to this file")
+    serve.add_argument("--insecure", action="store_true", default=None,
+                       help="allow a non-loopback --host without authentication")
     serve.add_argument("--log-level", dest="log_level")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")

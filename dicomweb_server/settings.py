@@ -38,6 +38,14 @@ class Settings(BaseSettings):
     access_log: bool = False
     log_level: str = "info"
     cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; ['*'] for any")
+    api_keys: dict[str, list[str]] = Field(default_factory=dict, description='{"token": ["read", "write"]}')
+    api_keys_file: Path | None = Field(None, description="JSON file of API keys and their scopes")
+    basic_users_file: Path | None = Field(None, description='JSON {"user": {"password_sha256": .., "scopes": [..]}}')
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_url: str | None = None
+    audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request here")
+    insecure: bool = Field(False, description="allow listening beyond loopback without authentication")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
     viewer: bool = Field(False, description="serve the OHIF viewer at /viewer")
     viewer_dir: Path | None = Field(None, description="OHIF dist/ folder; default: fetched with npm into ~/.cache")
@@ -49,6 +57,9 @@ class Settings(BaseSettings):
         if v and not v.startswith("/"):
             v = "/" + v
         return v
+
+    def auth_configured(self) -> bool:
+        return bool(self.api_keys or self.api_keys_file or self.basic_users_file or self.oidc_jwks_url)
 
     def effective_workers(self) -> int:
         """Worker processes to start: the in-memory index lives in one process."""

@@ -87,6 +87,7 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
         if not spooler.parts:
             raise DICOMwebHTTPError(400, "the multipart body holds no parts")
         outcome = await run_in_threadpool(archive.store, spooler.parts, study_uid)
+        request.state.audit_studies = {s.study_uid for s in outcome.stored}
     except ClientDisconnect:
         spooler.discard()
         return Response(status_code=400)
