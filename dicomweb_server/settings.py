@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(4 * 1024**3, ge=1, description="STOW-RS body cap -> 413")
     max_parts: int = Field(10_000, ge=1, description="STOW-RS parts per request cap -> 413")
+    body_timeout: float = Field(60.0, gt=0, description="seconds a STOW-RS body may stall -> 408")
     max_header_bytes: int = Field(65536, ge=1024, description="request line + headers cap -> 431")
     max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) limit")
     bulk_threshold: int = Field(1024, ge=0, description="binary values larger than this become BulkDataURIs")

@@ -3,6 +3,8 @@ instances (not part of PS3.18; offered as other archives do)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -80,7 +82,15 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
     spooler = PartSpooler(boundary, archive.blobs.spool, max_bytes=settings.max_request_bytes,
                           max_parts=settings.max_parts)
     try:
-        async for chunk in request.stream():
+        stream = request.stream().__aiter__()
+        while True:
+            try:
+                async with asyncio.timeout(settings.body_timeout):
+                    chunk = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise DICOMwebHTTPError(408, f"no request body data for {settings.body_timeout:g} s") from None
             if chunk:
                 spooler.feed(chunk)
         spooler.close()

@@ -151,3 +151,21 @@ def test_concurrent_stow_of_one_sop_instance(tmp_path, identical):
         assert pydicom.dcmread(io.BytesIO(stored)).SOPInstanceUID == base.SOPInstanceUID
     finally:
         srv.stop()
+
+
+def test_stalled_upload_times_out(tmp_path):
+    import socket
+
+    srv = LiveServer(tmp_path / "data", "sqlite", body_timeout=1.0).start()
+    try:
+        data = to_bytes(make_dataset())
+        body, ctype = multipart([data])
+        with socket.create_connection(("127.0.0.1", srv.settings.port), timeout=10) as s:
+            head = (f"POST /studies HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            s.sendall(head + body[:300])  # then nothing
+            answer = s.recv(65536).decode("latin-1")
+        assert answer.startswith("HTTP/1.1 408"), answer[:200]
+        assert os.listdir(srv.settings.data_dir / "tmp") == []
+    finally:
+        srv.stop()
