@@ -3,13 +3,14 @@
 restart. It lives in one process (the server refuses more than one worker).
 
 Kept lean: per instance, the index holds its column values, location and the
-stored DICOM JSON as compact bytes (no per-element Python objects); see the
-README for the measured bytes per instance.
+stored DICOM JSON as zlib-compressed bytes (no per-element Python objects); see
+the README for the measured bytes per instance.
 """
 
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Iterator
 from itertools import islice
 
@@ -65,7 +66,11 @@ class _Instance:
         self.path = r.path
         self.size = r.size
         self.pixel = r.pixel
-        self.metadata = r.metadata
+        self.metadata = zlib.compress(r.metadata, 1)  # ~4x smaller; 10-30 µs to inflate on read
+
+    @property
+    def json(self) -> bytes:
+        return zlib.decompress(self.metadata)
 
     def location(self) -> InstanceLocation:
         se = self.series
@@ -141,7 +146,7 @@ class MemoryIndex(Index):
             study = self._studies.get(study_uid)
             if study is None:
                 return []
-            return [i.metadata for i in self._iter_instances(study, series_uid)
+            return [i.json for i in self._iter_instances(study, series_uid)
                     if sop_uid is None or i.uid == sop_uid]
 
     # --- search -----------------------------------------------------------------------
@@ -214,7 +219,7 @@ class MemoryIndex(Index):
             if se.uid not in ok_series:
                 ok_series[se.uid] = self._matches(query, "series", se)
             if ok_study[st.uid] and ok_series[se.uid] and self._matches(query, "instance", inst):
-                yield SearchHit(st.uid, se.uid, inst.uid, st.json, se.json, inst.metadata,
+                yield SearchHit(st.uid, se.uid, inst.uid, st.json, se.json, inst.json,
                                 self._computed(st, se))
 
     @staticmethod
