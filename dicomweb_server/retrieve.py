@@ -9,6 +9,7 @@ fragments) are parsed with pydicom at read time.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import pydicom
@@ -31,6 +32,34 @@ class NotFound(LookupError):
 def can_decode(ts: str) -> bool:
     """Whether pixel data in ``ts`` can be decoded to native pixels here."""
     return ts in UNENCAPSULATED or pixels.is_supported_transfer_syntax(ts)
+
+
+#: files larger than this are streamed in CHUNK pieces instead of read whole
+LARGE_FILE = 16 * 1024 * 1024
+CHUNK = 1024 * 1024
+
+
+def file_chunks(path: Path, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+    """The file (or ``length`` bytes from ``offset``) in 1 MiB pieces (bounded
+    memory for multi-GB instances)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length if length is not None else -1
+        while left != 0:
+            chunk = f.read(CHUNK if left < 0 else min(CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk) if left > 0 else 0
+            yield chunk
+
+
+def large_native_pixel_data(loc: InstanceLocation) -> tuple[int, int] | None:
+    """(offset, length) of Pixel Data to stream, when it is native little endian
+    and larger than LARGE_FILE; else None."""
+    pix = loc.pixel or {}
+    if loc.transfer_syntax_uid in NATIVE_LE and pix.get("length") and pix["length"] > LARGE_FILE:
+        return pix["offset"], pix["length"]
+    return None
 
 
 def read_file(path: Path) -> bytes:

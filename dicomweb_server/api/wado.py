@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from .. import retrieve
@@ -103,6 +103,8 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     choice = negotiate_instances(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.resolve(loc.path)
+    if not choice.transcode and loc.size > retrieve.LARGE_FILE:
+        return _stream_large(path, loc, choice)
     try:
         data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
     except pixels.UnsupportedTransferSyntax as e:
@@ -119,17 +121,60 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     )
 
 
+def _stream_large(path, loc: InstanceLocation, choice) -> Response:
+    """A large stored file, streamed from disk in 1 MiB pieces (bounded memory)."""
+    ptype = _dicom_part_type(choice.transfer_syntax)
+    if not choice.multipart:
+        return StreamingResponse(iterate_in_threadpool(retrieve.file_chunks(path)), media_type=ptype,
+                                 headers={"Content-Length": str(loc.size)})
+    boundary = new_boundary()
+    head, tail = part_header(boundary, ptype), closing(boundary)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        async for chunk in iterate_in_threadpool(retrieve.file_chunks(path)):
+            yield chunk
+        yield tail
+
+    return StreamingResponse(body(), media_type=content_type(boundary, DICOM),
+                             headers={"Content-Length": str(len(head) + loc.size + len(tail))})
+
+
+def _stream_bulk(path, span: tuple[int, int], ts: str, single: bool) -> Response:
+    """Large native Pixel Data, streamed from its place in the file."""
+    offset, length = span
+    chunks = iterate_in_threadpool(retrieve.file_chunks(path, offset, length))
+    if single:
+        return StreamingResponse(chunks, media_type=OCTET_STREAM, headers={"Content-Length": str(length)})
+    boundary = new_boundary()
+    head, tail = part_header(boundary, f"{OCTET_STREAM}; transfer-syntax={ts}"), closing(boundary)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        async for chunk in chunks:
+            yield chunk
+        yield tail
+
+    return StreamingResponse(body(), media_type=content_type(boundary, OCTET_STREAM),
+                             headers={"Content-Length": str(len(head) + length + len(tail))})
+
+
 async def _stream_instances(archive, locs: list[InstanceLocation], accept, boundary: str) -> AsyncIterator[bytes]:
     first = True
     for loc in locs:
         try:
             choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
             path = archive.blobs.resolve(loc.path)
-            data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+            large = not choice.transcode and loc.size > retrieve.LARGE_FILE
+            data = b"" if large else await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
         except (NotAcceptable, pixels.UnsupportedTransferSyntax, FileNotFoundError):
             continue  # checked before the answer started; a file deleted meanwhile is skipped
         yield (b"" if first else b"\r\n") + part_header(boundary, _dicom_part_type(choice.transfer_syntax))
-        yield data
+        if large:
+            async for chunk in iterate_in_threadpool(retrieve.file_chunks(path)):
+                yield chunk
+        else:
+            yield data
         first = False
     yield closing(boundary)
 
@@ -220,11 +265,14 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
     loc = locate(archive, study, series, instance)
     path = archive.blobs.resolve(loc.path)
+    accept = parse_accept(request.headers.get("accept"))
+    span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == "7FE00010" else None
+    if span is not None:
+        return _stream_bulk(path, span, loc.transfer_syntax_uid, single=accept[0].type == OCTET_STREAM)
     try:
         parts = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
-    accept = parse_accept(request.headers.get("accept"))
     single = accept[0].type == OCTET_STREAM and len(parts) == 1
     if not single and not any(r.type in ("*/*", "multipart/*", MULTIPART_RELATED, OCTET_STREAM) for r in accept):
         raise NotAcceptable("bulk data is available as multipart/related; type=\"application/octet-stream\"")
