@@ -25,6 +25,7 @@ from .dicom.status import FailureReason, InstanceError
 from .settings import Settings
 from .store.base import Index
 from .store.blobs import BlobStore, Placed, is_out_of_resources
+from .store.commit import GroupCommitter
 
 log = logging.getLogger("dicomweb_server.archive")
 
@@ -65,6 +66,7 @@ class Archive:
         self.settings = settings
         self.blobs = BlobStore(Path(settings.data_dir))
         self.index = index
+        self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
 
     @classmethod
     def open(cls, settings: Settings) -> "Archive":
@@ -168,9 +170,10 @@ class Archive:
     def _place_and_index(self, described: list[tuple[InstanceRecord, Path]], outcome: StoreOutcome) -> None:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
+        dirs: set[Path] = set()
         for rec, spooled in described:
             try:
-                if self.blobs.place(spooled, rec.path) is Placed.EXISTS:
+                if self.blobs.place(spooled, rec.path, sync_dir=False) is Placed.EXISTS:
                     same = self.blobs.same(spooled, rec.path)
                     if self.index.locate(rec.sop_uid) is not None:
                         if same:
@@ -184,6 +187,7 @@ class Archive:
                         continue
                     if not same:  # a crash orphan (we hold the lock): never acknowledged, replace it
                         self.blobs.replace(spooled, rec.path)
+                dirs.add(self.blobs.resolve(rec.path).parent)
             except OSError as e:
                 reason = FailureReason.OUT_OF_RESOURCES if is_out_of_resources(e) else FailureReason.PROCESSING_FAILURE
                 outcome.failed.append(Failed(reason, f"cannot write the file: {e.strerror or e}",
@@ -194,7 +198,7 @@ class Archive:
             return
         faults.point("placed")
         try:
-            added = self.index.add(pending)
+            added = self.committer.commit(pending, dirs)
         except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
             log.error("index commit failed: %s", e)
             for rec in pending:
@@ -215,7 +219,8 @@ class Archive:
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> int:
         """Remove index rows (one durable commit: readers never see half of it),
         then the files. Returns the number of instances removed."""
-        paths = self.index.delete(study_uid, series_uid, sop_uid)
+        with self.committer.writer():
+            paths = self.index.delete(study_uid, series_uid, sop_uid)
         uids = {Path(rel).stem: rel for rel in paths}
         with self.blobs.locked(uids):
             for uid, rel in uids.items():

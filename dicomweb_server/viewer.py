@@ -41,7 +41,9 @@ import tarfile
 import tempfile
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route, Router
@@ -59,10 +61,10 @@ class ViewerNotInstalled(RuntimeError):
     pass
 
 
-def default_dist_dir() -> Path:
+def default_dist_dir(version: str = OHIF_VERSION) -> Path:
     """Where ``install`` puts ``dist/`` by default: the user's cache folder."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "dicomweb-archive" / f"ohif-app-{OHIF_VERSION}" / "dist"
+    return cache / "dicomweb-archive" / f"ohif-app-{version}" / "dist"
 
 
 def dist_dir(viewer_dir: str | os.PathLike | None) -> Path:
@@ -77,7 +79,7 @@ def install(dist: Path | None = None, *, version: str = OHIF_VERSION, npm: str |
             quiet: bool = False) -> Path:
     """Fetch ``@ohif/app@version`` with ``npm pack`` (the package's tarball only, none of its
     dependencies: ``dist/`` is a complete build) and unpack its ``dist/`` to ``dist``."""
-    dist = Path(dist) if dist else default_dist_dir()
+    dist = Path(dist) if dist else default_dist_dir(version)
     npm = npm or shutil.which("npm")
     if not npm:
         raise ViewerNotInstalled("npm is not installed: it fetches the OHIF viewer (Debian: apt-get install npm)")
@@ -94,7 +96,8 @@ def install(dist: Path | None = None, *, version: str = OHIF_VERSION, npm: str |
         (tgz,) = [p for p in Path(tmp).iterdir() if p.name.endswith(".tgz")]
         with tarfile.open(tgz) as tf:
             members = [m for m in tf.getmembers() if m.name.startswith("package/dist/")]
-            tf.extractall(tmp, members=members, filter="data")
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4
+            tf.extractall(tmp, members=members, **safe)
         src = Path(tmp) / "package" / "dist"
         if not (src / "index.html").is_file():
             raise ViewerNotInstalled(f"{spec} has no dist/index.html")
@@ -188,7 +191,8 @@ def app_config_js(dicomweb_url: str | None, prefix: str = "", base: str = MOUNT)
 
 
 class ViewerFiles:
-    """``dist/`` served under ``base``; text files rewritten once, kept in memory."""
+    """``dist/`` served under ``base``. Text files naming others by absolute path are
+    rewritten once and kept in memory (with their gzip); all else is sent from disk."""
 
     def __init__(self, dist: Path, base: str = MOUNT) -> None:
         self.dist = Path(dist).resolve()
@@ -199,7 +203,7 @@ class ViewerFiles:
                        key=len, reverse=True)
         # "/name..." or '/name...' or `/name...` or url(/name...), name a top-level entry of dist/
         self._absolute = re.compile(r"""(?<=["'`(])/(?=(?:%s)(?:[/"'`)?#]))""" % "|".join(names))
-        self._cache: dict[str, tuple[bytes, str, bytes | None]] = {}  # body, ETag, gzipped body
+        self._cache: dict[str, _Rewritten | None] = {}  # only rewritten files are kept
         self._lock = threading.Lock()
 
     def rewrite(self, text: str) -> str:
@@ -218,46 +222,48 @@ class ViewerFiles:
             return None
         return path
 
-    def _text(self, path: Path) -> tuple[bytes, str]:
+    def _prepared(self, path: Path) -> _Rewritten | None:
+        """The rewritten text of a file, or None when it is served as it is on disk.
+        Blocking (reads, rewrites, compresses): called in a worker thread."""
         key = str(path)
-        hit = self._cache.get(key)
-        if hit is None:
-            raw = path.read_bytes()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                body = raw
-            else:
-                new = self.rewrite(text)
-                body = new.encode("utf-8") if new != text else raw
-            hit = (body, '"%s"' % hashlib.blake2b(body, digest_size=12).hexdigest(), None)
-            with self._lock:
-                self._cache[key] = hit
-        return hit[0], hit[1]
+        if key in self._cache:
+            return self._cache[key]
+        with self._lock:
+            if key not in self._cache:
+                raw = path.read_bytes()
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = None
+                new = self.rewrite(text) if text is not None else None
+                if new is None or new == text:
+                    self._cache[key] = None
+                else:
+                    body = new.encode("utf-8")
+                    etag = '"%s"' % hashlib.blake2b(body, digest_size=12).hexdigest()
+                    self._cache[key] = _Rewritten(body, etag, gzip.compress(body, compresslevel=6, mtime=0))
+        return self._cache[key]
 
-    def _gzipped(self, path: Path) -> bytes:
-        key = str(path)
-        body, etag, gz = self._cache[key]
-        if gz is None:
-            gz = gzip.compress(body, compresslevel=6, mtime=0)
-            with self._lock:
-                self._cache[key] = (body, etag, gz)
-        return gz
-
-    def response(self, request: Request, path: Path, headers: dict[str, str] | None = None) -> Response:
+    async def response(self, request: Request, path: Path, headers: dict[str, str] | None = None) -> Response:
         headers = dict(headers or {})
         media_type = _media_type(path)
-        if path.suffix not in _TEXT_SUFFIXES:
+        prepared = await run_in_threadpool(self._prepared, path) if path.suffix in _TEXT_SUFFIXES else None
+        if prepared is None:
             return FileResponse(path, media_type=media_type, headers=headers)
-        body, etag = self._text(path)
-        headers["ETag"] = etag
+        headers["ETag"] = prepared.etag
         headers["Vary"] = "Accept-Encoding"
-        if request.headers.get("if-none-match") == etag:
+        if request.headers.get("if-none-match") == prepared.etag:
             return Response(status_code=304, headers=headers)
-        if len(body) > 1024 and "gzip" in request.headers.get("accept-encoding", ""):
+        if "gzip" in request.headers.get("accept-encoding", ""):
             headers["Content-Encoding"] = "gzip"
-            return Response(self._gzipped(path), media_type=media_type, headers=headers)
-        return Response(body, media_type=media_type, headers=headers)
+            return Response(prepared.gzipped, media_type=media_type, headers=headers)
+        return Response(prepared.body, media_type=media_type, headers=headers)
+
+
+class _Rewritten(NamedTuple):
+    body: bytes
+    etag: str
+    gzipped: bytes
 
 
 def _media_type(path: Path) -> str:
@@ -275,7 +281,7 @@ def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", bas
     config = app_config_js(dicomweb_url, prefix, base or "/").encode()
 
     async def index(request: Request) -> Response:
-        return files.response(request, files.dist / "index.html", _NO_CACHE)
+        return await files.response(request, files.dist / "index.html", _NO_CACHE)
 
     async def entry(request: Request) -> Response:
         # OHIF's study route is {base}/viewer?StudyInstanceUIDs=...; keep /viewer?... working
@@ -291,7 +297,7 @@ def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", bas
         if path is not None:
             if path.name == "index.html":
                 return await index(request)
-            return files.response(request, path)
+            return await files.response(request, path)
         if "." in rel.rsplit("/", 1)[-1]:
             return PlainTextResponse("Not Found", status_code=404)
         return await index(request)  # a route of the single-page app
@@ -333,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "install":
-            dist = args.dist or default_dist_dir()
-            if is_installed(dist) and not args.force and args.version == OHIF_VERSION:
+            dist = args.dist or default_dist_dir(args.version)
+            if is_installed(dist) and not args.force:
                 print(f"{OHIF_PACKAGE} already in {dist}")
                 return 0
             print(install(dist, version=args.version))

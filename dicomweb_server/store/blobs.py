@@ -29,7 +29,8 @@ class Placed(str, Enum):
     EXISTS = "exists"  # a file is already at that name (see BlobStore.same)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a new or renamed file) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -105,10 +106,12 @@ class BlobStore:
                 m.mkdir()
             except FileExistsError:
                 pass
-            _fsync_dir(m.parent)
+            fsync_dir(m.parent)
 
-    def place(self, spooled: Path, relpath: str) -> Placed:
-        """Durably move a spooled file to ``relpath`` (see module docstring).
+    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True) -> Placed:
+        """Durably move a spooled file to ``relpath`` (see module docstring). With
+        ``sync_dir=False`` the caller fsyncs the final directory itself (the group
+        commit does, once per directory, before the index commit).
 
         Raises
         ------
@@ -129,7 +132,8 @@ class BlobStore:
         except FileExistsError:
             return Placed.EXISTS
         faults.point("linked")
-        _fsync_dir(final.parent)
+        if sync_dir:
+            fsync_dir(final.parent)
         os.unlink(spooled)
         return Placed.NEW
 
@@ -137,7 +141,7 @@ class BlobStore:
         """Durably replace an unindexed file left at ``relpath`` (an orphan)."""
         final = self.resolve(relpath)
         os.replace(spooled, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def same(self, spooled: Path, relpath: str) -> bool:
         """Whether the spooled file is byte-identical to the stored one."""
@@ -157,7 +161,7 @@ class BlobStore:
             except OSError:
                 break
             d = d.parent
-        _fsync_dir(d)
+        fsync_dir(d)
 
     def walk(self):
         """Relative paths of every stored ``.dcm`` file."""

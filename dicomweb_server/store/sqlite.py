@@ -113,6 +113,11 @@ def _split_multi(v: str | None) -> list[str]:
     return [x for x in (v or "").split("\\") if x]
 
 
+def _join_multi(values: set[str]) -> str | None:
+    """Multi-valued columns are stored as ``\\A\\B\\`` so that ``instr`` finds ``\\A\\``."""
+    return "\\" + "\\".join(sorted(values)) + "\\" if values else None
+
+
 class SQLiteIndex(Index):
     """The default, embedded index (``--index sqlite``): ``data_dir/index.sqlite``."""
 
@@ -151,10 +156,10 @@ class SQLiteIndex(Index):
     # --- writes -----------------------------------------------------------------------
 
     def add(self, records: list[InstanceRecord]) -> list[bool]:
+        """Insert instances and update the computed study/series attributes
+        incrementally (constant work per instance, whatever the study's size)."""
         con = self._con()
         added: list[bool] = []
-        touched_series: set[int] = set()
-        touched_studies: set[int] = set()
         scols, secols, icols = _cols("study"), _cols("series"), _cols("instance")
         con.execute("BEGIN IMMEDIATE")
         try:
@@ -166,17 +171,21 @@ class SQLiteIndex(Index):
                     f"INSERT OR IGNORE INTO study ({','.join(scols)}, _json) VALUES ({','.join('?' * (len(scols) + 1))})",
                     [r.study[c] for c in scols] + [r.study_json],
                 )
-                (study_pk,) = con.execute("SELECT pk FROM study WHERE StudyInstanceUID = ?", (r.study_uid,)).fetchone()
-                con.execute(
+                study_pk, modalities, classes = con.execute(
+                    "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE StudyInstanceUID = ?",
+                    (r.study_uid,)).fetchone()
+                new_series = con.execute(
                     f"INSERT OR IGNORE INTO series (study_pk, {','.join(secols)}, _json) "
                     f"VALUES (?, {','.join('?' * (len(secols) + 1))})",
                     [study_pk] + [r.series[c] for c in secols] + [r.series_json],
-                )
-                row = con.execute("SELECT pk, study_pk FROM series WHERE SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
-                series_pk = row[0]
-                if row[1] != study_pk:
-                    # same series UID already filed under another study: keep the first filing
-                    study_pk = row[1]
+                ).rowcount == 1
+                series_pk, series_study_pk, modality = con.execute(
+                    "SELECT pk, study_pk, Modality FROM series WHERE SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
+                if series_study_pk != study_pk:
+                    # the series UID is already filed under another study: keep the first filing
+                    study_pk, modalities, classes = con.execute(
+                        "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE pk = ?",
+                        (series_study_pk,)).fetchone()
                 con.execute(
                     f"INSERT INTO instance (series_pk, {','.join(icols)}, _transfer_syntax, _path, _size, _pixel, _metadata) "
                     f"VALUES (?, {','.join('?' * (len(icols) + 5))})",
@@ -184,10 +193,18 @@ class SQLiteIndex(Index):
                     + [r.transfer_syntax_uid, r.path, r.size,
                        orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata],
                 )
-                touched_series.add(series_pk)
-                touched_studies.add(study_pk)
+                con.execute("UPDATE series SET NumberOfSeriesRelatedInstances = NumberOfSeriesRelatedInstances + 1 "
+                            "WHERE pk = ?", (series_pk,))
+                mods = set(_split_multi(modalities)) | ({modality} if modality else set())
+                sops = set(_split_multi(classes)) | {r.sop_class_uid}
+                con.execute(
+                    "UPDATE study SET NumberOfStudyRelatedInstances = NumberOfStudyRelatedInstances + 1, "
+                    "NumberOfStudyRelatedSeries = NumberOfStudyRelatedSeries + ?, ModalitiesInStudy = ?, "
+                    "SOPClassesInStudy = ? WHERE pk = ?",
+                    (1 if new_series and series_study_pk == study_pk else 0, _join_multi(mods), _join_multi(sops),
+                     study_pk),
+                )
                 added.append(True)
-            self._recompute(con, touched_series, touched_studies)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -211,8 +228,7 @@ class SQLiteIndex(Index):
                 "NumberOfStudyRelatedSeries = (SELECT count(*) FROM series WHERE study_pk = ?), "
                 "NumberOfStudyRelatedInstances = (SELECT coalesce(sum(NumberOfSeriesRelatedInstances), 0) "
                 "FROM series WHERE study_pk = ?) WHERE pk = ?",
-                ("\\" + "\\".join(mods) + "\\" if mods else None,
-                 "\\" + "\\".join(classes) + "\\" if classes else None, pk, pk, pk),
+                (_join_multi(set(mods)), _join_multi(set(classes)), pk, pk, pk),
             )
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
