@@ -15,7 +15,8 @@ from ..render_cache import RenderCache
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError
-from .wado import _multipart, locate, parse_frame_list
+from .responses import multipart_response
+from .wado import locate, parse_frame_list
 
 router = APIRouter(tags=["WADO-RS rendered"])
 
@@ -107,10 +108,10 @@ async def _one(request: Request, archive, loc: InstanceLocation, frames: list[in
     if multi and media_type != "image/gif":
         parts = [(media_type, await _picture(request, archive, loc, [k], params, media_type, thumbnail))
                  for k in frames]  # type: ignore[union-attr]
-        return _multipart(parts, media_type)
+        return multipart_response(parts, media_type)
     data = await _picture(request, archive, loc, frames, params, media_type, thumbnail)
     if as_multipart:
-        return _multipart([(media_type, data)], media_type)
+        return multipart_response([(media_type, data)], media_type)
     return Response(data, media_type=media_type)
 
 
@@ -135,7 +136,7 @@ async def _many(request: Request, archive, locs: list[InstanceLocation], what: s
             continue  # e.g. an image in an undecodable transfer syntax: skipped like non-images
     if not parts:
         raise NotAcceptable(f"no image of the {what} can be rendered")
-    return _multipart(parts, media_type)
+    return multipart_response(parts, media_type)
 
 
 def _routes(suffix: str, thumbnail: bool) -> None:

@@ -10,6 +10,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..dicom.media_types import DICOM_JSON
+from ..dicom.multipart import closing, content_type, new_boundary, part_header
 
 
 class DicomJSONResponse(Response):
@@ -40,3 +41,16 @@ class ChunksResponse(Response):
                 await send({"type": "http.response.body", "body": chunk, "more_body": i < last})
         if self.background is not None:
             await self.background()
+
+
+def multipart_response(parts: list[tuple[str, bytes]], part_type: str,
+                       headers: dict[str, str] | None = None) -> ChunksResponse:
+    """``multipart/related; type=part_type`` of (Content-Type, bytes) parts (PS3.18
+    §8.6.1.2), sent without joining the parts."""
+    boundary = new_boundary()
+    chunks: list[bytes] = []
+    for i, (ctype, data) in enumerate(parts):
+        chunks.append((b"\r\n" if i else b"") + part_header(boundary, ctype))
+        chunks.append(data)
+    chunks.append(closing(boundary))
+    return ChunksResponse(chunks, media_type=content_type(boundary, part_type), headers=headers)

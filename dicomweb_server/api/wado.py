@@ -22,7 +22,7 @@ from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError
-from .responses import ChunksResponse, DicomJSONResponse
+from .responses import DicomJSONResponse, multipart_response
 
 router = APIRouter(tags=["WADO-RS"])
 
@@ -104,7 +104,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.resolve(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
-        return _stream_large(path, loc, choice)
+        return _stream_file(path, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
     try:
         data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
     except pixels.UnsupportedTransferSyntax as e:
@@ -114,40 +114,17 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
         headers["Warning"] = _DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax)
     if not choice.multipart:
         return Response(data, media_type=_dicom_part_type(choice.transfer_syntax), headers=headers)
-    boundary = new_boundary()
-    return ChunksResponse(
-        [part_header(boundary, _dicom_part_type(choice.transfer_syntax)), data, closing(boundary)],
-        media_type=content_type(boundary, DICOM), headers=headers,
-    )
+    return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
 
 
-def _stream_large(path, loc: InstanceLocation, choice) -> Response:
-    """A large stored file, streamed from disk in 1 MiB pieces (bounded memory)."""
-    ptype = _dicom_part_type(choice.transfer_syntax)
-    if not choice.multipart:
-        return StreamingResponse(iterate_in_threadpool(retrieve.file_chunks(path)), media_type=ptype,
-                                 headers={"Content-Length": str(loc.size)})
-    boundary = new_boundary()
-    head, tail = part_header(boundary, ptype), closing(boundary)
-
-    async def body() -> AsyncIterator[bytes]:
-        yield head
-        async for chunk in iterate_in_threadpool(retrieve.file_chunks(path)):
-            yield chunk
-        yield tail
-
-    return StreamingResponse(body(), media_type=content_type(boundary, DICOM),
-                             headers={"Content-Length": str(len(head) + loc.size + len(tail))})
-
-
-def _stream_bulk(path, span: tuple[int, int], ts: str, single: bool) -> Response:
-    """Large native Pixel Data, streamed from its place in the file."""
-    offset, length = span
+def _stream_file(path, offset: int, length: int, part_ctype: str, multipart: bool) -> Response:
+    """``length`` bytes of a file from ``offset``, streamed from disk in 1 MiB pieces
+    (bounded memory), single part or as the one part of a multipart/related body."""
     chunks = iterate_in_threadpool(retrieve.file_chunks(path, offset, length))
-    if single:
-        return StreamingResponse(chunks, media_type=OCTET_STREAM, headers={"Content-Length": str(length)})
+    if not multipart:
+        return StreamingResponse(chunks, media_type=part_ctype, headers={"Content-Length": str(length)})
     boundary = new_boundary()
-    head, tail = part_header(boundary, f"{OCTET_STREAM}; transfer-syntax={ts}"), closing(boundary)
+    head, tail = part_header(boundary, part_ctype), closing(boundary)
 
     async def body() -> AsyncIterator[bytes]:
         yield head
@@ -155,7 +132,7 @@ def _stream_bulk(path, span: tuple[int, int], ts: str, single: bool) -> Response
             yield chunk
         yield tail
 
-    return StreamingResponse(body(), media_type=content_type(boundary, OCTET_STREAM),
+    return StreamingResponse(body(), media_type=content_type(boundary, part_ctype.split(";")[0]),
                              headers={"Content-Length": str(len(head) + length + len(tail))})
 
 
@@ -217,16 +194,6 @@ async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID
 # --- frames and bulk data ------------------------------------------------------------------
 
 
-def _multipart(parts: list[tuple[str, bytes]], part_type: str) -> Response:
-    boundary = new_boundary()
-    chunks: list[bytes] = []
-    for i, (ctype, data) in enumerate(parts):
-        chunks.append((b"\r\n" if i else b"") + part_header(boundary, ctype))
-        chunks.append(data)
-    chunks.append(closing(boundary))
-    return ChunksResponse(chunks, media_type=content_type(boundary, part_type))
-
-
 @router.get("/studies/{study}/series/{series}/instances/{instance}/frames/{frames}", summary="Retrieve frames")
 async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
                                    instance: SOPInstanceUID, frames: str) -> Response:
@@ -248,7 +215,7 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
     ptype = retrieve.frame_part_type(choice)
-    return _multipart([(ptype, d) for d in data], choice.media_type)
+    return multipart_response([(ptype, d) for d in data], choice.media_type)
 
 
 @router.get("/studies/{study}/series/{series}/instances/{instance}/bulkdata/{tagpath:path}",
@@ -268,7 +235,8 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     accept = parse_accept(request.headers.get("accept"))
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == "7FE00010" else None
     if span is not None:
-        return _stream_bulk(path, span, loc.transfer_syntax_uid, single=accept[0].type == OCTET_STREAM)
+        return _stream_file(path, span[0], span[1], f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
+                            multipart=accept[0].type != OCTET_STREAM)
     try:
         parts = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
     except retrieve.NotFound as e:
@@ -279,4 +247,4 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     if single:
         return Response(parts[0][1], media_type=OCTET_STREAM)
     part_type = parts[0][0].split(";")[0] if parts else OCTET_STREAM
-    return _multipart(parts, part_type)
+    return multipart_response(parts, part_type)

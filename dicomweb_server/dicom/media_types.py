@@ -41,6 +41,7 @@ FRAME_MEDIA_TYPES: dict[str, tuple[str, ...]] = {
     "video/H265": ("1.2.840.10008.1.2.4.107", "1.2.840.10008.1.2.4.108"),
 }
 MEDIA_TYPE_OF_TS: dict[str, str] = {ts: mt for mt, tss in FRAME_MEDIA_TYPES.items() for ts in tss}
+_FRAME_TYPES_LOWER = {k.lower(): (k, v) for k, v in FRAME_MEDIA_TYPES.items()}
 
 
 class NotAcceptable(Exception):
@@ -258,11 +259,12 @@ def negotiate_frames(
                 if can_decode(stored_ts):
                     return Choice(OCTET_STREAM, EXPLICIT_VR_LE, True, transcode=True, defaulted=ts is None)
             continue
-        wanted = {k.lower(): v for k, v in FRAME_MEDIA_TYPES.items()}.get(mtype)
-        if wanted is None or native:
+        found = _FRAME_TYPES_LOWER.get(mtype)
+        if found is None or native:
             continue
+        name, wanted = found
         if stored_ts in wanted and (ts in (None, "*") or ts == stored_ts):
-            return Choice(mtype if mtype != "video/h265" else "video/H265", stored_ts, True)
+            return Choice(name, stored_ts, True)
     raise NotAcceptable(
         f"frames are stored as {stored_ts} ({stored_media}); "
         "no accepted media type and transfer syntax can be produced from it"
