@@ -27,10 +27,10 @@ class DICOMwebHTTPError(Exception):
         self.message = message
 
 
-def error_response(status_code: int, message: str) -> Response:
+def error_response(status_code: int, message: str, headers: dict[str, str] | None = None) -> Response:
     warning = "299 dicomweb-archive: " + '"' + message.replace('"', "'").replace("\r", " ").replace("\n", " ")[:400] + '"'
-    return Response(orjson.dumps({"detail": message}), status_code=status_code,
-                    media_type="application/json", headers={"Warning": warning.encode("latin-1", "replace").decode("latin-1")})
+    return Response(orjson.dumps({"detail": message}), status_code=status_code, media_type="application/json",
+                    headers={"Warning": warning.encode("latin-1", "replace").decode("latin-1"), **(headers or {})})
 
 
 _MAP: list[tuple[type[Exception], int]] = [

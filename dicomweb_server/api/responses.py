@@ -54,3 +54,32 @@ def multipart_response(parts: list[tuple[str, bytes]], part_type: str,
         chunks.append(data)
     chunks.append(closing(boundary))
     return ChunksResponse(chunks, media_type=content_type(boundary, part_type), headers=headers)
+
+
+def parse_byte_range(header: str, size: int) -> tuple[int, int] | None:
+    """One ``bytes=first-last`` / ``first-`` / ``-suffix`` range of a ``size``-byte
+    value as inclusive (start, end) (RFC 9110 §14.1.2); None when the header is not a
+    single byte range (the whole value is then sent, as §14.2 allows).
+
+    Raises
+    ------
+    ValueError
+        The range is unsatisfiable (HTTP 416).
+    """
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash or not (first.isdigit() or last.isdigit()) or (first and not first.isdigit()) \
+            or (last and not last.isdigit()):
+        return None
+    if not first:  # suffix: the last N bytes
+        n = int(last)
+        if n == 0 or size == 0:
+            raise ValueError(f"range {header!r} selects nothing of {size} bytes")
+        return max(0, size - n), size - 1
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    if start >= size or start > end:
+        raise ValueError(f"range {header!r} is outside the {size} bytes of the value")
+    return start, end

@@ -21,8 +21,8 @@ from ..dicom.media_types import (
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
-from .errors import DICOMwebHTTPError
-from .responses import DicomJSONResponse, multipart_response
+from .errors import DICOMwebHTTPError, error_response
+from .responses import DicomJSONResponse, multipart_response, parse_byte_range
 
 router = APIRouter(tags=["WADO-RS"])
 
@@ -244,7 +244,21 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     single = accept[0].type == OCTET_STREAM and len(parts) == 1
     if not single and not any(r.type in ("*/*", "multipart/*", MULTIPART_RELATED, OCTET_STREAM) for r in accept):
         raise NotAcceptable("bulk data is available as multipart/related; type=\"application/octet-stream\"")
+    status, headers = 200, {}
+    if len(parts) == 1 and request.headers.get("range"):
+        # RFC 9110 §14: one byte range of a single value (the PyPI client's byte_range)
+        ctype, data = parts[0]
+        try:
+            span = parse_byte_range(request.headers["range"], len(data))
+        except ValueError as e:
+            return error_response(416, str(e), {"Content-Range": f"bytes */{len(data)}"})
+        if span is not None:
+            start, end = span
+            parts = [(ctype, data[start : end + 1])]
+            status, headers = 206, {"Content-Range": f"bytes {start}-{end}/{len(data)}"}
     if single:
-        return Response(parts[0][1], media_type=OCTET_STREAM)
+        return Response(parts[0][1], status_code=status, media_type=OCTET_STREAM, headers=headers)
     part_type = parts[0][0].split(";")[0] if parts else OCTET_STREAM
-    return multipart_response(parts, part_type)
+    response = multipart_response(parts, part_type, headers)
+    response.status_code = status
+    return response

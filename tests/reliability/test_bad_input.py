@@ -97,8 +97,8 @@ def test_stow_corpus(archive, name, ctype, body, status):
 @pytest.mark.parametrize("uid", TRAVERSAL)
 @pytest.mark.parametrize("template", [
     "/studies/{u}", "/studies/{u}/metadata", f"/studies/{S}/series/{{u}}", f"/studies/{S}/series/{{u}}/metadata",
-    f"/studies/{S}/series/{SE}/instances/{{u}}", f"/studies/{{u}}/series", f"/studies/{S}/series/{{u}}/instances",
-    f"/studies/{{u}}/rendered", INSTANCE + "/bulkdata/{u}", INSTANCE + "/frames/{u}",
+    f"/studies/{S}/series/{SE}/instances/{{u}}", "/studies/{u}/series", f"/studies/{S}/series/{{u}}/instances",
+    "/studies/{u}/rendered", INSTANCE + "/bulkdata/{u}", INSTANCE + "/frames/{u}",
 ])
 def test_path_parameters(archive, uid, template):
     srv, c = archive

@@ -6,7 +6,6 @@ data streamed back; and the size cap."""
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import subprocess
 import sys

@@ -176,3 +176,21 @@ def test_metadata_levels_and_404(http, three_frames):
 def test_paths_that_are_not_uids(http, path):
     r = http.get(path)
     assert r.status_code in (400, 404)
+
+
+@pytest.mark.parametrize("rng, status, want", [
+    ("bytes=10-109", 206, slice(10, 110)), ("bytes=500-", 206, slice(500, None)), ("bytes=-16", 206, slice(-16, None)),
+    ("bytes=0-99999", 206, slice(0, None)), ("bytes=1-2,5-6", 200, slice(None)), ("items=1-2", 200, slice(None)),
+    ("bytes=99999-", 416, None),
+])
+def test_bulkdata_byte_range(http, ct, rng, status, want):
+    ds, _data, url = ct
+    (meta,) = http.get(url + "/metadata").json()
+    for accept in ("application/octet-stream", 'multipart/related; type="application/octet-stream"'):
+        r = http.get(meta["7FE00010"]["BulkDataURI"], headers={"Range": rng, "Accept": accept})
+        assert r.status_code == status, r.text
+        if want is None:
+            assert r.headers["content-range"] == f"bytes */{len(ds.PixelData)}"
+            continue
+        body = r.content if accept == "application/octet-stream" else split_multipart(r)[0][1]
+        assert body == ds.PixelData[want]

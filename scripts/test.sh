@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv and run them (the README's test command).
+# The viewer test drives Debian's Chromium (never a downloaded browser): it is installed
+# here with apt-get when missing (as root, or with sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  command -v chromium >/dev/null 2>&1 || $SUDO apt-get install -y -qq chromium
+  command -v npm >/dev/null 2>&1 || $SUDO apt-get install -y -qq npm
+fi
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+pip install --quiet -e '.[test,interop]'
+python -m pytest -q "$@"
