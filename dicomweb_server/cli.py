@@ -19,7 +19,8 @@ from pathlib import Path
 
 # glibc returns large buffers to the OS after each request by default; on 0.5-1 MB
 # DICOM bodies the page faults cost more than the work (shared/performance-facts).
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+# Two arenas bound what the allocator keeps across the worker threads.
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456", "MALLOC_ARENA_MAX": "2"}
 
 
 def _add_settings_args(p: argparse.ArgumentParser) -> None:

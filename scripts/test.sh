@@ -14,5 +14,5 @@ fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-pip install --quiet -e '.[test,interop]'
+pip install --quiet -e '.[test,interop,load]'
 python -m pytest -q "$@"

@@ -1,0 +1,376 @@
+"""Server capacity without a Python load generator in the way: wrk (C) with a Lua
+script, against our archive and, with ``--peer orthanc``, against Orthanc on the
+same data set in the same run.
+
+    python -m loadtests.capacity --host http://127.0.0.1:8080 [--server-pid PID] [--peer orthanc]
+        [--connections 8,32] [--duration 15] [--studies 400 --instances 10000] [--output DIR]
+
+For each server: make the manifest if missing, preload what the server lacks
+(STOW-RS), check it (every query of the QIDO mix returns its expected study count,
+a sample of instances has the original pixel data, a sample of rendered answers
+are complete JPEGs of the right size), then run wrk for qido, wado and rendered
+(paths cycled from a shuffled list of the whole data set / the query mix) and stow
+(a new SOP Instance UID per request, made in Lua, each wrk thread its own study) at
+every connection count, ``--threads`` wrk threads (default 2), the servers taking
+turns step by step. wrk checks every
+answer lightly (JSON array / size / JPEG markers / ReferencedSOPSequence) and counts
+non-2xx answers and socket errors. Prints requests/s per step; with a peer, both
+tables and the ratio ours/peer per step.
+
+``--peer orthanc`` starts Orthanc with its DICOMweb plugin from Debian's packages
+(``apt-get install -y orthanc orthanc-dicomweb``) by hand, ``Orthanc --no-jobs
+CONFIG.json``, with the config made from ``loadtests/peers/orthanc.json``: HTTP on a
+free port, ``RemoteAccessAllowed`` false and every request to 127.0.0.1, no DICOM
+port, the DICOMweb plugin only (no GDCM plugin: it crashes Orthanc on some
+transcodings). Its data stays in ``--peer-data-dir`` (so a rerun skips the
+preload); it is stopped at the end. Orthanc does not percent-decode query values,
+so the QIDO mix uses only characters that need no encoding and is sent as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from . import common, dataset, preload
+
+OPS = ("qido", "wado", "rendered", "stow")
+LUA = common.HERE / "wrk" / "load03.lua"
+PEER_TEMPLATE = common.HERE / "peers" / "orthanc.json"
+WADO_ACCEPT = 'multipart/related; type="application/dicom"; transfer-syntax=*'
+
+
+# ----------------------------------------------------------------------------- peer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Orthanc:
+    """Orthanc + DICOMweb plugin started by hand on 127.0.0.1 (HTTP only)."""
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = data_dir.resolve()
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{self.port}/dicom-web"
+
+    def config(self) -> dict:
+        text = PEER_TEMPLATE.read_text()
+        text = text.replace("@STORAGE@", str(self.data_dir / "storage")).replace("@HTTP_PORT@", str(self.port))
+        plugin = next((p for p in ("/usr/share/orthanc/plugins/libOrthancDicomWeb.so",
+                                   "/usr/lib/orthanc/libOrthancDicomWeb.so.1.7") if Path(p).exists()), None)
+        if plugin is None:
+            raise RuntimeError("the Orthanc DICOMweb plugin is not installed: apt-get install -y orthanc-dicomweb")
+        text = text.replace("@DICOMWEB_PLUGIN@", plugin)
+        return json.loads(text)
+
+    def start(self, timeout: float = 60.0) -> "Orthanc":
+        exe = shutil.which("Orthanc")
+        if exe is None:
+            raise RuntimeError("Orthanc is not installed: apt-get update && apt-get install -y orthanc orthanc-dicomweb")
+        (self.data_dir / "storage").mkdir(parents=True, exist_ok=True)
+        cfg = self.data_dir / "orthanc-load03.json"
+        cfg.write_text(json.dumps(self.config(), indent=1))
+        log = open(self.data_dir / "orthanc.log", "ab")
+        self.proc = subprocess.Popen([exe, "--no-jobs", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        try:
+            common.wait_http(f"{self.url}/studies?limit=1", timeout=timeout, proc=self.proc)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def precheck(manifest: dict, host: str, samples: int = 20, seed: int = 1) -> list[str]:
+    """Validate the server before the load: all queries, a sample of WADO-RS
+    instances (pixel SHA-256) and rendered JPEGs. Returns the problems found."""
+    import io
+
+    from PIL import Image
+
+    problems = []
+    rnd = random.Random(seed)
+    with httpx.Client(timeout=60) as c:
+        for q in manifest["queries"]:
+            r = c.get(f"{host}/studies?{q['query']}", headers={"Accept": "application/dicom+json"})
+            n = 0 if r.status_code == 204 else (len(r.json()) if r.status_code == 200 else -1)
+            if n != q["expected"]:
+                problems.append(f"QIDO {q['query']}: HTTP {r.status_code}, {n} studies, expected {q['expected']}")
+        for inst in rnd.sample(manifest["instances"], min(samples, len(manifest["instances"]))):
+            r = c.get(host + inst["path"], headers={"Accept": WADO_ACCEPT})
+            ok = False
+            if r.status_code == 200:
+                body = r.content
+                i = body.rfind(b"\xe0\x7f\x10\x00O")
+                if i >= 0:
+                    n = int.from_bytes(body[i + 8:i + 12], "little")
+                    ok = n == inst["pixel_bytes"] and hashlib.sha256(body[i + 12:i + 12 + n]).hexdigest() == inst["sha256"]
+            if not ok:
+                problems.append(f"WADO {inst['sop']}: HTTP {r.status_code}, pixel data not the original")
+            r = c.get(host + inst["path"] + "/rendered", headers={"Accept": "image/jpeg"})
+            try:
+                im = Image.open(io.BytesIO(r.content))
+                im.load()
+                if im.size != (inst["columns"], inst["rows"]):
+                    problems.append(f"rendered {inst['sop']}: {im.size}, expected {inst['columns']}x{inst['rows']}")
+            except Exception as e:
+                problems.append(f"rendered {inst['sop']}: HTTP {r.status_code}, not a JPEG ({e})")
+    return problems
+
+
+# ----------------------------------------------------------------------------- wrk
+
+
+def write_inputs(manifest: dict, host: str, workdir: Path) -> dict[str, list[str]]:
+    """Per operation, the wrk script arguments (files under ``workdir``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = httpx.URL(host).path.rstrip("/")
+    rnd = random.Random(20261130)
+    inst = list(manifest["instances"])
+    rnd.shuffle(inst)
+    queries = [q["query"] for q in manifest["queries"]]
+    (workdir / "qido.txt").write_text("".join(f"{root}/studies?{q}\n" for q in queries))
+    (workdir / "wado.txt").write_text("".join(f"{root}{i['path']}\n" for i in inst))
+    (workdir / "rendered.txt").write_text("".join(f"{root}{i['path']}/rendered\n" for i in inst))
+    data, (_, _, ph_sop) = dataset.stow_template(int(manifest["stow"]["size"]))
+    head = f"--{dataset.STOW_BOUNDARY}\r\nContent-Type: application/dicom\r\n\r\n".encode()
+    tail = f"\r\n--{dataset.STOW_BOUNDARY}--\r\n".encode()
+    (workdir / "stow.bin").write_bytes(head + data + tail)
+    minlen = min(i["pixel_bytes"] for i in inst)
+    return {
+        "qido": ["qido", str(workdir / "qido.txt"), "application/dicom+json", "1"],
+        "wado": ["wado", str(workdir / "wado.txt"), WADO_ACCEPT, str(minlen)],
+        "rendered": ["rendered", str(workdir / "rendered.txt"), "image/jpeg", "1"],
+        "stow": ["stow", str(workdir / "stow.bin"), f"{root}/studies", ph_sop],
+        "_stow_body": [str(len(head + data + tail))],
+    }
+
+
+def run_wrk(host: str, args: list[str], connections: int, duration: float, threads: int,
+            server_pid: int | None) -> dict:
+    if shutil.which("wrk") is None:
+        raise RuntimeError("wrk is not installed: apt-get update && apt-get install -y wrk")
+    origin = str(httpx.URL(host).copy_with(path="/", query=None))
+    cmd = ["wrk", "-t", str(min(threads, connections)), "-c", str(connections), "-d", f"{duration:g}s",
+           "--timeout", "30s", "-s", str(LUA), origin, "--", *args, str(random.randrange(1_000_000))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cpu = common.CpuSampler()
+    server_cpu = common.CpuSampler()
+    machine_cpu = common.MachineCpu()
+    peak = None
+    t0 = time.monotonic()
+    while proc.poll() is None:
+        el = time.monotonic() - t0
+        if el > duration + 60:  # bounded: wrk stops itself after `duration`
+            proc.kill()
+            raise RuntimeError("wrk did not stop")
+        in_window = 1.0 <= el <= duration
+        cpu.sample(common.process_tree(proc.pid), in_window)
+        machine_cpu.sample(in_window)
+        if server_pid:
+            server_cpu.sample(common.process_tree(server_pid), in_window)
+            rss = common.tree_rss_mb(server_pid)
+            if rss is not None:
+                peak = rss if peak is None else max(peak, rss)
+        time.sleep(0.2)
+    out = proc.stdout.read() if proc.stdout else ""
+    line = next((ln for ln in out.splitlines() if ln.startswith("LOAD03 ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no summary: {out[-1500:]}")
+    s = json.loads(line[len("LOAD03 "):])
+    s["wrk_cpu_pct"] = round(cpu.total_pct(), 1)
+    s["server_cpu_pct"] = round(server_cpu.total_pct(), 1) if server_pid else None
+    m = machine_cpu.busy_pct()
+    s["other_cpu_pct"] = (round(max(0.0, m - s["wrk_cpu_pct"] - (s["server_cpu_pct"] or 0)), 1)
+                          if m is not None and server_pid else None)
+    s["peak_server_mb"] = round(peak, 1) if peak is not None else None
+    return s
+
+
+def step_row(op: str, conns: int, s: dict, stow_body: int) -> dict:
+    secs = s["duration_us"] / 1e6
+    errors = s["connect"] + s["read"] + s["write"] + s["status"] + s["timeout"] + s["invalid"]
+    nbytes = s["requests"] * stow_body if op == "stow" else s["bytes"]
+    return {
+        "operation": op, "connections": conns, "requests": s["requests"],
+        "req_s": round(s["requests"] / secs, 1) if secs else 0.0,
+        "mb_s": round(nbytes / 1e6 / secs, 2) if secs else 0.0,
+        "p50_ms": s["p50_us"] / 1000, "p90_ms": s["p90_us"] / 1000, "p99_ms": s["p99_us"] / 1000,
+        "max_ms": s["max_us"] / 1000, "errors": errors,
+        "error_detail": {k: s[k] for k in ("connect", "read", "write", "status", "timeout", "invalid") if s[k]},
+        "peak_server_mb": s["peak_server_mb"], "wrk_cpu_pct": s["wrk_cpu_pct"],
+        "server_cpu_pct": s["server_cpu_pct"], "other_cpu_pct": s["other_cpu_pct"],
+    }
+
+
+def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops: list[str], conns: list[int],
+                duration: float, threads: int, workdir: Path, quiet: bool, settle: float = 0) -> dict[str, list[dict]]:
+    """Every step on every server, interleaved (ours, then the peer, for each step), so
+    that drifting load on a shared machine hits both sides of each ratio alike."""
+    inputs = {name: write_inputs(manifest, host, workdir / name) for name, host, _ in servers}
+    rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
+    for op in ops:
+        for c in conns:
+            for name, host, pid in servers:
+                if settle:
+                    common.wait_quiet(settle)
+                s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
+                row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]))
+                rows[name].append(row)
+                if not quiet:
+                    print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s  p50 {row['p50_ms']:.1f} ms "
+                          f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']}  peak {row['peak_server_mb']} MB",
+                          file=sys.stderr, flush=True)
+    return rows
+
+
+def server_table(rows: list[dict]) -> str:
+    headers = ["operation", "conns", "requests", "req/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors",
+               "peak server MB", "wrk CPU%", "server CPU%", "other CPU%"]
+
+    def pct(v):
+        return "-" if v is None else f"{v:.0f}%"
+
+    return common.table(headers, [[r["operation"], r["connections"], r["requests"], r["req_s"], r["mb_s"],
+                                   r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"],
+                                   r["peak_server_mb"], pct(r["wrk_cpu_pct"]), pct(r.get("server_cpu_pct")),
+                                   pct(r.get("other_cpu_pct"))] for r in rows])
+
+
+def ratio_table(ours: list[dict], peer: list[dict], bar: float = 1.5) -> tuple[str, list[dict]]:
+    by = {(r["operation"], r["connections"]): r for r in peer}
+    out, cmp = [], []
+    for r in ours:
+        p = by.get((r["operation"], r["connections"]))
+        if not p:
+            continue
+        ratio = r["req_s"] / p["req_s"] if p["req_s"] else None
+        cmp.append({"operation": r["operation"], "connections": r["connections"], "ours_req_s": r["req_s"],
+                    "peer_req_s": p["req_s"], "ratio": round(ratio, 2) if ratio else None})
+        verdict = "-" if ratio is None else ("meets" if ratio >= bar else "below")
+        out.append([r["operation"], r["connections"], r["req_s"], p["req_s"],
+                    f"{ratio:.2f}x" if ratio else "-", f"{verdict} {bar}x"])
+    return common.table(["operation", "conns", "ours req/s", "peer req/s", "ours/peer", "bar"], out), cmp
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.capacity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", required=True, help="our archive's DICOMweb root, e.g. http://127.0.0.1:8080")
+    p.add_argument("--server-pid", type=int, help="our server's process (RSS of its tree is sampled)")
+    p.add_argument("--peer", choices=["orthanc"], help="also start and measure this peer")
+    p.add_argument("--peer-data-dir", type=Path, default=Path("/tmp/loadtests-orthanc"),
+                   help="the peer's storage, kept between runs (default %(default)s)")
+    p.add_argument("--peer-port", type=int, help="the peer's HTTP port (default: a free one)")
+    p.add_argument("--connections", default="8,32", help="default %(default)s")
+    p.add_argument("--duration", type=float, default=15, help="seconds per step (default %(default)s)")
+    p.add_argument("--threads", type=int, default=2, help="wrk threads (default %(default)s)")
+    p.add_argument("--operations", default=",".join(OPS), help="default %(default)s")
+    p.add_argument("--manifest", type=Path, help="manifest (default: made from the sizes under loadtests/data)")
+    p.add_argument("--output", type=Path, help="write capacity.json and capacity.md here")
+    p.add_argument("--skip-precheck", action="store_true")
+    p.add_argument("--settle", type=float, default=0, metavar="S",
+                   help="before each step wait up to S seconds for the machine to be quiet (shared machines)")
+    p.add_argument("--quiet", action="store_true")
+    dataset.add_spec_args(p)
+    a = p.parse_args(argv)
+    ops = [o for o in a.operations.split(",") if o]
+    conns = [int(c) for c in a.connections.split(",") if c]
+    if a.manifest and a.manifest.exists():
+        manifest, path = dataset.load_manifest(a.manifest), a.manifest
+    else:
+        spec = dataset.spec_from_args(a)
+        path = a.manifest or dataset.default_manifest_path(spec)
+        manifest = dataset.ensure_manifest(path, spec, progress=not a.quiet)
+    host = a.host.rstrip("/")
+    workdir = Path(a.output or "/tmp") / "capacity-inputs"
+    peer = None
+    results: dict = {"machine": common.machine(), "dataset": manifest["summary"], "duration": a.duration,
+                     "threads": a.threads, "servers": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        servers = [("ours", host, a.server_pid)]
+        if a.peer == "orthanc":
+            peer = Orthanc(a.peer_data_dir, a.peer_port).start()
+            servers.append(("orthanc", peer.url, peer.pid))
+            if not a.quiet:
+                print(f"peer: Orthanc at {peer.url} (pid {peer.pid}, data in {a.peer_data_dir})", file=sys.stderr)
+        preload.preload(manifest, [h for _, h, _ in servers], progress=not a.quiet)
+        for name, h, pid in servers:
+            missing = preload.verify(manifest, h)
+            if missing:
+                print(f"{name}: data set incomplete: {missing[:3]}", file=sys.stderr)
+                return 1
+            problems = [] if a.skip_precheck else precheck(manifest, h)
+            results["servers"][name] = {"url": h, "pid": pid, "precheck_problems": problems}
+            if problems:
+                print(f"{name}: {len(problems)} validation problem(s) before the load, e.g.:", file=sys.stderr)
+                for pr in problems[:5]:
+                    print(f"    {pr}", file=sys.stderr)
+        by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle)
+        for name, rows in by_server.items():
+            results["servers"][name]["rows"] = rows
+    finally:
+        if peer is not None:
+            peer.stop()
+    text = []
+    for name in results["servers"]:
+        text += [f"## {name} ({results['servers'][name]['url']})", "", server_table(results["servers"][name]["rows"]), ""]
+    if "orthanc" in results["servers"]:
+        t, cmp = ratio_table(results["servers"]["ours"]["rows"], results["servers"]["orthanc"]["rows"])
+        results["ratio"] = cmp
+        text += ["## ours / orthanc (requests/s)", "", t, ""]
+    print("\n".join(text))
+    if a.output:
+        a.output.mkdir(parents=True, exist_ok=True)
+        (a.output / "capacity.json").write_text(json.dumps(results, indent=1) + "\n")
+        s = manifest["summary"]
+        md = [
+            "# LOAD-03 capacity (wrk)", "",
+            f"{results['started']}; wrk {a.threads} threads, {a.duration:g} s per step; "
+            f"data set {s['studies']} studies / {s['instances']} images (CT {s['by_modality']['CT']} x "
+            f"{s['object_sizes']['CT']}, MR {s['by_modality']['MR']} x {s['object_sizes']['MR']}); STOW-RS: one "
+            f"{manifest['stow']['size']}x{manifest['stow']['size']} MR image per request. "
+            "Errors: non-2xx, socket errors and answers failing wrk's light check. CPU in % of one core; "
+            "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine.", "",
+            *text, "## Machine", "", common.machine_md(results["machine"])]
+        (a.output / "capacity.md").write_text("\n".join(md))
+        print(f"wrote {a.output / 'capacity.json'} and {a.output / 'capacity.md'}")
+    bad = any(r["errors"] for srv in results["servers"].values() for r in srv["rows"])
+    return 3 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""A short LOAD-03 run against a real archive process: 3 studies / 30 small images,
+1 and 8 clients, a few seconds per step; every answer validated, no error allowed.
+Plus the answer checks themselves, on good and broken answers.
+
+Needs the ``load`` extra (locust, psutil); skipped without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import free_port
+
+# find_spec, not importorskip: importing locust here would monkey-patch this process (gevent)
+if importlib.util.find_spec("locust") is None or importlib.util.find_spec("psutil") is None:
+    pytest.skip("the load extra is not installed: pip install -e '.[load]'", allow_module_level=True)
+
+from loadtests import checks, dataset, run  # noqa: E402
+
+SPEC = dataset.Spec(seed=11, studies=3, instances=30, ct_size=64, mr_size=32)
+ROW_KEYS = {"operation", "clients", "ops", "ops_s", "mb_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors",
+            "peak_server_mb"}
+
+
+@pytest.fixture(scope="module")
+def archive():
+    """``dicomweb-server`` as its own process on 127.0.0.1 (sqlite, one worker)."""
+    with tempfile.TemporaryDirectory(prefix="load03-test-") as tmp:
+        port = free_port()
+        log = open(Path(tmp) / "server.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(Path(tmp) / "data"),
+             "--port", str(port), "--workers", "1", "--index", "sqlite", "--log-level", "warning"],
+            stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(f"{url}/studies?limit=1", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start: {(Path(tmp) / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+            yield url, proc.pid, Path(tmp)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def manifest_path(archive) -> Path:
+    path = archive[2] / "manifest.json"
+    path.write_text(json.dumps(dataset.build_manifest(SPEC, progress=False)))
+    return path
+
+
+def test_dataset_is_deterministic_and_matches_the_manifest(manifest_path):
+    m = dataset.load_manifest(manifest_path)
+    assert m["summary"]["instances"] == 30 and m["summary"]["studies"] == 3
+    again = dataset.build_manifest(SPEC, progress=False)
+    assert again["instances"] == m["instances"] and again["queries"] == m["queries"]
+    assert sum(s["instances"] for s in m["studies"]) == 30
+    assert any(q["expected"] > 0 for q in m["queries"])
+    # no query of the mix matches the STOW-RS load patient
+    stow = {"PatientID": dataset.STOW_PATIENT_ID, "PatientName": dataset.STOW_PATIENT_NAME}
+    assert not any(dataset._stow_matches(q["params"]) for q in m["queries"]), stow
+
+
+def test_short_run_has_no_validation_errors(archive, manifest_path, tmp_path):
+    url, pid, _ = archive
+    t0 = time.monotonic()
+    code = run.main(["--host", url, "--clients", "1,8", "--duration", "3", "--manifest", str(manifest_path),
+                     "--output", str(tmp_path), "--server-pid", str(pid), "--quiet"])
+    rows = json.loads((tmp_path / "results.json").read_text())
+    steps = json.loads((tmp_path / "steps.json").read_text())["steps"]
+    reasons = {f"{s['operation']} {s['clients']}": s["failure_reasons"] for s in steps if s["failure_reasons"]}
+    assert code == 0, reasons
+    assert [(r["operation"], r["clients"]) for r in rows] == [
+        (o, c) for o in ("qido", "wado", "rendered", "stow") for c in (1, 8)]
+    for r in rows:
+        assert set(r) == ROW_KEYS
+        assert r["ops"] > 0 and r["ops_s"] > 0, r
+        assert r["errors"] == 0, reasons
+        assert r["peak_server_mb"] and r["peak_server_mb"] > 0
+        assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
+    for s in steps:
+        if s["operation"] == "stow":  # success means durable: the server counts the same
+            assert s["server_counted"] == s["ops"] - s["errors"]
+    md = (tmp_path / "results.md").read_text()
+    assert "| operation" in md and "nproc" in md
+    assert time.monotonic() - t0 < 90
+
+
+def test_a_wrong_answer_is_a_locust_failure_with_its_reason(archive, manifest_path, tmp_path):
+    url, _, _ = archive
+    m = json.loads(manifest_path.read_text())
+    for q in m["queries"]:
+        q["expected"] += 1  # every answer now has the "wrong" count
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(m))
+    step = run.run_step(url, bad, "qido", 1, 2, tmp_path / "raw", quiet=True)
+    assert step["ops"] > 0 and step["errors"] == step["ops"]
+    assert any("expected" in reason for reason in step["failure_reasons"])
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def test_pixel_data_check_on_good_and_broken_answers():
+    inst, data = next(dataset.iter_instances(SPEC))
+    expected = inst.rows * inst.columns * 2
+    b = "xyz"
+    body = f"--{b}\r\nContent-Type: application/dicom\r\n\r\n".encode() + data + f"\r\n--{b}--\r\n".encode()
+    ct = f'multipart/related; type="application/dicom"; boundary="{b}"'
+    s, e = checks.dicom_part(body, ct)
+    v = checks.pixel_data(body, s, e, expected)
+    assert body[v:v + expected] == inst.pixel_bytes
+    with pytest.raises(ValueError, match="length"):
+        checks.pixel_data(body, s, e, expected - 2)
+    with pytest.raises(ValueError, match="closing boundary"):
+        checks.dicom_part(body[:-30], ct)
+    two = body.replace(f"\r\n--{b}--".encode(), f"\r\n--{b}\r\n\r\nxx\r\n--{b}--".encode())
+    with pytest.raises(ValueError, match="more than one part"):
+        checks.dicom_part(two, ct)
+    assert checks.dicom_part(data, "application/dicom") == (0, len(data))
+
+
+def test_jpeg_check_on_good_and_broken_answers():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.arange(64 * 48, dtype=np.uint8).reshape(48, 64)).save(buf, "JPEG")
+    jpeg = buf.getvalue()
+    checks.check_jpeg(jpeg, 48, 64)
+    checks.check_jpeg(jpeg, 48, 64, full=False)
+    with pytest.raises(ValueError, match="expected 32x48"):
+        checks.check_jpeg(jpeg, 48, 32)
+    with pytest.raises(ValueError, match="EOI"):
+        checks.check_jpeg(jpeg[:-100], 48, 64)
+    with pytest.raises(ValueError, match="decode"):
+        checks.check_jpeg(jpeg[:200] + b"\x00" * 40 + jpeg[-2:], 48, 64)
+    with pytest.raises(ValueError, match="SOI"):
+        checks.check_jpeg(b"GIF89a", 48, 64)
+
+
+def test_stow_body_is_a_valid_instance_with_the_uid_filled_in():
+    import pydicom
+
+    pieces, ctype = dataset.stow_body_pieces(32)
+    uid = dataset.fixed_length_uid()
+    body = uid.encode().join(pieces)
+    assert "boundary=" in ctype
+    s, e = checks.dicom_part(body, ctype)
+    ds = pydicom.dcmread(io.BytesIO(body[s:e]))
+    assert ds.SOPInstanceUID == uid == ds.file_meta.MediaStorageSOPInstanceUID
+    assert ds.PatientID == dataset.STOW_PATIENT_ID and ds.Rows == 32
+    assert os.path.basename(run.LOCUSTFILE) == "load03.py"
