@@ -118,7 +118,8 @@ def _import(args: argparse.Namespace) -> int:
         print("dicomweb-server import: no files given (PATH... or --samples)", file=sys.stderr)
         return 2
     archive = Archive.open(settings)
-    stored = dup = failed = 0
+    stored = dup = 0
+    failed: dict[str, int] = {}
     try:
         batch: list[SpooledPart] = []
 
@@ -127,7 +128,8 @@ def _import(args: argparse.Namespace) -> int:
             outcome = archive.store(batch)
             stored += sum(1 for s in outcome.stored if not s.duplicate)
             dup += sum(1 for s in outcome.stored if s.duplicate)
-            failed += len(outcome.failed)
+            for f in outcome.failed:
+                failed[f.reason.name] = failed.get(f.reason.name, 0) + 1
             batch.clear()
 
         for path in tqdm(paths, unit="file", desc="import", disable=args.quiet):
@@ -142,8 +144,11 @@ def _import(args: argparse.Namespace) -> int:
             flush()
     finally:
         archive.close()
-    print(f"imported {stored} new instance(s), {dup} already stored, {failed} file(s) not DICOM or invalid; "
-          f"archive in {Path(settings.data_dir).resolve()}")
+    reasons = {"CANNOT_UNDERSTAND": "not PS3.10 DICOM or truncated", "DATASET_MISMATCH": "missing/invalid UIDs",
+               "DUPLICATE_SOP_INSTANCE": "same SOP Instance UID as a stored file, other content"}
+    skipped = ", ".join(f"{n} {reasons.get(k, k.lower().replace('_', ' '))}" for k, n in sorted(failed.items()))
+    print(f"imported {stored} new instance(s), {dup} already stored"
+          + (f"; not stored: {skipped}" if skipped else "") + f"; archive in {Path(settings.data_dir).resolve()}")
     return 0
 
 
