@@ -102,7 +102,14 @@ def _sample_files() -> list[Path]:
 
 
 def _import(args: argparse.Namespace) -> int:
+    import logging
+    import warnings
+
     from tqdm import tqdm
+
+    # pydicom warns about every oddity of the files it reads; the summary below reports what matters
+    warnings.filterwarnings("ignore", module="pydicom")
+    logging.getLogger("pydicom").setLevel(logging.ERROR)
 
     from .archive import Archive
     from .dicom.multipart import SpooledPart
