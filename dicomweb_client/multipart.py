@@ -579,52 +579,57 @@ def iter_parts(
     MultipartError
         Malformed or truncated body.
     """
-    dec = MultipartDecoder(_boundary_of(boundary), strict=strict, max_header_bytes=max_header_bytes)
-    headers: dict[str, str] = {}
-    pieces: list = []
+    assembler = _Assembler(MultipartDecoder(_boundary_of(boundary), strict=strict, max_header_bytes=max_header_bytes))
     for chunk in chunks:
-        for kind, payload in dec.feed(chunk):
-            if kind == DATA:
-                pieces.append(payload)
-            elif kind == HEADERS:
-                headers = payload
-                pieces = []
-            else:
-                yield Part(headers, _join(pieces) if pieces else b"")
-                pieces = []
-        if dec.done:
+        yield from assembler.feed(chunk)
+        if assembler.done:
             break
-    for kind, payload in dec.close():
-        if kind == DATA:
-            pieces.append(payload)
-        elif kind == END:
-            yield Part(headers, _join(pieces) if pieces else b"")
+    yield from assembler.close()
 
 
 async def aiter_parts(
     chunks: AsyncIterable[bytes], boundary: str | bytes, *, strict: bool = True, max_header_bytes: int = 65536
 ) -> AsyncIterator[Part]:
     """Async twin of :func:`iter_parts` (``chunks`` is an async iterable)."""
-    dec = MultipartDecoder(_boundary_of(boundary), strict=strict, max_header_bytes=max_header_bytes)
-    headers: dict[str, str] = {}
-    pieces: list = []
+    assembler = _Assembler(MultipartDecoder(_boundary_of(boundary), strict=strict, max_header_bytes=max_header_bytes))
     async for chunk in chunks:
-        for kind, payload in dec.feed(chunk):
-            if kind == DATA:
-                pieces.append(payload)
-            elif kind == HEADERS:
-                headers = payload
-                pieces = []
-            else:
-                yield Part(headers, _join(pieces) if pieces else b"")
-                pieces = []
-        if dec.done:
+        for part in assembler.feed(chunk):
+            yield part
+        if assembler.done:
             break
-    for kind, payload in dec.close():
-        if kind == DATA:
-            pieces.append(payload)
-        elif kind == END:
-            yield Part(headers, _join(pieces) if pieces else b"")
+    for part in assembler.close():
+        yield part
+
+
+class _Assembler:
+    """Turns decoder events into whole parts; shared by iter_parts and aiter_parts."""
+
+    def __init__(self, decoder: "MultipartDecoder") -> None:
+        self.decoder = decoder
+        self.headers: dict[str, str] = {}
+        self.pieces: list = []
+
+    @property
+    def done(self) -> bool:
+        return self.decoder.done
+
+    def _take(self, events) -> list[Part]:
+        out = []
+        for kind, payload in events:
+            if kind == DATA:
+                self.pieces.append(payload)
+            elif kind == HEADERS:
+                self.headers, self.pieces = payload, []
+            elif kind == END:
+                out.append(Part(self.headers, _join(self.pieces) if self.pieces else b""))
+                self.pieces = []
+        return out
+
+    def feed(self, chunk: bytes) -> list[Part]:
+        return self._take(self.decoder.feed(chunk))
+
+    def close(self) -> list[Part]:
+        return self._take(self.decoder.close())
 
 
 class _EventSource:
