@@ -4,12 +4,14 @@ that ties them together.
 Store order for each instance (nothing is acknowledged before step 3 returns):
 1. the received part, spooled to ``data/tmp``, is parsed and validated
    (:func:`dicom.instance.describe_instance`);
-2. the file is fsynced and hard-linked to its final name, the directory fsynced
-   (:meth:`store.blobs.BlobStore.place`);
-3. the index rows of all instances of the request are committed in one durable
-   transaction (SQLite ``synchronous=FULL``).
+2. under the instance's write lock (:meth:`store.blobs.BlobStore.locked`), the file
+   is fsynced and hard-linked to its final name (:meth:`store.blobs.BlobStore.place`);
+3. the group commit (:class:`store.commit.GroupCommitter`) fsyncs the directories and
+   commits the index rows of every request waiting, in one durable transaction
+   (SQLite ``synchronous=FULL``).
 A crash before 3 leaves a file no index row names: invisible to every search and
-retrieve, re-indexed or removed by ``dicomweb-server check``.
+retrieve, re-indexed by ``dicomweb-server check --repair`` (the in-memory index
+indexes it at start-up).
 """
 
 from __future__ import annotations
