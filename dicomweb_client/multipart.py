@@ -178,24 +178,13 @@ def format_media_type(media_type: str, params: Mapping[str, str] | None = None) 
 # --------------------------------------------------------------------------
 # Parts
 # --------------------------------------------------------------------------
-class Part:
-    """One body part of a multipart message.
+class _PartHeaders:
+    """Header accessors shared by :class:`Part` and the streaming parts
+    (each has a ``headers`` dict, names lower-cased)."""
 
-    Attributes
-    ----------
-    headers : dict of str to str
-        Part headers, names lower-cased (a repeated header is joined with ``", "``).
-    content : bytes
-        The part body.
-    """
+    __slots__ = ()
+    headers: dict[str, str]
 
-    __slots__ = ("headers", "content")
-
-    def __init__(self, headers: Mapping[str, str], content: bytes = b"") -> None:
-        self.headers = dict(headers)
-        self.content = content
-
-    # Convenience accessors ------------------------------------------------
     @property
     def content_type(self) -> str:
         """The raw ``Content-Type`` header ("" when absent)."""
@@ -225,6 +214,25 @@ class Part:
     def content_id(self) -> str | None:
         """The ``Content-ID`` header, if any."""
         return self.headers.get("content-id")
+
+
+
+class Part(_PartHeaders):
+    """One body part of a multipart message.
+
+    Attributes
+    ----------
+    headers : dict of str to str
+        Part headers, names lower-cased (a repeated header is joined with ``", "``).
+    content : bytes
+        The part body.
+    """
+
+    __slots__ = ("headers", "content")
+
+    def __init__(self, headers: Mapping[str, str], content: bytes = b"") -> None:
+        self.headers = dict(headers)
+        self.content = content
 
     def __len__(self) -> int:
         return len(self.content)
@@ -653,7 +661,7 @@ class _EventSource:
         return None
 
 
-class StreamingPart:
+class StreamingPart(_PartHeaders):
     """A part whose body is streamed: iterate over it to get ``bytes`` chunks.
 
     The body must be consumed (or skipped: the next part does it for you)
@@ -669,12 +677,6 @@ class StreamingPart:
         self.headers = headers
         self._gen = gen
         self._consumed = False
-
-    content_type = Part.content_type
-    media_type = Part.media_type
-    parameters = Part.parameters
-    transfer_syntax_uid = Part.transfer_syntax_uid
-    content_location = Part.content_location
 
     def __iter__(self) -> Iterator[bytes]:
         if self._consumed:
@@ -692,19 +694,13 @@ class StreamingPart:
             pass
 
 
-class AsyncStreamingPart:
+class AsyncStreamingPart(_PartHeaders):
     """Async twin of :class:`StreamingPart` (``async for chunk in part``, ``await part.read()``)."""
 
     def __init__(self, headers: dict[str, str], agen: AsyncIterator[bytes]) -> None:
         self.headers = headers
         self._agen = agen
         self._consumed = False
-
-    content_type = Part.content_type
-    media_type = Part.media_type
-    parameters = Part.parameters
-    transfer_syntax_uid = Part.transfer_syntax_uid
-    content_location = Part.content_location
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._consumed:
