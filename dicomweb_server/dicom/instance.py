@@ -21,7 +21,12 @@ from pydicom.errors import InvalidDicomError
 
 from .attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute
 from .frames import (
-    FrameCountMismatch, PixelLayout, Truncated, check_frame_count, native_frame_length, native_pixel_bytes,
+    FrameCountMismatch,
+    PixelLayout,
+    Truncated,
+    check_frame_count,
+    native_frame_length,
+    native_pixel_bytes,
 )
 from .json_model import dataset_to_json, level_attributes
 from .matching import normalize_stored

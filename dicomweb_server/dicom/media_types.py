@@ -334,3 +334,22 @@ def negotiate_frames(
         f"frames are stored as {stored_ts} ({shown}); "
         "no accepted media type and transfer syntax can be produced from it"
     )
+
+
+def negotiate_bulkdata(accept: list[MediaRange]) -> bool:
+    """Bulk data answers (PS3.18 §10.4.1.1.5, §8.7.3.3): ``multipart/related`` (the
+    parts in their own media types, see :func:`pixel_media_type`), or single-part
+    ``application/octet-stream`` when that is the client's first acceptable choice.
+    Returns whether a single-part answer is preferred (used when there is one part).
+
+    Raises
+    ------
+    NotAcceptable
+        Neither multipart/related, application/octet-stream nor a wildcard is
+        acceptable (checked before any bulk data is read).
+    """
+    for r in accept:
+        if r.type in ("*/*", "multipart/*", MULTIPART_RELATED, "application/*", OCTET_STREAM):
+            return r.type == OCTET_STREAM
+    raise NotAcceptable('bulk data is available as multipart/related; type="application/octet-stream" '
+                        "(or the pixel data's own media type) or as single-part application/octet-stream")

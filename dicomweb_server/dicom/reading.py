@@ -28,7 +28,7 @@ from pydicom.dataset import Dataset
 from pydicom.filereader import _read_file_meta_info, read_dataset, read_preamble
 from pydicom.filewriter import write_file_meta_info
 
-from .frames import PIXEL_TAGS, PixelLayout, Truncated, scan_pixel_data
+from .frames import PIXEL_TAGS, PixelLayout, scan_pixel_data
 
 DEFLATED_LE = "1.2.840.10008.1.2.1.99"
 EXPLICIT_VR_LE = "1.2.840.10008.1.2.1"
