@@ -292,9 +292,13 @@ def negotiate_frames(
     ------
     NotAcceptable
         e.g. ``image/jp2`` of a JPEG Baseline instance (no transcoding between
-        compressed syntaxes), or an as-stored frame of a compressed syntax that
-        Table 8.7.3-5 does not name.
+        compressed syntaxes), an as-stored frame of a compressed syntax that
+        Table 8.7.3-5 does not name, or any frame of a video syntax.
     """
+    if is_video(stored_ts):
+        raise NotAcceptable(
+            f"pixel data stored as {stored_ts} is one video stream holding all frames; single frames cannot be "
+            "cut from it: retrieve the Pixel Data bulk data (its BulkDataURI) in its video media type")
     native = stored_ts in UNENCAPSULATED
     stored_media = pixel_media_type(stored_ts)
     as_stored_ts = EXPLICIT_VR_LE if native else stored_ts
