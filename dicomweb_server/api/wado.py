@@ -60,7 +60,8 @@ def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
         item = item.strip()
         if not item.isdigit() or not item.isascii():
             raise DICOMwebHTTPError(400, f"frame list: {item[:20]!r} is not a frame number")
-        k = _NO_FRAME if len(item.lstrip("0")) > 10 else int(item)
+        digits = item.lstrip("0")
+        k = _NO_FRAME if len(digits) > 10 else int(digits or "0")
         if k < 1:
             raise DICOMwebHTTPError(400, "frame list: frame numbers start at 1")
         numbers.append(k)

@@ -141,7 +141,10 @@ class _inflated_copy:
         self.tmp: BinaryIO | None = None
 
     def __enter__(self) -> BinaryIO:
-        self.tmp = tempfile.TemporaryFile(dir=self.folder)  # O_TMPFILE: nothing is left behind
+        try:
+            self.tmp = tempfile.TemporaryFile(dir=self.folder)  # O_TMPFILE: nothing is left behind
+        except OSError:  # e.g. a read-only archive being checked
+            self.tmp = tempfile.TemporaryFile()
         meta = Dataset(self.meta)
         meta.TransferSyntaxUID = EXPLICIT_VR_LE
         self.tmp.write(b"\0" * 128 + b"DICM")
