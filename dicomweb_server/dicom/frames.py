@@ -32,7 +32,8 @@ class PixelLayout:
     """Location of the pixel data of one file.
 
     ``tag``: which pixel data element (7FE00010, or Float / Double Float Pixel Data
-    7FE00008 / 7FE00009, which are always native); ``vr``: OB/OW/OF/OD; ``value_offset``/``value_length``: the Pixel Data value (native);
+    7FE00008 / 7FE00009, which are always native); ``vr``: OB/OW/OF/OD;
+    ``value_offset``/``value_length``: the pixel data value (native);
     ``end``: file offset just past the element; ``fragments``: (offset, length) of each
     encapsulated fragment (Basic Offset Table excluded); ``frames``: for
     encapsulated data, the fragment index range (first, count) of each frame, or
@@ -54,8 +55,8 @@ class PixelLayout:
 
     def to_json(self) -> dict:
         return {
-            "tag": self.keyword_tag, "vr": self.vr, "offset": self.value_offset, "length": self.value_length, "end": self.end,
-            "fragments": self.fragments, "frames": self.frames,
+            "tag": self.keyword_tag, "vr": self.vr, "offset": self.value_offset, "length": self.value_length,
+            "end": self.end, "fragments": self.fragments, "frames": self.frames,
         }
 
     @classmethod

@@ -26,7 +26,7 @@ OCTET_STREAM = "application/octet-stream"
 MULTIPART_RELATED = "multipart/related"
 
 #: Encapsulated Uncompressed Explicit VR Little Endian: native pixels, one fragment per
-#: frame (PS3.5 A.4.11); its frames are application/octet-stream (Table 8.7.3-4).
+#: frame (PS3.5 A.4.11); as stored its frames are application/octet-stream.
 ENCAPSULATED_UNCOMPRESSED = "1.2.840.10008.1.2.1.98"
 
 
@@ -36,8 +36,8 @@ class PixelMediaType:
 
     ``transfer_syntaxes``: the syntaxes it carries, the table's default (D) first;
     ``aliases``: names of earlier editions still sent by clients, accepted in Accept
-    headers but never used as a label; ``video``: all frames form one stream (a frame
-    request returns the whole stream, PS3.18 §8.7.3.3.2).
+    headers but never used as a label; ``video``: all frames form one stream (bulk data
+    returns it as one part; single frames cannot be cut from it).
     """
 
     media_type: str
@@ -75,8 +75,6 @@ _BY_TS: dict[str, PixelMediaType] = {ts: m for m in PIXEL_MEDIA_TYPES for ts in 
 _BY_NAME: dict[str, PixelMediaType] = {
     name.lower(): m for m in PIXEL_MEDIA_TYPES for name in (m.media_type, *m.aliases)
 }
-#: transfer syntax -> its media type (derived from PIXEL_MEDIA_TYPES)
-MEDIA_TYPE_OF_TS: dict[str, str] = {ts: m.media_type for ts, m in _BY_TS.items()}
 
 
 def pixel_media_type(ts: str) -> str | None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from dicomweb_server.dicom.media_types import (
-    NotAcceptable, negotiate_frames, negotiate_instances, negotiate_json, parse_accept,
+    NotAcceptable,
+    negotiate_frames,
+    negotiate_instances,
+    negotiate_json,
+    parse_accept,
 )
 
 ELE, JPEG = "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.4.50"

@@ -5,7 +5,6 @@ clear reason while the good parts of the request are stored; on both indexes."""
 
 from __future__ import annotations
 
-import io
 import struct
 import tracemalloc
 import zlib
