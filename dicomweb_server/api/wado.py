@@ -248,6 +248,8 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     if loc.pixel is None:
         raise DICOMwebHTTPError(404, f"instance {instance} has no pixel data (SOP Class {loc.sop_class_uid})")
     n = int(loc.pixel.get("number_of_frames") or 1)
+    if max(numbers) > n:
+        raise DICOMwebHTTPError(404, f"instance {instance} has {n} frame(s); no frame {max(numbers)}")
     if len(numbers) > n:  # bounds the answer by the size of all frames, before any work
         raise DICOMwebHTTPError(400, f"the frame list has {len(numbers)} items; instance {instance} has {n} "
                                      f"frame(s), so at most {n} items may be asked in one request")

@@ -132,3 +132,8 @@ class TestDeclaredFrameCounts:
         parts = split_multipart(archive.get(uri, headers={"Accept": OCTET_MR}))
         assert [bytes(d) for _h, d in parts] == (
             [ds.PixelData] if make is _one_bit else [b"\xff\xd8fake\xff\xd9"] * 2)
+
+
+def test_a_frame_beyond_the_count_is_404_before_the_list_bound(archive):
+    r = archive.get(_url(TWO) + "/frames/1,2,3", headers={"Accept": OCTET_MR})
+    assert r.status_code == 404 and "no frame 3" in r.json()["detail"]
