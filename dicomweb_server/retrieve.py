@@ -20,7 +20,14 @@ from .dicom import pixels
 from .dicom.frames import PixelLayout, read_frame
 from .dicom.json_model import resolve_bulkdata
 from .dicom.media_types import (
-    EXPLICIT_VR_LE, MEDIA_TYPE_OF_TS, NATIVE_LE, OCTET_STREAM, UNENCAPSULATED, Choice,
+    EXPLICIT_VR_LE,
+    NATIVE_LE,
+    OCTET_STREAM,
+    UNENCAPSULATED,
+    Choice,
+    NotAcceptable,
+    is_video,
+    pixel_media_type,
 )
 from .store.base import InstanceLocation
 
@@ -113,6 +120,12 @@ def _unpad(frame: bytes, ts: str) -> bytes:
     return frame
 
 
+def pixel_tag(loc: InstanceLocation) -> str:
+    """Which pixel data element the instance has: ``7FE00010`` (Pixel Data), or
+    ``7FE00008``/``7FE00009`` (Float / Double Float Pixel Data), as recorded at store time."""
+    return str((loc.pixel or {}).get("tag", "7FE00010"))
+
+
 def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
     """Frames (1-based numbers, in the order asked) exactly as stored: native
     bytes in the stored byte order, or each frame's compressed codestream.
@@ -122,36 +135,51 @@ def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list
     NotFound
         No pixel data, or a frame number beyond NumberOfFrames.
     """
+    return list(iter_stored_frames(path, loc, numbers))
+
+
+def iter_stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> Iterator[bytes]:
+    """:func:`stored_frames` one frame at a time (memory: one frame). The frame
+    numbers are checked before the first frame is read."""
     n = _check_frames(loc, numbers)
+    return _iter_stored_frames(path, loc, numbers, n)
+
+
+def _iter_stored_frames(path: Path, loc: InstanceLocation, numbers: list[int], n: int) -> Iterator[bytes]:
     pix = loc.pixel or {}
     if "offset" in pix:
         layout = PixelLayout.from_json(pix)
         try:
             with open(path, "rb") as fp:
-                return [_unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
-                        for k in numbers]
+                for k in numbers:
+                    yield _unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
+            return
         except IndexError as e:
             raise NotFound(f"no frame {e}") from None
         except LookupError:
             pass  # frame boundaries unknown: parse below
-    ds = pydicom.dcmread(path)
-    data = ds.PixelData
+    ds = pydicom.dcmread(path)  # deflated, bit-packed or ambiguous fragments: sizes checked at STOW
+    data = ds[int(pixel_tag(loc), 16)].value
     if loc.transfer_syntax_uid in UNENCAPSULATED:
         flen = pix.get("frame_length") or len(data) // n
-        return [bytes(data[(k - 1) * flen : k * flen]) for k in numbers]
+        for k in numbers:
+            yield bytes(data[(k - 1) * flen : k * flen])
+        return
     frames = list(generate_frames(data, number_of_frames=n))
-    return [_unpad(frames[k - 1], loc.transfer_syntax_uid) for k in numbers]
+    for k in numbers:
+        yield _unpad(frames[k - 1], loc.transfer_syntax_uid)
 
 
-def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> list[bytes]:
-    """Frames in the negotiated representation (PS3.18 §10.4.1.1.2): as stored,
-    or decoded to native little-endian bytes for application/octet-stream."""
-    raw = stored_frames(path, loc, numbers)
+def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes]:
+    """Frames in the negotiated representation (PS3.18 §10.4.1.1.2), one at a time: as
+    stored, or decoded to native little-endian bytes for application/octet-stream.
+    Frame numbers are checked before the first frame is read (NotFound)."""
+    raw = iter_stored_frames(path, loc, numbers)
     ts = loc.transfer_syntax_uid
     if choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE and ts not in NATIVE_LE:
         hdr = header(path)
         vr = (loc.pixel or {}).get("vr")
-        return [pixels.frame_to_native_bytes(hdr, f, ts, pixel_vr=vr)[0] for f in raw]
+        return (pixels.frame_to_native_bytes(hdr, f, ts, pixel_vr=vr)[0] for f in raw)
     return raw
 
 
@@ -160,13 +188,15 @@ def frame_part_type(choice: Choice) -> str:
     return f"{choice.media_type}; transfer-syntax={choice.transfer_syntax}"
 
 
-def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str, bytes]]:
-    """The value behind a BulkDataURI as (content type, bytes) parts.
+def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> Iterator[tuple[str, bytes]]:
+    """The value behind a BulkDataURI as (content type, bytes) parts, one at a time.
 
-    Pixel Data of a native instance is one ``application/octet-stream`` part;
-    encapsulated Pixel Data is one part per frame in its compressed media type
-    (PS3.18 §8.7.3.3.2 / §10.4.1.1.5). Other elements are read from the file
-    (a read-time parse, only for bulk data other than pixels).
+    Pixel data (Pixel Data, Float or Double Float Pixel Data) of a native instance
+    is one ``application/octet-stream`` part; encapsulated Pixel Data is one part per
+    frame in its compressed media type (PS3.18 §8.7.3.3.2 / §10.4.1.1.5), or one part
+    holding the whole stream for video syntaxes. Other elements are read from the
+    file (a read-time parse, only for bulk data other than pixels). Errors are raised
+    before the first part.
 
     Raises
     ------
@@ -174,21 +204,28 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
         Malformed tag path (HTTP 400).
     NotFound
         No such element (HTTP 404).
+    NotAcceptable
+        Compressed pixel data in a syntax without a media type (HTTP 406).
     """
-    if tagpath.upper() == "7FE00010" and loc.pixel is not None:
+    if tagpath.upper() == pixel_tag(loc) and loc.pixel is not None:
         ts = loc.transfer_syntax_uid
         n = int(loc.pixel.get("number_of_frames") or 1)
         if ts not in UNENCAPSULATED:
-            media = MEDIA_TYPE_OF_TS.get(ts, OCTET_STREAM)
-            return [(f"{media}; transfer-syntax={ts}", f) for f in stored_frames(path, loc, list(range(1, n + 1)))]
+            media = pixel_media_type(ts)
+            if media is None:
+                raise NotAcceptable(f"pixel data stored as {ts}, a compressed syntax without a PS3.18 media type")
+            label = f"{media}; transfer-syntax={ts}"
+            if is_video(ts):  # all frames are one stream (PS3.18 §8.7.3.3.2)
+                return iter([(label, b"".join(iter_stored_frames(path, loc, [1])))])
+            return ((label, f) for f in iter_stored_frames(path, loc, list(range(1, n + 1))))
         pix = loc.pixel
         if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
             with open(path, "rb") as fp:
                 fp.seek(pix["offset"])
-                return [(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))]
+                return iter([(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))])
     ds = pydicom.dcmread(path)
     try:
-        return [(OCTET_STREAM, resolve_bulkdata(ds, tagpath))]
+        return iter([(OCTET_STREAM, resolve_bulkdata(ds, tagpath))])
     except KeyError as e:
         raise NotFound(f"no bulk data at {tagpath}: {e}") from None
 
