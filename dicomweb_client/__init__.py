@@ -51,12 +51,11 @@ from .multipart import (
     Part,
     aiter_part_streams,
     aiter_parts,
-    encode_multipart,
     iter_part_streams,
     iter_parts,
     parse_media_type,
-    stow_body,
 )
+from .stow import encode_multipart, stow_body
 from .results import FAILURE_REASONS, FailedSOP, ReferencedSOP, StoreResult
 from .urls import DICOMwebURLs
 

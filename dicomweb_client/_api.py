@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from . import _core, media, urls
 from ._core import RequestSpec, StreamSpec
-from .multipart import DEFAULT_CHUNK_SIZE, _is_dataset, stow_body
+from .stow import DEFAULT_CHUNK_SIZE, _is_dataset, stow_body
 from .urls import DELETE, SEARCH, STORE
 
 #: Default Accept for study/series/instance retrieval: as stored, no transcoding.

@@ -14,7 +14,7 @@ import httpx
 from . import _core
 from ._api import UNSET, _DICOMwebAPI
 from ._core import RequestSpec, StreamSpec
-from .multipart import DEFAULT_CHUNK_SIZE, StowBody
+from .stow import DEFAULT_CHUNK_SIZE, StowBody
 
 __all__ = ["DICOMwebClient"]
 
