@@ -56,6 +56,11 @@ class RequestSpec:
     raise_for_status : bool
         If true the driver raises :class:`~dicomweb_client.errors.HTTPError`
         for 4xx/5xx; if false the plan gets the error answer to interpret.
+    fallback : RequestSpec or None
+        Sent instead after a 400/406 answer (a default Accept the server
+        refused, see :mod:`dicomweb_client.negotiation`).
+    negotiation : str or None
+        Kind of resource whose default Accept this request carries.
     """
 
     method: str
@@ -64,6 +69,8 @@ class RequestSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: StowBody | bytes | None = None
     raise_for_status: bool = True
+    fallback: "RequestSpec | None" = None
+    negotiation: str | None = None
 
     @property
     def idempotent(self) -> bool:
