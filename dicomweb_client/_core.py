@@ -126,7 +126,11 @@ def raise_for_response(response: Any, request: RequestSpec) -> None:
 
 
 def log_warnings(response: Any) -> list[str]:
-    """Return (and log) the ``Warning`` headers of an answer (e.g. truncated QIDO results, PS3.18 Section 8)."""
+    """Return (and log) the ``Warning`` headers of an answer (e.g. truncated QIDO results, PS3.18 Section 8).
+
+    Logged on the ``dicomweb_client`` logger, which has a ``NullHandler``:
+    nothing is printed unless the application configures logging.
+    """
     values = response.headers.get_list("warning") if hasattr(response.headers, "get_list") else (
         [response.headers["warning"]] if "warning" in response.headers else []
     )
@@ -359,6 +363,10 @@ def store_plan(spec: RequestSpec) -> Plan:
         if result.failed:
             reasons = sorted({f.reason for f in result.failed})
             message = f"{len(result.failed)} instance(s) failed: {'; '.join(reasons)}"
+        # the server's Warning belongs to the exception (a library does not print)
+        extra = [w for w in warnings if w not in message]
+        if extra:
+            message += "; server warning: " + "; ".join(extra)
         raise StoreError(
             response.status_code,
             message,

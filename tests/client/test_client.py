@@ -495,6 +495,31 @@ async def test_store_all_failed_raises_store_error(api, archive):
     assert len(archive.requests) == 1
 
 
+_STORE_409_WITH_WARNING = """
+import httpx
+from dicomweb_client import DICOMwebClient, StoreError
+failed = {"00081198": {"vr": "SQ", "Value": [{"00081155": {"vr": "UI", "Value": ["1.2.3.4"]},
+                                              "00081197": {"vr": "US", "Value": [43264]}}]}}
+answer = httpx.Response(409, json=failed, headers={"Warning": '299 archive: "study 1.2.3 is locked"'})
+with DICOMwebClient("http://x", transport=httpx.MockTransport(lambda request: answer)) as client:
+    try:
+        client.store_instances([b"DICM"])
+    except StoreError as exc:
+        print(exc)
+"""
+
+
+def test_store_409_warning_is_in_the_exception_not_on_stderr():
+    """Issue 15 item 8: a library does not print; the Warning travels in the exception."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _STORE_409_WITH_WARNING], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert "1 instance(s) failed: 0xA900" in run.stdout and 'server warning: 299 archive: "study 1.2.3 is locked"' in run.stdout
+
+
 async def test_store_error_statuses(api, archive):
     archive.script.append(httpx.Response(415, json={"detail": "expected application/dicom"}))
     with pytest.raises(UnsupportedMediaType, match="expected application/dicom"):
