@@ -162,8 +162,8 @@ async def test_errors(api, peer):
 async def test_store_partial_failure(api, peer):
     """One instance of the target study, one of another: PS3.18 says 202 with both lists;
     Orthanc answers 409 (StoreError) although it stored the good one."""
-    s = DATA.multiframe.StudyInstanceUID
-    good, wrong = make_dataset(study=s, PatientID="PEER1"), make_dataset()
+    s = DATA.other_study.StudyInstanceUID  # not the study the other tests count
+    good, wrong = make_dataset(study=s, PatientID="PEER2"), make_dataset()
     if peer.name == ORTHANC:
         with pytest.raises(StoreError) as info:
             await api.store_instances([good, wrong], study_instance_uid=s)
@@ -227,3 +227,18 @@ def test_readme_table_matches():
         for cell, peer in ((ours, "ours"), (orthanc, ORTHANC)):
             expected = GAPS.get(name, {}).get(peer)
             assert cell == ("works" if expected is None else f"`{expected.__name__}`"), (name, peer, cell)
+
+
+def test_cli_search_table(peer, capsys):
+    """``dicomweb search`` prints the same table of studies from each server (issue 15 item 8)."""
+    from dicomweb_client import cli
+
+    assert cli.main(["search", peer.url, "--filter", "PatientID=PEER1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["Peer,", "Multi", "(PEER1)", "2024-01-01", "CT", "peer", "study", "1", "2",
+                                DATA.multiframe.StudyInstanceUID]
+    assert lines[-1] == "1 study"
+    assert cli.main(["search", peer.url, "--level", "instances", "--study", DATA.multiframe.StudyInstanceUID,
+                     "--filter", f"SOPInstanceUID={DATA.multiframe.SOPInstanceUID}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["CT", "Image", "Storage", "6x4", "x3", DATA.multiframe.SOPInstanceUID]
