@@ -195,23 +195,28 @@ async def test_delete(api, peer):
             await api.retrieve_study_metadata(s)
 
 
-def _readme_snippet() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    return blocks[0]
+def _snippet(path: Path, heading: str) -> str:
+    """The first ``python`` code block after ``heading`` in ``path``."""
+    text = path.read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
 
 
-def test_readme_example_runs_unchanged(peer, tmp_path):
-    """The client README's first example against each peer: only the URL differs."""
+@pytest.mark.parametrize("readme,heading,prints", [
+    (README, "# dicomweb_client", ["1 stored", "bytes of frame 1"]),
+    (README.parents[1] / "README.md", "## Client library", ["CompressedSamples^MR1"]),
+], ids=["client-readme", "readme"])
+def test_readme_example_runs_unchanged(peer, tmp_path, readme, heading, prints):
+    """The READMEs' client examples against each peer: only the URL differs."""
     import subprocess
     import sys
 
-    code = _readme_snippet()
+    code = _snippet(readme, heading)
     assert "http://127.0.0.1:8080" in code
     script = tmp_path / "readme_example.py"
     script.write_text(code.replace("http://127.0.0.1:8080", peer.url))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "1 stored" in run.stdout and "bytes of frame 1" in run.stdout
+    assert all(p in run.stdout for p in prints), run.stdout
     assert run.stderr == ""
 
 
