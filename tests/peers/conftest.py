@@ -6,8 +6,9 @@ Both are started by the tests on free loopback ports, from this repository
 and loaded with the same data (made with pydicom, plus pydicom's bundled
 ``MR_small.dcm`` that the client README's example reads).
 
-A missing Orthanc FAILS the suite with the install command; set
-``DICOMWEB_PEERS=skip`` to skip on purpose instead.
+A third, read-only peer is a static DICOMweb tree served by Debian's nginx
+(``static_tree.py``). A missing Orthanc or nginx FAILS the suite with the
+install command; set ``DICOMWEB_PEERS=skip`` to skip on purpose instead.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 
@@ -31,14 +33,13 @@ PLUGIN_CANDIDATES = (
     "/usr/share/orthanc/plugins/libOrthancDicomWeb.so",
     "/usr/lib/orthanc/libOrthancDicomWeb.so",
 )
-INSTALL = "sudo apt-get install -y orthanc orthanc-dicomweb"
 
 
-def _missing(message: str) -> None:
+def _missing(message: str, packages: str = "orthanc orthanc-dicomweb") -> None:
     if os.environ.get("DICOMWEB_PEERS", "").lower() == "skip":
         pytest.skip(message)
-    pytest.fail(f"{message}; install it with: {INSTALL}  (or set DICOMWEB_PEERS=skip to skip the peer tests)",
-                pytrace=False)
+    pytest.fail(f"{message}; install it with: sudo apt-get install -y {packages}"
+                "  (or set DICOMWEB_PEERS=skip to skip the peer tests)", pytrace=False)
 
 
 def orthanc_paths() -> tuple[str, str]:
@@ -161,6 +162,26 @@ def ours_peer(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def static_peer(tmp_path_factory):
+    from .static_tree import StaticPeer
+
+    server = StaticPeer(tmp_path_factory.mktemp("static"), [*DATA.all, pydicom.dcmread(MR_SMALL)]).start()
+    if server is None:
+        _missing("nginx is not installed (Debian package nginx-light)", "nginx-light")
+    try:
+        yield Peer("static", server.url)
+    finally:
+        server.stop()
+
+
 @pytest.fixture(params=["ours", "orthanc"])
 def peer(request) -> Peer:
+    """A peer that stores: our archive or Orthanc."""
+    return request.getfixturevalue(f"{request.param}_peer")
+
+
+@pytest.fixture(params=["ours", "orthanc", "static"])
+def any_peer(request) -> Peer:
+    """Any peer, the read-only static tree included."""
     return request.getfixturevalue(f"{request.param}_peer")

@@ -32,13 +32,17 @@ from tests.helpers import make_dataset
 from .conftest import DATA
 
 README = Path(__file__).resolve().parents[2] / "dicomweb_client" / "README.md"
-ORTHANC = "orthanc"
+ORTHANC, STATIC = "orthanc", "static"
+PEERS = ("ours", ORTHANC, STATIC)
+LEVELS = ("study", "series", "instance", "instance_frames")
 
 #: method -> {peer: typed error}; every other (method, peer) works.
 GAPS: dict[str, dict[str, type]] = {
-    **{f"iter_{level}_rendered": {ORTHANC: BadRequest} for level in ("study", "series", "instance", "instance_frames")},
-    **{f"retrieve_{level}_thumbnail": {ORTHANC: NotFound} for level in ("study", "series", "instance", "instance_frames")},
-    **{f"delete_{level}": {ORTHANC: MethodNotAllowed} for level in ("study", "series", "instance")},
+    **{f"retrieve_{level}_rendered": {STATIC: NotFound} for level in LEVELS},
+    **{f"iter_{level}_rendered": {ORTHANC: BadRequest, STATIC: NotFound} for level in LEVELS},
+    **{f"retrieve_{level}_thumbnail": {ORTHANC: NotFound, STATIC: NotFound} for level in LEVELS},
+    **{f"delete_{level}": {ORTHANC: MethodNotAllowed, STATIC: MethodNotAllowed} for level in ("study", "series", "instance")},
+    "store_instances": {STATIC: MethodNotAllowed},
 }
 
 
@@ -51,15 +55,28 @@ def frame_bytes(ds, n: int) -> bytes:
     return ds.PixelData[(n - 1) * size : n * size]
 
 
-@pytest.fixture(params=["sync", "async"])
-async def api(request, peer):
-    is_async = request.param == "async"
+async def _runner(mode: str, peer):
+    is_async = mode == "async"
     client = (AsyncDICOMwebClient if is_async else DICOMwebClient)(peer.url, retries=0)
     yield Runner(client, is_async)
     if is_async:
         await client.aclose()
     else:
         client.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+async def api(request, peer):
+    """A sync or async client of a peer that stores (ours, Orthanc)."""
+    async for runner in _runner(request.param, peer):
+        yield runner
+
+
+@pytest.fixture(params=["sync", "async"])
+async def any_api(request, any_peer):
+    """A sync or async client of any peer, the static tree included."""
+    async for runner in _runner(request.param, any_peer):
+        yield runner
 
 
 def _calls() -> dict[str, tuple]:
@@ -77,7 +94,7 @@ def _calls() -> dict[str, tuple]:
         "retrieve_study_metadata": ((s,), {}),
         "retrieve_series_metadata": ((s, se), {}),
         "retrieve_instance_metadata": ((s, se, i), {}),
-        "retrieve_instance_frames": ((s, se, i, [1, 3]), {}),
+        "retrieve_instance_frames": ((s, se, i, [3]), {}),
         "iter_instance_frames": ((s, se, i, [2]), {}),
         "retrieve_study_rendered": ((s,), {}),
         "iter_study_rendered": ((s,), {}),
@@ -94,14 +111,45 @@ def _calls() -> dict[str, tuple]:
     }
 
 
-async def test_every_read_method_works_or_raises_its_documented_error(api, peer):
+async def test_every_read_method_works_or_raises_its_documented_error(any_api, any_peer):
     for name, (args, kwargs) in _calls().items():
-        expected = GAPS.get(name, {}).get(peer.name)
+        expected = GAPS.get(name, {}).get(any_peer.name)
         if expected is None:
-            assert await getattr(api, name)(*args, **kwargs), name
+            assert await getattr(any_api, name)(*args, **kwargs), name
         else:
             with pytest.raises(expected):
-                await getattr(api, name)(*args, **kwargs)
+                await getattr(any_api, name)(*args, **kwargs)
+
+
+async def test_read_only_static_tree(any_api, any_peer):
+    """Values from the static tree (and the same calls on the others): instance, metadata, frame, bulk data."""
+    m = DATA.multiframe
+    s, se, i = uids(m)
+    assert (await any_api.retrieve_instance(s, se, i)).PixelData == m.PixelData
+    meta = await any_api.retrieve_instance_metadata(s, se, i)
+    assert await any_api.retrieve_instance_frames(s, se, i, [3]) == [frame_bytes(m, 3)]
+    assert b"".join(await any_api.iter_bulkdata(meta["7FE00010"]["BulkDataURI"])) == m.PixelData
+    assert DATA.other_study.StudyInstanceUID in [x["0020000D"]["Value"][0] for x in await any_api.search_for_studies()]
+
+
+async def test_writes_where_a_peer_refuses_them(any_api, any_peer):
+    ds = make_dataset(PatientID="PEER-WRITE")
+    s, se, i = uids(ds)
+    expected = GAPS["store_instances"].get(any_peer.name)
+    if expected is None:
+        assert (await any_api.store_instances([ds])).ok
+    else:
+        with pytest.raises(expected):
+            await any_api.store_instances([ds])
+    for name, args in (("delete_instance", (s, se, i)), ("delete_series", (s, se)), ("delete_study", (s,))):
+        expected = GAPS[name].get(any_peer.name)
+        if expected is None:
+            await getattr(any_api, name)(*args)
+            with pytest.raises(NotFound):  # the only instance: its series and study went with it
+                await any_api.retrieve_study_metadata(s)
+            break
+        with pytest.raises(expected):
+            await getattr(any_api, name)(*args)
 
 
 async def test_search(api):
@@ -180,21 +228,6 @@ async def test_store_partial_failure(api, peer):
     assert info.value.status_code == 409 and len(info.value.result.failed) == 1
 
 
-async def test_delete(api, peer):
-    ds = make_dataset(PatientID="PEER-DELETE")
-    await api.store_instances([ds])
-    s, se, i = uids(ds)
-    for name, args in (("delete_instance", (s, se, i)), ("delete_series", (s, se)), ("delete_study", (s,))):
-        expected = GAPS[name].get(peer.name)
-        if expected:
-            with pytest.raises(expected):
-                await getattr(api, name)(*args)
-    if peer.name != ORTHANC:
-        await api.delete_study(s)  # the instance went with delete_instance above: NotFound now
-        with pytest.raises(NotFound):
-            await api.retrieve_study_metadata(s)
-
-
 def _snippet(path: Path, heading: str) -> str:
     """The first ``python`` code block after ``heading`` in ``path``."""
     text = path.read_text()
@@ -228,8 +261,8 @@ def test_readme_table_matches():
               if not n.startswith("_") and (n.startswith(("search_", "retrieve_", "iter_", "store_", "delete_")))}
     assert public <= set(rows), sorted(public - set(rows))
     for name in public:
-        ours, orthanc = [c.strip() for c in rows[name].split("|")]
-        for cell, peer in ((ours, "ours"), (orthanc, ORTHANC)):
+        cells = [c.strip() for c in rows[name].split("|")]
+        for cell, peer in zip(cells, PEERS, strict=True):
             expected = GAPS.get(name, {}).get(peer)
             assert cell == ("works" if expected is None else f"`{expected.__name__}`"), (name, peer, cell)
 
