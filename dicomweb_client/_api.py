@@ -173,8 +173,8 @@ class _DICOMwebAPI(_WADOMixin, _RenderedMixin):
     def _fell_back(self, spec: RequestSpec, refused: Any, response: Any) -> None:
         """Note that ``spec``'s default Accept was refused (``refused``) and its fallback answered ``response``."""
         _core.logger.debug(
-            "%s %s: HTTP %d for Accept %r; sent %r instead (HTTP %d)",
-            spec.method, spec.url, refused.status_code, spec.headers.get("Accept"),
+            "%s %s: HTTP %d for Accept %r (%r); sent %r instead (HTTP %d)",
+            spec.method, spec.url, refused.status_code, spec.headers.get("Accept"), refused.content[:200],
             spec.fallback.headers.get("Accept"), response.status_code,
         )
         if response.status_code < 400:

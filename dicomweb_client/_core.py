@@ -27,8 +27,8 @@ import orjson
 
 from .errors import NetworkError, RequestTimeout, ResponseError, StoreError, error_for_status
 from .multipart import Part, aiter_parts, iter_parts, parse_media_type
-from .stow import StowBody
 from .results import parse_store_response
+from .stow import StowBody
 
 logger = logging.getLogger("dicomweb_client")
 

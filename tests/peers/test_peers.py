@@ -280,3 +280,18 @@ def test_cli_search_table(peer, capsys):
                      "--filter", f"SOPInstanceUID={DATA.multiframe.SOPInstanceUID}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["CT", "Image", "Storage", "6x4", "x3", DATA.multiframe.SOPInstanceUID]
+
+
+def test_missing_orthanc_fails_with_the_install_command(monkeypatch):
+    """Never a silent skip: without Orthanc the suite fails naming the apt-get command;
+    DICOMWEB_PEERS=skip skips on purpose."""
+    from . import conftest
+
+    monkeypatch.setattr(conftest, "ORTHANC_BINARY", "/nonexistent/Orthanc")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("DICOMWEB_PEERS", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="apt-get install -y orthanc orthanc-dicomweb"):
+        conftest.orthanc_paths()
+    monkeypatch.setenv("DICOMWEB_PEERS", "skip")
+    with pytest.raises(pytest.skip.Exception):
+        conftest.orthanc_paths()
