@@ -6,7 +6,8 @@ A mixin of :class:`dicomweb_client._api._DICOMwebAPI`. Without
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from . import _core, media, negotiation, urls
 from ._core import RequestSpec, StreamSpec

@@ -7,7 +7,8 @@ Without ``media_types`` each request carries the defaults of
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from . import _core, media, negotiation
 from ._core import RequestSpec, StreamSpec

@@ -19,12 +19,12 @@ answer's error is raised.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from ._core import RequestSpec
 
-__all__ = ["AcceptDefault", "INSTANCES", "FRAMES", "BULKDATA", "RENDERED", "RENDERED_MULTIPART", "default_request"]
+__all__ = ["BULKDATA", "FRAMES", "INSTANCES", "RENDERED", "RENDERED_MULTIPART", "AcceptDefault", "default_request"]
 
 #: Status codes after which a default Accept is replaced by the plain form.
 FALLBACK_STATUSES = frozenset({400, 406})

@@ -7,7 +7,7 @@ so they can be copied into the next command.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["COLUMNS", "INCLUDE_FIELDS", "format_table"]
 

@@ -64,7 +64,7 @@ class Orthanc:
         self.log = folder / "orthanc.log"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Orthanc":
+    def start(self) -> Orthanc:
         config = {
             "Name": "peer-test",
             "StorageDirectory": str(self.folder / "storage"),

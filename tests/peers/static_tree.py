@@ -139,7 +139,7 @@ class StaticPeer:
         write_tree(self.root, self.url, datasets)
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "StaticPeer":
+    def start(self) -> StaticPeer:
         binary = NGINX if os.access(NGINX, os.X_OK) else shutil.which("nginx")
         if not binary:
             return None  # type: ignore[return-value]  # the caller fails with the install command
