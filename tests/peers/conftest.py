@@ -15,18 +15,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 
 from dicomweb_client import DICOMwebClient
 from tests.helpers import LiveServer, free_port, make_dataset
+
+from .processes import PeerProcess
 
 ORTHANC_BINARY = "/usr/sbin/Orthanc"
 PLUGIN_CANDIDATES = (
@@ -53,8 +53,10 @@ def orthanc_paths() -> tuple[str, str]:
     return binary, plugin
 
 
-class Orthanc:
+class Orthanc(PeerProcess):
     """One Orthanc process on 127.0.0.1: DICOM port off, no remote access, no authentication."""
+
+    name = "Orthanc"
 
     def __init__(self, folder: Path) -> None:
         self.binary, self.plugin = orthanc_paths()
@@ -62,7 +64,6 @@ class Orthanc:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/dicom-web"
         self.log = folder / "orthanc.log"
-        self.process: subprocess.Popen | None = None
 
     def start(self) -> Orthanc:
         config = {
@@ -79,30 +80,8 @@ class Orthanc:
         }
         cfg = self.folder / "orthanc.json"
         cfg.write_text(json.dumps(config))
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([self.binary, str(cfg)], cwd=self.folder, stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"Orthanc exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/dicom-web/studies", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"Orthanc did not answer within 30 s: {self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.process.kill()
-                self.process.wait()
+        self.spawn([self.binary, str(cfg)], self.folder, f"{self.url}/studies")
+        return self
 
 
 @dataclass
@@ -142,37 +121,38 @@ def _load(url: str) -> None:
         assert result.ok and len(result.referenced) == 4, result
 
 
-@pytest.fixture(scope="session")
-def orthanc_peer(tmp_path_factory):
-    server = Orthanc(tmp_path_factory.mktemp("orthanc")).start()
+@contextmanager
+def _serving(server, name: str, load: bool = True):
+    """``Peer(name, server.url)`` (loaded with ``DATA`` unless read-only); stops the server at the end."""
     try:
-        _load(server.url)
-        yield Peer("orthanc", server.url)
+        if load:
+            _load(server.url)
+        yield Peer(name, server.url)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def orthanc_peer(tmp_path_factory):
+    with _serving(Orthanc(tmp_path_factory.mktemp("orthanc")).start(), "orthanc") as peer:
+        yield peer
 
 
 @pytest.fixture(scope="session")
 def ours_peer(tmp_path_factory):
-    server = LiveServer(tmp_path_factory.mktemp("archive"), "sqlite").start()
-    try:
-        _load(server.url)
-        yield Peer("ours", server.url)
-    finally:
-        server.stop()
+    with _serving(LiveServer(tmp_path_factory.mktemp("archive"), "sqlite").start(), "ours") as peer:
+        yield peer
 
 
 @pytest.fixture(scope="session")
 def static_peer(tmp_path_factory):
-    from .static_tree import StaticPeer
+    from .static_tree import StaticPeer, nginx_path
 
-    server = StaticPeer(tmp_path_factory.mktemp("static"), [*DATA.all, pydicom.dcmread(MR_SMALL)]).start()
-    if server is None:
+    if nginx_path() is None:
         _missing("nginx is not installed (Debian package nginx-light)", "nginx-light")
-    try:
-        yield Peer("static", server.url)
-    finally:
-        server.stop()
+    server = StaticPeer(tmp_path_factory.mktemp("static"), [*DATA.all, pydicom.dcmread(MR_SMALL)])
+    with _serving(server.start(), "static", load=False) as peer:
+        yield peer
 
 
 @pytest.fixture(params=["ours", "orthanc"])

@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import time
 from collections import defaultdict
 from pathlib import Path
 
-import httpx
 from pydicom.dataset import Dataset
 
 from tests.helpers import free_port, multipart, to_bytes
+
+from .processes import PeerProcess
 
 BOUNDARY = "static-peer-boundary"
 NGINX = "/usr/sbin/nginx"
@@ -128,40 +127,25 @@ http {{
 """
 
 
-class StaticPeer:
+def nginx_path() -> str | None:
+    return NGINX if os.access(NGINX, os.X_OK) else shutil.which("nginx")
+
+
+class StaticPeer(PeerProcess):
     """nginx serving a static DICOMweb tree on a free loopback port."""
+
+    name = "nginx"
 
     def __init__(self, folder: Path, datasets) -> None:
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.root = folder / "tree"
+        self.log = folder / "error.log"
         write_tree(self.root, self.url, datasets)
-        self.process: subprocess.Popen | None = None
 
     def start(self) -> StaticPeer:
-        binary = NGINX if os.access(NGINX, os.X_OK) else shutil.which("nginx")
-        if not binary:
-            return None  # type: ignore[return-value]  # the caller fails with the install command
         conf = self.folder / "nginx.conf"
         conf.write_text(nginx_config(self.root, self.folder, self.port))
-        self.process = subprocess.Popen([binary, "-p", str(self.folder), "-c", str(conf)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx exited: {(self.folder / 'error.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/studies", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("nginx did not answer within 20 s")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
+        self.spawn([nginx_path(), "-p", str(self.folder), "-c", str(conf)], self.folder, f"{self.url}/studies")
+        return self
