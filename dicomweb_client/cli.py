@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--instance")
     r.add_argument("--out", required=True, type=Path, help="output directory (created)")
     r.add_argument(
-        "--transfer-syntax", default="*", help="transfer syntax UID to ask for (default *: as stored)"
+        "--transfer-syntax",
+        help="transfer syntax UID to ask for (default: as stored, else Explicit VR Little Endian)",
     )
 
     st = sub.add_parser("store", parents=[common], help="STOW-RS store; prints the result")
@@ -155,7 +156,8 @@ def _search(client: DICOMwebClient, args: argparse.Namespace) -> int:
 def _retrieve(client: DICOMwebClient, args: argparse.Namespace) -> int:
     if args.instance and not args.series:
         raise SystemExit("dicomweb: --instance needs --series")
-    media_types = (("application/dicom", args.transfer_syntax),)
+    # no --transfer-syntax: the client's defaults, with their fallback (dicomweb_client.negotiation)
+    media_types = (("application/dicom", args.transfer_syntax),) if args.transfer_syntax else None
     args.out.mkdir(parents=True, exist_ok=True)
     if args.instance:
         items: Iterator[bytes] = iter(

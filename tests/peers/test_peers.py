@@ -267,8 +267,9 @@ def test_readme_table_matches():
             assert cell == ("works" if expected is None else f"`{expected.__name__}`"), (name, peer, cell)
 
 
-def test_cli_search_table(peer, capsys):
-    """``dicomweb search`` prints the same table of studies from each server (issue 15 item 8)."""
+def test_cli_search_table_and_retrieve(peer, capsys, tmp_path):
+    """``dicomweb search`` prints the same table of studies from each server (issue 15 item 8);
+    ``dicomweb retrieve`` writes the study's files."""
     from dicomweb_client import cli
 
     assert cli.main(["search", peer.url, "--filter", "PatientID=PEER1"]) == 0
@@ -280,6 +281,10 @@ def test_cli_search_table(peer, capsys):
                      "--filter", f"SOPInstanceUID={DATA.multiframe.SOPInstanceUID}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split() == ["CT", "Image", "Storage", "6x4", "x3", DATA.multiframe.SOPInstanceUID]
+    s = DATA.multiframe.StudyInstanceUID
+    assert cli.main(["retrieve", peer.url, "--study", s, "--out", str(tmp_path)]) == 0
+    written = {p.name: pydicom.dcmread(p).PixelData for p in tmp_path.glob("*.dcm")}
+    assert written == {f"{ds.SOPInstanceUID}.dcm": ds.PixelData for ds in (DATA.multiframe, DATA.second)}
 
 
 def test_missing_orthanc_fails_with_the_install_command(monkeypatch):
