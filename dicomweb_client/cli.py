@@ -149,7 +149,7 @@ def _search(client: DICOMwebClient, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(results)
     else:
-        sys.stdout.write(tables.format_table(results, args.level))
+        sys.stdout.write(tables.format_table(results, args.level, [f for f in args.field if f != "all"]))
     return 0
 
 

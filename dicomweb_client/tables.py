@@ -103,10 +103,20 @@ def _cut(text: str, width: int) -> str:
     return text if not width or len(text) <= width else text[: width - 1] + "…"
 
 
-def format_table(results: Sequence[dict], level: str) -> str:
+def _extra_column(field: str) -> Column:
+    """A column for an includefield given by keyword or tag (``AccessionNumber``, ``00080050``)."""
+    from pydicom.datadict import tag_for_keyword
+
+    tag = tag_for_keyword(field)
+    key = f"{tag:08X}" if tag is not None else field.upper()
+    return (field, _text(key), 32)
+
+
+def format_table(results: Sequence[dict], level: str, extra: Sequence[str] = ()) -> str:
     """The results of a search at ``level`` (``studies``, ``series``, ``instances``) as
-    aligned text columns, ending with a count line."""
-    columns = COLUMNS[level]
+    aligned text columns, ending with a count line. ``extra``: more attributes (keywords
+    or tags, e.g. the ``--field`` values), one column each before the UID."""
+    columns = COLUMNS[level][:-1] + [_extra_column(f) for f in extra] + COLUMNS[level][-1:]
     rows = [[heading for heading, _, _ in columns]]
     rows += [[_cut(get(ds), width) for _, get, width in columns] for ds in results]
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]

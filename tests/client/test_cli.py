@@ -125,3 +125,9 @@ def test_search_prints_a_table_and_json_on_request(run, archive):
                 "00280010": {"vr": "US", "Value": [8]}, "00280011": {"vr": "US", "Value": [6]},
                 "00280008": {"vr": "IS", "Value": [3]}, "00080018": {"vr": "UI", "Value": ["1.2.4"]}}
     assert format_table([instance], "instances").splitlines()[1].split() == ["4", "CT", "Image", "Storage", "6x8", "x3", "1.2.4"]
+    # --field values become columns, by keyword or tag
+    status, out, _ = run("search", FAKE_URL, "--field", "PatientSex", "--field", "00200010")
+    assert archive.last().url.params.get_list("includefield")[:2] == ["PatientSex", "00200010"]
+    header, row = out.splitlines()[:2]
+    assert header.split()[-3:] == ["PatientSex", "00200010", "StudyInstanceUID"]
+    assert row.split()[-3:] == ["O", "1CT1", ct.StudyInstanceUID]
