@@ -147,5 +147,5 @@ class StaticPeer(PeerProcess):
     def start(self) -> StaticPeer:
         conf = self.folder / "nginx.conf"
         conf.write_text(nginx_config(self.root, self.folder, self.port))
-        self.spawn([nginx_path(), "-p", str(self.folder), "-c", str(conf)], self.folder, f"{self.url}/studies")
+        self.spawn([nginx_path(), "-p", str(self.folder), "-e", str(self.log), "-c", str(conf)], self.folder, f"{self.url}/studies")
         return self
