@@ -12,6 +12,7 @@ flags win over the environment.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -43,7 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
         print(f"dicomweb-server: refusing to listen on {settings.host} without authentication: configure "
-              "API keys (--api-keys-file), OIDC (--oidc-jwks-url) or basic users, or pass --insecure",
+              "API keys (--api-keys-file or DICOMWEB_API_KEYS), OIDC (--oidc-jwks-url) or basic users "
+              "(--basic-users-file), or pass --insecure (DICOMWEB_INSECURE=true)",
               file=sys.stderr)
         return 2
     if settings.index == "memory" and args.workers not in (None, 1):
@@ -62,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
-        os.environ[env] = str(value) if not isinstance(value, list) else __import__("json").dumps(value)
+        os.environ[env] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
           f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
