@@ -27,6 +27,16 @@ class InstanceLocation:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexCounts:
+    """What the index holds, for the landing page (api/landing.py)."""
+
+    studies: int
+    series: int
+    instances: int
+    stored_bytes: int  # sum of the stored files' sizes
+
+
+@dataclass(frozen=True, slots=True)
 class SearchHit:
     """One QIDO-RS match: the stored JSON of its levels and the computed attributes.
 
@@ -85,6 +95,10 @@ class Index(ABC):
     @abstractmethod
     def count(self) -> int:
         """Number of indexed instances."""
+
+    def counts(self) -> IndexCounts:
+        """Studies, series, instances and stored bytes, from the index alone."""
+        raise NotImplementedError
 
     @abstractmethod
     def paths(self) -> Iterator[tuple[str, str]]:
