@@ -179,6 +179,8 @@ def _import(args: argparse.Namespace) -> int:
     skipped = ", ".join(f"{n} {reasons.get(k, k.lower().replace('_', ' '))}" for k, n in sorted(failed.items()))
     print(f"imported {stored} new instance(s), {dup} already stored"
           + (f"; not stored: {skipped}" if skipped else "") + f"; archive in {Path(settings.data_dir).resolve()}")
+    if args.samples and not_stored:
+        print("(pydicom's sample set includes broken files and several files per SOP Instance UID on purpose)")
     if not_stored and not (args.report or args.verbose):
         print("(which files and why: --verbose, or --report FILE)")
     elif args.report:

@@ -81,6 +81,8 @@ def _html(d: dict) -> str:
     items = []
     if "viewer" in links:
         items.append(f'<li><a href="{escape(links["viewer"])}">OHIF viewer</a>: browse and open the studies</li>')
+    else:
+        items.append("<li>OHIF viewer: off (start the archive with <code>--viewer</code>)</li>")
     items.append(f'<li><a href="{escape(links["dicomweb"])}">DICOMweb</a> (QIDO-RS, WADO-RS, STOW-RS): '
                  f'<code>{escape(links["dicomweb"])}</code></li>')
     items.append(f'<li><a href="{escape(links["docs"])}">API documentation</a> (OpenAPI: '

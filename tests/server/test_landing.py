@@ -88,5 +88,6 @@ def test_dimse_port_when_on(tmp_path):
         assert d["dimse_port"] == (11112 if settings_has_it else None)
         page = httpx.get(server.url + "/", headers={"Accept": "text/html"}, timeout=30).text
         assert ("DICOM (DIMSE) on port 11112" in page) == settings_has_it
+        assert "OHIF viewer: off (start the archive with <code>--viewer</code>)" in page
     finally:
         server.stop()
