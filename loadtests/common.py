@@ -82,14 +82,18 @@ def local_server_pid(url: str) -> int | None:
                      if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
     except (ValueError, psutil.Error):
         return None
-    for pid in sorted(listening):
-        try:
-            parent = psutil.Process(pid).ppid()
-        except psutil.Error:
-            continue
-        if parent not in listening:
-            return pid
-    return None
+    if not listening:
+        return None
+    # a worker may be the only one listed: climb to the top process of the same program
+    # (uvicorn's parent), never to this process or its ancestors (a harness that started both)
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    try:
+        proc = psutil.Process(min(listening))
+        while (parent := proc.parent()) is not None and parent.pid not in mine and parent.exe() == proc.exe():
+            proc = parent
+    except psutil.Error:
+        return None
+    return proc.pid
 
 
 def tree_rss_mb(pid: int) -> float | None:

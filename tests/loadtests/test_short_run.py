@@ -124,10 +124,23 @@ def test_a_wrong_answer_is_a_locust_failure_with_its_reason(archive, manifest_pa
     assert any("expected" in reason for reason in step["failure_reasons"])
 
 
-def test_the_server_is_found_by_its_port(archive):
+def test_the_server_is_found_by_its_port(archive, tmp_path):
     url, pid, _ = archive
     assert common.local_server_pid(url) == pid
     assert common.local_server_pid("http://192.0.2.1:8080") is None  # not this machine
+    # two workers: uvicorn's parent (whose tree holds both workers), not the one worker listed
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path),
+                             "--port", str(port), "--workers", "2", "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + 60
+        while len(common.process_tree(proc.pid)) < 3 or common.local_server_pid(f"http://127.0.0.1:{port}") is None:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert common.local_server_pid(f"http://127.0.0.1:{port}") == proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 def test_a_busy_machine_is_named_in_the_warning_and_the_summary():
