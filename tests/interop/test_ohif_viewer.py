@@ -351,10 +351,12 @@ def test_viewer_with_the_sample_data(browser, ohif_dist, samples_data, artifacts
         qido = _wait_for_response(page, lambda r: "/studies?" in r.url,
                                   lambda: page.goto(f"{server.url}/viewer/?resultsPerPage=100"))
         assert qido.status == 200 and len(qido.json()) == len(uids), qido.url
-        page.get_by_text(f"of {len(uids)}").first.wait_for(timeout=TIMEOUT_MS)
-        assert page.get_by_text("Data Source Connection Error").count() == 0
-        assert not [c for c in log.console if "reading 'length'" in c], log.console
+        error = page.get_by_text("Data Source Connection Error")
+        page.get_by_text(f"of {len(uids)}").first.or_(error).wait_for(timeout=TIMEOUT_MS)
         page.screenshot(path=str(artifacts / "viewer-samples-list.png"))
+        assert error.count() == 0, ("the study list failed (case P5: empty ModalitiesInStudy?): "
+                                    + "; ".join(c[:200] for c in log.console if c.startswith(("error", "pageerror"))))
+        assert page.get_by_text(f"1-{len(uids)} of {len(uids)}").count() == 1
 
         # 2. each study opens
         problems = []
