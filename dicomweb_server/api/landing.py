@@ -2,7 +2,8 @@
 
 An HTML page when a browser asks for it (``Accept`` naming ``text/html`` at least as
 highly as JSON), JSON otherwise (curl, scripts): version, index kind, the numbers of
-studies, series and instances (from the index: no file is read), disk use, and links
+studies, series and instances (counted by the index: no file is read, no row scanned),
+the use of the disk holding the data folder, and links
 to the DICOMweb root, the OpenAPI documentation, the OHIF viewer when it is on and the
 DIMSE port when it is on. Not part of PS3.18. Under ``--prefix`` the page is also at
 the prefix.
@@ -61,7 +62,8 @@ def describe(request: Request) -> dict:
         "studies": counts.studies,
         "series": counts.series,
         "instances": counts.instances,
-        "disk": {"data_dir": str(archive.blobs.root.resolve()), "stored_bytes": counts.stored_bytes,
+        # the file system holding the data folder (O(1): no walk over the stored files)
+        "disk": {"data_dir": str(archive.blobs.root.resolve()), "used_bytes": disk.used,
                  "free_bytes": disk.free, "total_bytes": disk.total},
         "links": links,
         "dimse_port": dimse_port,
@@ -99,8 +101,9 @@ td{{padding:0 1em 0 0}}code{{background:#eee;padding:0 .2em}}</style></head>
 <tr><td>studies</td><td>{d["studies"]:,}</td></tr>
 <tr><td>series</td><td>{d["series"]:,}</td></tr>
 <tr><td>instances</td><td>{d["instances"]:,}</td></tr>
-<tr><td>stored</td><td>{_size(disk["stored_bytes"])} in {escape(disk["data_dir"])}
- ({_size(disk["free_bytes"])} free of {_size(disk["total_bytes"])})</td></tr>
+<tr><td>data folder</td><td>{escape(disk["data_dir"])}</td></tr>
+<tr><td>disk</td><td>{_size(disk["used_bytes"])} used, {_size(disk["free_bytes"])} free of
+ {_size(disk["total_bytes"])}</td></tr>
 <tr><td>index</td><td>{escape(d["index"])}</td></tr>
 </table>
 <ul>{"".join(items)}</ul>

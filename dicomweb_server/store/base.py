@@ -33,7 +33,6 @@ class IndexCounts:
     studies: int
     series: int
     instances: int
-    stored_bytes: int  # sum of the stored files' sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +96,8 @@ class Index(ABC):
         """Number of indexed instances."""
 
     def counts(self) -> IndexCounts:
-        """Studies, series, instances and stored bytes, from the index alone."""
+        """Numbers of studies, series and instances, from the index alone and cheaply
+        (no scan of the instances' rows)."""
         raise NotImplementedError
 
     @abstractmethod

@@ -239,8 +239,7 @@ class MemoryIndex(Index):
 
     def counts(self) -> IndexCounts:
         with self._lock:
-            return IndexCounts(len(self._studies), len(self._series), len(self._instances),
-                               sum(i.size for i in self._instances.values()))
+            return IndexCounts(len(self._studies), len(self._series), len(self._instances))
 
     def paths(self) -> Iterator[tuple[str, str]]:
         with self._lock:

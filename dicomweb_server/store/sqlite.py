@@ -349,8 +349,8 @@ class SQLiteIndex(Index):
 
     def counts(self) -> IndexCounts:
         return IndexCounts(*self._con().execute(
-            "SELECT (SELECT count(*) FROM study), (SELECT count(*) FROM series), (SELECT count(*) FROM instance), "
-            "(SELECT coalesce(sum(_size), 0) FROM instance)").fetchone())
+            "SELECT (SELECT count(*) FROM study), (SELECT count(*) FROM series), (SELECT count(*) FROM instance)"
+        ).fetchone())
 
     def paths(self) -> Iterator[tuple[str, str]]:
         yield from self._con().execute("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk").fetchall()
