@@ -1,6 +1,13 @@
 # The archive and its load-test toolkit (locust, wrk) in one image.
 #   docker build -t dicomweb-archive .
-#   docker run -p 127.0.0.1:8080:8080 -v archive-data:/data dicomweb-archive
+# The archive listens on 0.0.0.0 in the container, so it refuses to start without
+# authentication. Either give API keys in the environment (clients then send
+# "Authorization: Bearer my-secret-token"):
+#   docker run -p 127.0.0.1:8080:8080 -v archive-data:/data \
+#     -e DICOMWEB_API_KEYS='{"my-secret-token": ["read", "write", "delete"]}' dicomweb-archive
+# or, published on the host's loopback only, run it without authentication:
+#   docker run -p 127.0.0.1:8080:8080 -v archive-data:/data -e DICOMWEB_INSECURE=true dicomweb-archive
+# docker-compose.yml does the latter inside its private network.
 FROM python:3.11-slim
 
 RUN apt-get update \

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import errors, qido, rendered, stow, wado
+from .api import errors, landing, qido, rendered, stow, wado
 from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
 from .api.limits import HeaderLimit
 from .archive import Archive
@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     if archive is not None:
         app.state.archive = archive
     errors.install(app)
+    landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     for module in (qido, stow, wado, rendered):
         app.include_router(module.router, prefix=settings.prefix)
     if settings.viewer:  # the OHIF viewer at /viewer, same origin (viewer.py)

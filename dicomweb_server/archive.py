@@ -47,6 +47,7 @@ class Failed:
     message: str
     sop_class_uid: str | None = None
     sop_instance_uid: str | None = None
+    source: Path | None = None  # the spooled part that failed (names the file for `import --report`)
 
 
 @dataclass(slots=True)
@@ -145,9 +146,17 @@ class Archive:
                                              rec.sop_class_uid, rec.sop_uid))
                 continue
             described.append((rec, part.path))  # type: ignore[arg-type]
+        # the parts that failed so far, in order; later failures name their instance
+        kept = {p for _, p in described}
+        for failure, part in zip(outcome.failed, [p for p in parts if p.path not in kept]):
+            failure.source = part.path
+        first = len(outcome.failed)
         if described:
             with self.blobs.locked(r.sop_uid for r, _ in described):
                 self._place_and_index(described, outcome)
+        spooled = {r.sop_uid: p for r, p in described}
+        for failure in outcome.failed[first:]:
+            failure.source = spooled.get(failure.sop_instance_uid or "")
         for part in parts:  # spool files not linked into place
             if part.path is not None:
                 try:

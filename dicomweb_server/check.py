@@ -1,64 +1,139 @@
 """``dicomweb-server check``: reconcile the index with the files on disk.
 
-Orphan files (on disk, not indexed: a crash between writing and indexing, never
-acknowledged) are re-indexed; rows whose file is missing are dropped. Without
-``repair`` nothing changes (dry run).
+Every problem is named (the file's path under ``blobs/``, or the SOP Instance UID
+of an index row) with what it is and, with ``repair``, what was done:
+
+- **orphan**: a readable file at the path its UIDs give, without an index row (a
+  crash between writing and indexing; never acknowledged): re-indexed.
+- **misfiled**: a readable file whose UIDs give another path. If no file is at that
+  path it is moved there and indexed; if a byte-identical file is already there it
+  is a redundant copy and removed; if a different file is there it is a conflicting
+  copy and moved to ``lost+found/``.
+- **unreadable**: not a DICOM file with valid Study/Series/SOP Instance UIDs: moved to
+  ``lost+found/`` (in the data folder, never deleted) with the reason.
+- **missing file**: an index row whose file is gone: the row is dropped.
+
+Without ``repair`` nothing changes (dry run).
 """
 
 from __future__ import annotations
 
+import filecmp
+import os
 from dataclasses import dataclass, field
 
 from .archive import Archive
 from .dicom.instance import describe_instance
 from .dicom.status import InstanceError
+from .store.blobs import fsync_dir
+
+LOST_AND_FOUND = "lost+found"
+
+
+@dataclass(slots=True)
+class Problem:
+    kind: str     # orphan, misfiled, unreadable, missing file
+    subject: str  # path under blobs/ (files) or SOP Instance UID (index rows)
+    why: str
+    action: str = ""  # what repair did
 
 
 @dataclass
 class Report:
     indexed: int = 0
     files: int = 0
-    orphans: list[str] = field(default_factory=list)
-    missing: list[tuple[str, str]] = field(default_factory=list)
-    reindexed: int = 0
-    dropped: int = 0
-    unreadable: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    repaired: bool = False
 
     @property
     def clean(self) -> bool:
-        return not (self.orphans or self.missing)
+        return not self.problems
 
     def summary(self) -> str:
-        lines = [f"{self.indexed} indexed instance(s), {self.files} file(s) on disk",
-                 f"{len(self.orphans)} file(s) not in the index, {len(self.missing)} index row(s) without a file"]
-        if self.reindexed or self.dropped or self.unreadable:
-            lines.append(f"repaired: {self.reindexed} re-indexed, {self.dropped} row(s) dropped, "
-                         f"{len(self.unreadable)} unreadable file(s) left in place")
+        lines = [f"{self.indexed} indexed instance(s), {self.files} file(s) on disk, "
+                 f"{len(self.problems)} problem(s)"]
+        for p in self.problems:
+            lines.append(f"  {p.kind}: {p.subject}: {p.why}" + (f" -> {p.action}" if p.action else ""))
+        if self.problems and not self.repaired:
+            lines.append("nothing changed (dry run); `dicomweb-server check --repair` fixes each problem as shown "
+                         "(unreadable and conflicting files go to lost+found/ in the data folder)")
         return "\n".join(lines)
 
 
 def reconcile(archive: Archive, repair: bool = False) -> Report:
-    report = Report()
+    report = Report(repaired=repair)
     rows = dict(archive.index.paths())
     by_path = {p: uid for uid, p in rows.items()}
     files = set(archive.blobs.walk())
     report.indexed, report.files = len(rows), len(files)
-    report.orphans = sorted(files - set(by_path))
-    report.missing = sorted((uid, p) for p, uid in by_path.items() if p not in files)
-    if not repair:
-        return report
-    for rel in report.orphans:
-        try:
-            rec = describe_instance(archive.blobs.resolve(rel), bulk_threshold=archive.settings.bulk_threshold)
-        except InstanceError:
-            report.unreadable.append(rel)
-            continue
-        if rec.path != rel:
-            report.unreadable.append(rel)
-            continue
-        report.reindexed += sum(archive.index.add([rec]))
-    for uid, _p in report.missing:
-        loc = archive.index.locate(uid)
-        if loc is not None:
-            report.dropped += len(archive.index.delete(loc.study_uid, loc.series_uid, uid))
+    for rel in sorted(files - set(by_path)):
+        report.problems.append(_file_problem(archive, rel, repair))
+    for rel, uid in sorted(by_path.items()):
+        if rel not in files:
+            problem = Problem("missing file", uid, f"indexed at {rel}, but no file is there")
+            if repair and archive.blobs.resolve(rel).exists():
+                problem.action = "file restored from its misfiled copy"
+            elif repair:
+                loc = archive.index.locate(uid)
+                if loc is not None:
+                    archive.index.delete(loc.study_uid, loc.series_uid, uid)
+                problem.action = "index row dropped"
+            report.problems.append(problem)
     return report
+
+
+def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
+    blobs = archive.blobs
+    try:
+        rec = describe_instance(blobs.resolve(rel), bulk_threshold=archive.settings.bulk_threshold)
+    except InstanceError as e:
+        problem = Problem("unreadable", rel, e.message)
+        if repair:
+            problem.action = f"moved to {_to_lost_and_found(archive, rel)}"
+        return problem
+    if rec.path == rel:
+        problem = Problem("orphan", rel, f"SOP Instance {rec.sop_uid} is on disk but not in the index "
+                                         "(never acknowledged: a stop between writing and indexing)")
+        if repair:
+            with blobs.locked([rec.sop_uid]):
+                archive.index.add([rec])
+            problem.action = "indexed"
+        return problem
+    target = blobs.resolve(rec.path)
+    if not target.exists():
+        problem = Problem("misfiled", rel, f"SOP Instance {rec.sop_uid} belongs at {rec.path}, where no file is")
+        if repair:
+            with blobs.locked([rec.sop_uid]):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(blobs.resolve(rel), target)
+                fsync_dir(target.parent)
+                if archive.index.locate(rec.sop_uid) is None:
+                    archive.index.add([rec])
+                blobs.remove(rel)
+            problem.action = f"moved to {rec.path} and indexed"
+        return problem
+    if filecmp.cmp(blobs.resolve(rel), target, shallow=False):
+        problem = Problem("misfiled", rel, f"a byte-identical copy of SOP Instance {rec.sop_uid}, "
+                                           f"which is stored at {rec.path}")
+        if repair:
+            blobs.remove(rel)
+            problem.action = "redundant copy removed"
+        return problem
+    problem = Problem("misfiled", rel, f"another version of SOP Instance {rec.sop_uid}, which is stored at "
+                                       f"{rec.path} with different content")
+    if repair:
+        problem.action = f"moved to {_to_lost_and_found(archive, rel)} (the stored version is kept)"
+    return problem
+
+
+def _to_lost_and_found(archive: Archive, rel: str) -> str:
+    """Move a file out of ``blobs/`` into ``lost+found/`` (same relative path) in the
+    data folder: out of the archive's way, never deleted. Returns the new location."""
+    dest = archive.blobs.root / LOST_AND_FOUND / rel
+    while dest.exists():  # an earlier repair left a file of this name
+        dest = dest.with_name(dest.name + ".1")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.link(archive.blobs.resolve(rel), dest)
+    fsync_dir(dest.parent)
+    archive.blobs.remove(rel)
+    return str(dest.relative_to(archive.blobs.root))

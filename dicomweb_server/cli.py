@@ -1,8 +1,9 @@
 """``dicomweb-server``: run the archive, import folders of files, check the data.
 
     dicomweb-server [serve] [--host H] [--port P] [--data-dir D] [--index sqlite|memory] [--workers N]
-    dicomweb-server import [--samples] PATH...
+    dicomweb-server import [--samples] [--report FILE] [--verbose] PATH...
     dicomweb-server check [--repair]
+    dicomweb-server --help | --version
 
 Every serve flag is also a ``DICOMWEB_*`` environment variable (see settings.py);
 flags win over the environment.
@@ -11,6 +12,7 @@ flags win over the environment.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -42,7 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
         print(f"dicomweb-server: refusing to listen on {settings.host} without authentication: configure "
-              "API keys (--api-keys-file), OIDC (--oidc-jwks-url) or basic users, or pass --insecure",
+              "API keys (--api-keys-file or DICOMWEB_API_KEYS), OIDC (--oidc-jwks-url) or basic users "
+              "(--basic-users-file), or pass --insecure (DICOMWEB_INSECURE=true)",
               file=sys.stderr)
         return 2
     if settings.index == "memory" and args.workers not in (None, 1):
@@ -61,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
-        os.environ[env] = str(value) if not isinstance(value, list) else __import__("json").dumps(value)
+        os.environ[env] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
           f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
@@ -113,6 +116,7 @@ def _import(args: argparse.Namespace) -> int:
 
     from .archive import Archive
     from .dicom.multipart import SpooledPart
+    from .dicom.status import FailureReason
 
     settings = _settings(args)
     paths: list[Path] = []
@@ -127,35 +131,60 @@ def _import(args: argparse.Namespace) -> int:
     archive = Archive.open(settings)
     stored = dup = 0
     failed: dict[str, int] = {}
+    not_stored: list[str] = []  # "path<TAB>REASON (0xNNNN): message", one per file not stored
     try:
         batch: list[SpooledPart] = []
+        origin: dict[Path, Path] = {}  # spool copy -> the file given
+        retry: list[Path] = []
 
-        def flush() -> None:
-            nonlocal stored, dup, failed
+        def flush(first_pass: bool) -> None:
+            nonlocal stored, dup
             outcome = archive.store(batch)
             stored += sum(1 for s in outcome.stored if not s.duplicate)
             dup += sum(1 for s in outcome.stored if s.duplicate)
             for f in outcome.failed:
+                source = origin.get(f.source) if f.source is not None else None
+                if first_pass and source is not None and f.reason is FailureReason.DUPLICATE_SOP_INSTANCE:
+                    # may be a second file of one SOP Instance in this batch (the archive refuses
+                    # those in one request): compared with the stored one after the first pass
+                    retry.append(source)
+                    continue
                 failed[f.reason.name] = failed.get(f.reason.name, 0) + 1
+                line = f"{source or '(unknown file)'}\t{f.reason.name} (0x{f.reason.value:04X}): {f.message}"
+                not_stored.append(line)
+                if args.verbose:
+                    tqdm.write(f"not stored: {line}", file=sys.stderr)
             batch.clear()
+            origin.clear()
 
-        for path in tqdm(paths, unit="file", desc="import", disable=args.quiet):
-            # the archive takes ownership of what it stores: work on a copy
-            fd, tmp = tempfile.mkstemp(prefix="import-", suffix=".tmp", dir=archive.blobs.spool)
-            os.close(fd)
-            shutil.copyfile(path, tmp)
-            batch.append(SpooledPart(headers={}, path=Path(tmp), size=os.path.getsize(tmp), complete=True))
-            if len(batch) >= 50:
-                flush()
-        if batch:
-            flush()
+        for first_pass, todo in ((True, paths), (False, retry)):
+            for path in tqdm(todo, unit="file", desc="import" if first_pass else "compare duplicates",
+                             disable=args.quiet or not todo):
+                # the archive takes ownership of what it stores: work on a copy
+                fd, tmp = tempfile.mkstemp(prefix="import-", suffix=".tmp", dir=archive.blobs.spool)
+                os.close(fd)
+                shutil.copyfile(path, tmp)
+                origin[Path(tmp)] = path
+                batch.append(SpooledPart(headers={}, path=Path(tmp), size=os.path.getsize(tmp), complete=True))
+                if len(batch) >= (50 if first_pass else 1):  # duplicates: one at a time
+                    flush(first_pass)
+            if batch:
+                flush(first_pass)
     finally:
         archive.close()
+    if args.report:
+        Path(args.report).write_text("".join(line + "\n" for line in not_stored))
     reasons = {"CANNOT_UNDERSTAND": "not PS3.10 DICOM or truncated", "DATASET_MISMATCH": "missing/invalid UIDs",
                "DUPLICATE_SOP_INSTANCE": "same SOP Instance UID as a stored file, other content"}
     skipped = ", ".join(f"{n} {reasons.get(k, k.lower().replace('_', ' '))}" for k, n in sorted(failed.items()))
     print(f"imported {stored} new instance(s), {dup} already stored"
           + (f"; not stored: {skipped}" if skipped else "") + f"; archive in {Path(settings.data_dir).resolve()}")
+    if args.samples and not_stored:
+        print("(pydicom's sample set includes broken files and several files per SOP Instance UID on purpose)")
+    if not_stored and not (args.report or args.verbose):
+        print("(which files and why: --verbose, or --report FILE)")
+    elif args.report:
+        print(f"files not stored, and why: {args.report} ({len(not_stored)} line(s))")
     return 0
 
 
@@ -170,15 +199,22 @@ def _check(args: argparse.Namespace) -> int:
     finally:
         archive.close()
     print(report.summary())
+    # exit 1: problems found and left as they are (a dry run); --repair handles every kind
     return 0 if report.clean or args.repair else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-"):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["serve"] + argv
-    parser = argparse.ArgumentParser(prog="dicomweb-server", description="DICOMweb (PS3.18) archive")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="dicomweb-server", description="DICOMweb (PS3.18) archive. Without a command: serve.",
+        epilog="`dicomweb-server COMMAND --help` shows the options of a command; every serve option is also "
+               "a DICOMWEB_* environment variable (README, Configuration).")
+    parser.add_argument("--version", action="version", version=f"dicomweb-server {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the archive (default command)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -207,11 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("paths", nargs="*", help="files or folders (recursive)")
     imp.add_argument("--samples", action="store_true", help="also import the DICOM files that ship inside pydicom")
     imp.add_argument("--quiet", action="store_true", help="no progress bar")
+    imp.add_argument("--verbose", action="store_true", help="print each file not stored, and why, to stderr")
+    imp.add_argument("--report", metavar="FILE", help="write each file not stored, and why, to FILE (path TAB reason)")
     _add_settings_args(imp)
     imp.set_defaults(func=_import)
 
-    chk = sub.add_parser("check", help="reconcile the index with the files on disk")
-    chk.add_argument("--repair", action="store_true", help="re-index orphan files, drop rows without files")
+    chk = sub.add_parser("check", help="reconcile the index with the files on disk; names each problem")
+    chk.add_argument("--repair", action="store_true",
+                     help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
     _add_settings_args(chk)
     chk.set_defaults(func=_check)
 

@@ -64,6 +64,38 @@ def process_tree(pid: int):
         return []
 
 
+def local_server_pid(url: str) -> int | None:
+    """The process listening on a loopback URL's port (the top one of a uvicorn
+    master and its workers, which share the socket), or None: remote, not found, or
+    not visible to this user."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    import psutil
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            return None
+        listening = {c.pid for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+    except (ValueError, psutil.Error):
+        return None
+    if not listening:
+        return None
+    # a worker may be the only one listed: climb to the top process of the same program
+    # (uvicorn's parent), never to this process or its ancestors (a harness that started both)
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    try:
+        proc = psutil.Process(min(listening))
+        while (parent := proc.parent()) is not None and parent.pid not in mine and parent.exe() == proc.exe():
+            proc = parent
+    except psutil.Error:
+        return None
+    return proc.pid
+
+
 def tree_rss_mb(pid: int) -> float | None:
     """RSS of a process and its descendants, MB (None when the process is gone)."""
     import psutil

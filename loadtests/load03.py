@@ -80,6 +80,29 @@ def _options(parser) -> None:
                         help="rendered check: decode every JPEG fully (default) or in DCT-scaled draft mode")
 
 
+@events.init.add_listener
+def _refuse_bad_start(environment, **_kw) -> None:
+    """Refuse to start, with one message and exit status 2, when the run could only fail:
+    no ``--host`` (the workers take theirs from the master) or no readable manifest.
+    Without this locust would log an error, idle for the whole run and exit 0."""
+    opts = environment.parsed_options
+    if opts is None:  # used as a library
+        return
+    problems = []
+    if not environment.host and not getattr(opts, "worker", False):
+        problems.append("no --host: give the DICOMweb root, e.g. --host http://127.0.0.1:8080 "
+                        "(Orthanc: http://127.0.0.1:8042/dicom-web)")
+    try:
+        manifest(environment)
+    except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
+        problems.append(str(e) if isinstance(e, RuntimeError) else f"load03: cannot read the manifest: {e}")
+    if problems:
+        for p in problems:
+            print(p if p.startswith("load03:") else f"load03: {p}", file=sys.stderr)
+        print("load03: see loadtests/README.md (make the data set: python -m loadtests.preload ...)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 _lock = threading.Lock()
 _manifest: dict | None = None
 

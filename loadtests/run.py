@@ -16,6 +16,10 @@ reasons), the peak RSS of the server's process tree (``--server-pid``, sampled
 with psutil; omitted without it), and the load generator's CPU (all its processes,
 % of one core). A step where a locust process used >= 90 % of a core is marked
 "generator saturated": its numbers measure the client as much as the server.
+The CPU used by everything else on the machine during each step ("other CPU") is
+measured too (the server found by its port when the host is local, else
+``--server-pid``); a step where it passes 25 % of one core prints a warning and is
+recorded as ``machine_busy`` (its numbers are from a machine that was not quiet).
 For STOW the server's own count of the load patient's instances is checked
 before and after (success means durable, so both clocks must agree).
 
@@ -43,6 +47,7 @@ from . import common, dataset
 OPERATIONS = {"qido": "QidoUser", "wado": "WadoUser", "rendered": "RenderedUser", "stow": "StowUser"}
 LOCUSTFILE = common.HERE / "load03.py"
 SATURATED_PCT = 90.0
+BUSY_OTHER_PCT = 25.0  # other processes' CPU (% of one core) above which a step ran on a busy machine
 ROW_KEYS = ("operation", "clients", "ops", "ops_s", "mb_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors",
             "peak_server_mb")
 
@@ -152,6 +157,7 @@ def run_step(host: str, manifest_path: Path, operation: str, clients: int, durat
                                              - details["generator_cpu_pct"]), 1)
     else:
         details["other_cpu_pct"] = None
+    details["machine_busy"] = busy_machine(details["other_cpu_pct"])
     if operation == "stow":
         details["server_count_before"] = before
         details["server_count_after"] = after
@@ -163,7 +169,34 @@ def run_step(host: str, manifest_path: Path, operation: str, clients: int, durat
               file=sys.stderr, flush=True)
         for k, v in list(details["failure_reasons"].items())[:3]:
             print(f"      {v} x {k}", file=sys.stderr)
+    if details["machine_busy"]:
+        print(f"  WARNING: {busy_text(details)}", file=sys.stderr, flush=True)
     return details
+
+
+def busy_machine(other_cpu_pct: float | None) -> bool | None:
+    """Whether other processes used the machine during a step (None: not measured)."""
+    return None if other_cpu_pct is None else other_cpu_pct > BUSY_OTHER_PCT
+
+
+def busy_text(step: dict) -> str:
+    return (f"the machine was busy during {step['operation']} {step['clients']}: other processes used "
+            f"{step['other_cpu_pct']:.0f}% of a core (server {step['server_cpu_pct']:.0f}%, load generator "
+            f"{step['generator_cpu_pct']:.0f}%); its numbers understate the server")
+
+
+def busy_summary(steps: list[dict]) -> str:
+    """One line for the end of a run and for results.md."""
+    busy = [s for s in steps if s.get("machine_busy")]
+    if any(s.get("machine_busy") is None for s in steps):
+        unknown = "; other CPU not measured for some steps (server not found: pass --server-pid)"
+    else:
+        unknown = ""
+    if not busy:
+        return f"machine quiet (other CPU <= {BUSY_OTHER_PCT:.0f}% of a core) in every measured step{unknown}"
+    return (f"WARNING: machine busy (other CPU > {BUSY_OTHER_PCT:.0f}% of a core) in {len(busy)} of {len(steps)} "
+            "step(s): " + ", ".join(f"{s['operation']} {s['clients']} ({s['other_cpu_pct']:.0f}%)" for s in busy)
+            + f"; rerun on a quiet machine (or with --settle) before comparing numbers{unknown}")
 
 
 def table_rows(steps: list[dict], server_mem: bool = True) -> tuple[list[str], list[list]]:
@@ -242,6 +275,8 @@ def write_results(out: Path, steps: list[dict], meta: dict, compare: Path | None
         "",
         "Generator saturated in: " + (", ".join(sat) if sat else "no step") + ".",
         "",
+        busy_summary(steps) + ".",
+        "",
     ]
     if notes:
         md += ["Checks and failures:", "", *notes, ""]
@@ -299,6 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": manifest["summary"], "spec": manifest["spec"], "stow_size": stow_size,
         "stow_body_bytes": body_bytes, "machine": common.machine(),
     }
+    if a.server_pid is None:
+        a.server_pid = common.local_server_pid(host)
+        meta["server_pid"] = a.server_pid
+        if a.server_pid and not a.quiet:
+            print(f"server: process {a.server_pid} (listening on {host}); its CPU and memory are measured",
+                  file=sys.stderr)
     workdir = a.output / "raw"
     steps = []
     for o in ops:
@@ -310,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     print(common.table(headers, rows))
     sat = [f"{s['operation']} {s['clients']}" for s in steps if s["generator_saturated"]]
     print("generator saturated in: " + (", ".join(sat) if sat else "no step"))
+    print(busy_summary(steps))
     print(f"wrote {a.output / 'results.json'} and {a.output / 'results.md'}")
     return 0 if all(s["errors"] == 0 for s in steps) else 3
 

@@ -27,6 +27,15 @@ class InstanceLocation:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexCounts:
+    """What the index holds, for the landing page (api/landing.py)."""
+
+    studies: int
+    series: int
+    instances: int
+
+
+@dataclass(frozen=True, slots=True)
 class SearchHit:
     """One QIDO-RS match: the stored JSON of its levels and the computed attributes.
 
@@ -85,6 +94,11 @@ class Index(ABC):
     @abstractmethod
     def count(self) -> int:
         """Number of indexed instances."""
+
+    def counts(self) -> IndexCounts:
+        """Numbers of studies, series and instances, from the index alone and cheaply
+        (no scan of the instances' rows)."""
+        raise NotImplementedError
 
     @abstractmethod
     def paths(self) -> Iterator[tuple[str, str]]:

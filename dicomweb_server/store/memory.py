@@ -17,7 +17,7 @@ from itertools import islice
 from ..dicom.attributes import STORED, Kind
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query, match_value
-from .base import Index, InstanceLocation, SearchHit
+from .base import Index, IndexCounts, InstanceLocation, SearchHit
 
 _STUDY_COLS = tuple(a.keyword for a in STORED["study"])
 _SERIES_COLS = tuple(a.keyword for a in STORED["series"])
@@ -236,6 +236,10 @@ class MemoryIndex(Index):
 
     def count(self) -> int:
         return len(self._instances)
+
+    def counts(self) -> IndexCounts:
+        with self._lock:
+            return IndexCounts(len(self._studies), len(self._series), len(self._instances))
 
     def paths(self) -> Iterator[tuple[str, str]]:
         with self._lock:

@@ -18,7 +18,7 @@ import orjson
 from ..dicom.attributes import STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Match, Query, fuzzy_tokens
-from .base import Index, InstanceLocation, SearchHit
+from .base import Index, IndexCounts, InstanceLocation, SearchHit
 
 _ALIAS = {"study": "s", "series": "se", "instance": "i"}
 _COLTYPE = {Kind.INT: "INTEGER"}
@@ -346,6 +346,11 @@ class SQLiteIndex(Index):
 
     def count(self) -> int:
         return self._con().execute("SELECT count(*) FROM instance").fetchone()[0]
+
+    def counts(self) -> IndexCounts:
+        return IndexCounts(*self._con().execute(
+            "SELECT (SELECT count(*) FROM study), (SELECT count(*) FROM series), (SELECT count(*) FROM instance)"
+        ).fetchone())
 
     def paths(self) -> Iterator[tuple[str, str]]:
         yield from self._con().execute("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk").fetchall()

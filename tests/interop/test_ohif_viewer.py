@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from urllib.parse import unquote
 
+import httpx
 import pytest
 from pydicom.uid import JPEGLSLossless
 
@@ -290,3 +291,110 @@ def test_viewer_from_another_origin_with_cors(browser, ohif_dist, study, tmp_pat
         viewer_server.should_exit = True
         thread.join(5)
         server.stop()
+
+
+# -- the sample data a new user has (`dicomweb-server import --samples`) ----------------------
+
+# transfer syntaxes whose frames OHIF 3.13 decodes and shows (seen with the sample data; its
+# 12-bit JPEG Extended, 1.2.840.10008.1.2.4.51, stays blank in OHIF: not asserted)
+SHOWN_SYNTAXES = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.5", "1.2.840.10008.1.2.4.50",
+                  "1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.4.80",
+                  "1.2.840.10008.1.2.4.81", "1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91"}
+PIXEL_DATA = "7FE00010"
+
+
+@pytest.fixture(scope="module")
+def samples_data(tmp_path_factory) -> Path:
+    from dicomweb_server.cli import main
+
+    data = tmp_path_factory.mktemp("samples") / "data"
+    assert main(["import", "--samples", "--quiet", "--data-dir", str(data)]) == 0
+    return data
+
+
+def _study_plan(url: str, data: Path, study_uid: str) -> tuple[list[str], set[str], bool]:
+    """From the archive: (the study's series, its instances stored without Pixel Data,
+    whether the viewer must show a picture: every instance an image, not a SEG, in a
+    transfer syntax OHIF shows)."""
+    import pydicom
+
+    series = httpx.get(f"{url}/studies/{study_uid}/series", timeout=60).json()
+    no_pixels: set[str] = set()
+    shown = all(s.get("00080060", {}).get("Value") != ["SEG"] for s in series)
+    for se in (s["0020000E"]["Value"][0] for s in series):
+        for meta in httpx.get(f"{url}/studies/{study_uid}/series/{se}/metadata", timeout=60).json():
+            sop = meta["00080018"]["Value"][0]
+            if PIXEL_DATA not in meta:
+                no_pixels.add(sop)
+                continue
+            stored = pydicom.dcmread(data / "blobs" / study_uid / se / f"{sop}.dcm", stop_before_pixels=True)
+            shown = shown and stored.file_meta.TransferSyntaxUID in SHOWN_SYNTAXES
+    return [s["0020000E"]["Value"][0] for s in series], no_pixels, shown and not no_pixels
+
+
+def test_viewer_with_the_sample_data(browser, ohif_dist, samples_data, artifacts):
+    """Issue 15 / case P5: the README's sample data in the viewer. The study list shows
+    every stored study (three have no Modality, so an empty ModalitiesInStudy), and each
+    study opens: the viewer loads the metadata of each of its series, none of its requests
+    fails (except frames and thumbnails of instances stored without Pixel Data: 404 and
+    406, as documented), and studies of images in syntaxes OHIF shows show a picture."""
+    server = LiveServer(samples_data, "sqlite", viewer=True, viewer_dir=ohif_dist).start()
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    log = RequestLog(page)
+    try:
+        studies = httpx.get(f"{server.url}/studies", timeout=60).json()
+        uids = [s["0020000D"]["Value"][0] for s in studies]
+        assert len(uids) == 29, len(uids)  # the 116 sample instances: 29 studies
+
+        # 1. the study list: every stored study, no data-source error
+        qido = _wait_for_response(page, lambda r: "/studies?" in r.url,
+                                  lambda: page.goto(f"{server.url}/viewer/?resultsPerPage=100"))
+        assert qido.status == 200 and len(qido.json()) == len(uids), qido.url
+        error = page.get_by_text("Data Source Connection Error")
+        page.get_by_text(f"of {len(uids)}").first.or_(error).wait_for(timeout=TIMEOUT_MS)
+        page.screenshot(path=str(artifacts / "viewer-samples-list.png"))
+        assert error.count() == 0, ("the study list failed (case P5: empty ModalitiesInStudy?): "
+                                    + "; ".join(c[:200] for c in log.console if c.startswith(("error", "pageerror"))))
+        assert page.get_by_text(f"1-{len(uids)} of {len(uids)}").count() == 1
+
+        # 2. each study opens
+        problems = []
+        for uid in uids:
+            series, no_pixels, must_show = _study_plan(server.url, samples_data, uid)
+            log.failures.clear()
+            page.goto(f"{server.url}/viewer/viewer?StudyInstanceUIDs={uid}")
+            end = time.monotonic() + 60
+            while True:
+                done = {se for se in series for e in log.entries
+                        if e["url"].endswith(f"/series/{se}/metadata") and e["status"] == 200}
+                if len(done) == len(series) or time.monotonic() > end:
+                    break
+                page.wait_for_timeout(200)
+            if len(done) != len(series):
+                problems.append(f"{uid}: metadata of {len(series) - len(done)} of {len(series)} series not loaded")
+            if must_show:
+                try:
+                    wait_for_image(page, deadline_s=30)
+                except AssertionError as e:
+                    problems.append(f"{uid}: {e}")
+            # this study's requests (a late answer to the previous page is not this one's); an
+            # instance stored without Pixel Data has no frames (404) and no thumbnail (406)
+            failed = [f for f in log.failures if f"/studies/{uid}" in f and not (
+                any(f"/instances/{sop}/" in f for sop in no_pixels)
+                and (f.startswith("404 ") and "/frames/" in f or f.startswith("406 ") and "/thumbnail" in f))]
+            problems += [f"{uid}: {f}" for f in failed]
+        assert not problems, "\n".join(problems)
+
+        # 3. the picture for the README (docs/viewer.png): the CT of the README's curl walk-through
+        page.goto(f"{server.url}/viewer/viewer?StudyInstanceUIDs={README_CT_STUDY}")
+        wait_for_image(page)
+        page.wait_for_timeout(1500)  # thumbnails and overlays settle
+        page.screenshot(path=str(artifacts / "viewer-samples.png"))
+    finally:
+        log.save(artifacts / "viewer-samples-requests.json")
+        context.close()
+        server.stop()
+
+
+README_CT_STUDY = "1.3.6.1.4.1.5962.1.2.1.20040119072730.12322"  # pydicom's CT_small, as in the README

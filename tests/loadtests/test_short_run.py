@@ -26,7 +26,7 @@ from tests.helpers import free_port
 if importlib.util.find_spec("locust") is None or importlib.util.find_spec("psutil") is None:
     pytest.skip("the load extra is not installed: pip install -e '.[load]'", allow_module_level=True)
 
-from loadtests import checks, dataset, run  # noqa: E402
+from loadtests import checks, common, dataset, run  # noqa: E402
 
 SPEC = dataset.Spec(seed=11, studies=3, instances=30, ct_size=64, mr_size=32)
 ROW_KEYS = {"operation", "clients", "ops", "ops_s", "mb_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors",
@@ -106,6 +106,9 @@ def test_short_run_has_no_validation_errors(archive, manifest_path, tmp_path):
             assert s["server_counted"] == s["ops"] - s["errors"]
     md = (tmp_path / "results.md").read_text()
     assert "| operation" in md and "nproc" in md
+    for s in steps:  # the rest of the machine was measured, and judged
+        assert s["other_cpu_pct"] is not None and s["machine_busy"] == (s["other_cpu_pct"] > run.BUSY_OTHER_PCT)
+    assert run.busy_summary(steps) + "." in md
     assert time.monotonic() - t0 < 90
 
 
@@ -119,6 +122,59 @@ def test_a_wrong_answer_is_a_locust_failure_with_its_reason(archive, manifest_pa
     step = run.run_step(url, bad, "qido", 1, 2, tmp_path / "raw", quiet=True)
     assert step["ops"] > 0 and step["errors"] == step["ops"]
     assert any("expected" in reason for reason in step["failure_reasons"])
+
+
+def test_the_server_is_found_by_its_port(archive, tmp_path):
+    url, pid, _ = archive
+    assert common.local_server_pid(url) == pid
+    assert common.local_server_pid("http://192.0.2.1:8080") is None  # not this machine
+    # two workers: uvicorn's parent (whose tree holds both workers), not the one worker listed
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path),
+                             "--port", str(port), "--workers", "2", "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + 60
+        while len(common.process_tree(proc.pid)) < 3 or common.local_server_pid(f"http://127.0.0.1:{port}") is None:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert common.local_server_pid(f"http://127.0.0.1:{port}") == proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_a_busy_machine_is_named_in_the_warning_and_the_summary():
+    quiet = {"operation": "qido", "clients": 8, "other_cpu_pct": 3.0, "server_cpu_pct": 150.0,
+             "generator_cpu_pct": 40.0}
+    busy = {**quiet, "operation": "wado", "other_cpu_pct": 120.0}
+    for step in (quiet, busy):
+        step["machine_busy"] = run.busy_machine(step["other_cpu_pct"])
+    assert (quiet["machine_busy"], busy["machine_busy"], run.busy_machine(None)) == (False, True, None)
+    assert run.busy_text(busy) == ("the machine was busy during wado 8: other processes used 120% of a core "
+                                   "(server 150%, load generator 40%); its numbers understate the server")
+    assert run.busy_summary([quiet]) == "machine quiet (other CPU <= 25% of a core) in every measured step"
+    assert run.busy_summary([quiet, busy]).startswith(
+        "WARNING: machine busy (other CPU > 25% of a core) in 1 of 2 step(s): wado 8 (120%)")
+    unmeasured = {**quiet, "other_cpu_pct": None, "machine_busy": None}
+    assert "not measured for some steps" in run.busy_summary([quiet, unmeasured])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--manifest", "MANIFEST"], "load03: no --host: give the DICOMweb root"),
+    (["--host", "URL"], "load03: no manifest: pass --manifest M.json or set LOAD03_MANIFEST"),
+    (["--host", "URL", "--manifest", "MISSING"], "load03: cannot read the manifest: [Errno 2]"),
+])
+def test_locust_refuses_to_start_without_host_or_manifest(archive, manifest_path, tmp_path, args, message):
+    """One clear message and exit status 2: no traceback, no idle run."""
+    args = [{"URL": archive[0], "MANIFEST": str(manifest_path), "MISSING": str(tmp_path / "no.json")}.get(a, a)
+            for a in args]
+    env = {k: v for k, v in os.environ.items() if k != "LOAD03_MANIFEST"}
+    r = subprocess.run([sys.executable, "-m", "locust", "-f", str(run.LOCUSTFILE), "--headless", "-u", "1",
+                        "-t", "30s", *args, "QidoUser"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert [line for line in r.stderr.splitlines() if line.startswith("load03: ")][:-1] == [
+        line for line in r.stderr.splitlines() if line.startswith(message)]
+    assert "Traceback" not in r.stderr and "Aggregated" not in r.stdout + r.stderr
 
 
 # ----------------------------------------------------------------------------- checks

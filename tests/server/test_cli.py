@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pydicom
+
 from dicomweb_server.archive import Archive
 from dicomweb_server.cli import main
 from dicomweb_server.settings import Settings
@@ -38,9 +40,50 @@ def test_settings_from_environment_and_defaults(monkeypatch):
 def test_import_samples_then_again(tmp_path, capsys):
     assert main(["import", "--samples", "--quiet", "--data-dir", str(tmp_path)]) == 0
     first = capsys.readouterr().out
-    assert f"imported {len(sample_files())} new instance(s), 0 already stored" in first
+    # pydicom ships one file twice byte for byte: "already stored" the second time
+    assert f"imported {len(sample_files())} new instance(s), 1 already stored" in first
     assert main(["import", "--samples", "--quiet", "--data-dir", str(tmp_path)]) == 0
-    assert f"imported 0 new instance(s), {len(sample_files())} already stored" in capsys.readouterr().out
+    assert f"imported 0 new instance(s), {len(sample_files()) + 1} already stored" in capsys.readouterr().out
+
+
+def test_help_lists_every_command_and_version():
+    r = run("--help")
+    assert r.returncode == 0, r.stderr
+    for command in ("serve", "import", "check"):
+        assert any(line.split()[:1] == [command] and len(line.split()) > 1 for line in r.stdout.splitlines()), \
+            (command, r.stdout)
+    from dicomweb_server import __version__
+
+    r = run("--version")
+    assert (r.returncode, r.stdout.strip()) == (0, f"dicomweb-server {__version__}")
+
+
+def test_import_report_names_each_file_not_stored(tmp_path, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    study = make_dataset()
+    study.save_as(folder / "a-good.dcm", enforce_file_format=True)
+    (folder / "b-notes.txt").write_text("not DICOM")
+    no_uid = make_dataset()
+    del no_uid.StudyInstanceUID
+    no_uid.save_as(folder / "c-no-study.dcm", enforce_file_format=True)
+    other = make_dataset(sop=study.SOPInstanceUID, study=study.StudyInstanceUID, series=study.SeriesInstanceUID,
+                         PatientName="Other^Content")
+    other.save_as(folder / "d-other-content.dcm", enforce_file_format=True)  # same batch as a-good.dcm
+    (folder / "e-same-bytes.dcm").write_bytes((folder / "a-good.dcm").read_bytes())
+    report = tmp_path / "report.tsv"
+    assert main(["import", "--quiet", "--verbose", "--report", str(report), "--data-dir", str(tmp_path / "d"),
+                 str(folder)]) == 0
+    out = capsys.readouterr()
+    assert "imported 1 new instance(s), 1 already stored" in out.out
+    lines = dict(line.split("\t") for line in report.read_text().splitlines())
+    assert sorted(lines) == [str(folder / n) for n in ("b-notes.txt", "c-no-study.dcm", "d-other-content.dcm")]
+    assert lines[str(folder / "b-notes.txt")].startswith("CANNOT_UNDERSTAND (0xC000): not a PS3.10 DICOM file")
+    assert lines[str(folder / "c-no-study.dcm")].startswith("DATASET_MISMATCH (0xA900): StudyInstanceUID")
+    assert lines[str(folder / "d-other-content.dcm")] == (
+        f"DUPLICATE_SOP_INSTANCE (0x0111): SOP Instance {study.SOPInstanceUID} is already stored with different "
+        "content")
+    assert all(f"not stored: {path}\t{why}" in out.err for path, why in lines.items())
 
 
 def test_check_finds_and_repairs(tmp_path, capsys):
@@ -61,12 +104,74 @@ def test_check_finds_and_repairs(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", "--data-dir", str(data)]) == 1
     out = capsys.readouterr().out
-    assert "1 file(s) not in the index, 1 index row(s) without a file" in out
+    assert "3 indexed instance(s)" not in out and "2 indexed instance(s), 2 file(s) on disk, 2 problem(s)" in out
+    assert f"  orphan: {rel0}: SOP Instance {uid0} is on disk but not in the index" in out
+    assert f"  missing file: {uid1}: indexed at {rel1}, but no file is there" in out
+    assert "nothing changed (dry run)" in out
     assert main(["check", "--repair", "--data-dir", str(data)]) == 0
-    assert "1 re-indexed, 1 row(s) dropped" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{rel0}: SOP Instance {uid0} is on disk" in out and out.count(" -> ") == 2
+    assert "-> indexed" in out and "-> index row dropped" in out
     assert main(["check", "--data-dir", str(data)]) == 0
     archive = Archive.open(Settings(data_dir=data))
     assert archive.index.count() == 2
     assert archive.index.locate(uid0) is not None and archive.index.locate(uid1) is None
     archive.close()
     shutil.rmtree(data)
+
+
+def test_check_names_and_repairs_each_kind_of_misfiled_or_unreadable_file(tmp_path, capsys):
+    """A readable file in the wrong folder is not "unreadable": it is moved where it
+    belongs, removed when a byte-identical copy is stored, or set aside when it differs."""
+    data = tmp_path / "data"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    kept, lost = make_dataset(), make_dataset()
+    for n, ds in enumerate((kept, lost)):
+        ds.save_as(folder / f"{n}.dcm", enforce_file_format=True)
+    assert main(["import", "--quiet", "--data-dir", str(data), str(folder)]) == 0
+    archive = Archive.open(Settings(data_dir=data))
+    paths = dict(archive.index.paths())
+    blobs = archive.blobs
+    # 1. a byte-identical copy of a stored instance in another folder
+    copy = blobs.resolve("misc/copy.dcm")
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(blobs.resolve(paths[kept.SOPInstanceUID]).read_bytes())
+    # 2. another version of the stored instance, in another folder
+    other = make_dataset(sop=kept.SOPInstanceUID, study=kept.StudyInstanceUID, series=kept.SeriesInstanceUID,
+                         PatientName="Other^Version")
+    other.save_as(blobs.resolve("misc/other.dcm"), enforce_file_format=True)
+    # 3. an instance whose file is misfiled and whose row is gone (moved by hand)
+    lost_rel = paths[lost.SOPInstanceUID]
+    os.rename(blobs.resolve(lost_rel), blobs.resolve("misc/moved.dcm"))
+    archive.index.delete(lost.StudyInstanceUID, lost.SeriesInstanceUID, lost.SOPInstanceUID)
+    # 4. not DICOM at all
+    blobs.resolve("misc/junk.dcm").write_bytes(b"not dicom")
+    archive.close()
+    capsys.readouterr()
+
+    assert main(["check", "--data-dir", str(data)]) == 1
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("  unreadable")] == [
+        line for line in out.splitlines() if line.startswith("  unreadable: misc/junk.dcm")]
+    assert (f"  misfiled: misc/copy.dcm: a byte-identical copy of SOP Instance {kept.SOPInstanceUID}, "
+            f"which is stored at {paths[kept.SOPInstanceUID]}") in out
+    assert (f"  misfiled: misc/other.dcm: another version of SOP Instance {kept.SOPInstanceUID}, which is "
+            f"stored at {paths[kept.SOPInstanceUID]} with different content") in out
+    assert f"  misfiled: misc/moved.dcm: SOP Instance {lost.SOPInstanceUID} belongs at {lost_rel}" in out
+    assert "  unreadable: misc/junk.dcm: not a PS3.10 DICOM file" in out
+
+    assert main(["check", "--repair", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "misc/copy.dcm: a byte-identical copy" in out and "-> redundant copy removed" in out
+    assert "-> moved to lost+found/misc/other.dcm (the stored version is kept)" in out
+    assert f"-> moved to {lost_rel} and indexed" in out
+    assert "-> moved to lost+found/misc/junk.dcm" in out
+    assert main(["check", "--data-dir", str(data)]) == 0
+    assert "0 problem(s)" in capsys.readouterr().out
+    assert (data / "lost+found" / "misc" / "junk.dcm").read_bytes() == b"not dicom"
+    archive = Archive.open(Settings(data_dir=data))
+    assert dict(archive.index.paths()) == paths
+    assert pydicom.dcmread(archive.blobs.resolve(paths[kept.SOPInstanceUID])).PatientName == "Test^Patient"
+    assert not (data / "blobs" / "misc").exists()
+    archive.close()

@@ -1,0 +1,127 @@
+"""``GET /``: what this archive is and where to go next.
+
+An HTML page when a browser asks for it (``Accept`` naming ``text/html`` at least as
+highly as JSON), JSON otherwise (curl, scripts): version, index kind, the numbers of
+studies, series and instances (counted by the index: no file is read, no row scanned),
+the use of the disk holding the data folder, and links
+to the DICOMweb root, the OpenAPI documentation, the OHIF viewer when it is on and the
+DIMSE port when it is on. Not part of PS3.18. Under ``--prefix`` the page is also at
+the prefix.
+"""
+
+from __future__ import annotations
+
+import shutil
+from html import escape
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from .. import __version__
+
+def _q_values(accept: str) -> dict[str, float]:
+    """Media type -> q of an Accept header (RFC 9110 §12.5.1)."""
+    out: dict[str, float] = {}
+    for item in accept.split(","):
+        media, *params = [p.strip() for p in item.split(";")]
+        q = 1.0
+        for p in params:
+            if p.lower().startswith("q="):
+                try:
+                    q = float(p[2:])
+                except ValueError:
+                    q = 0.0
+        if media:
+            out[media.lower()] = q
+    return out
+
+
+def wants_html(accept: str) -> bool:
+    q = _q_values(accept)
+    html = q.get("text/html", 0.0)
+    return html > 0 and html >= max(q.get("application/json", 0.0), q.get("application/dicom+json", 0.0))
+
+
+def describe(request: Request) -> dict:
+    """The landing page's content (sync: the index count runs in FastAPI's thread pool)."""
+    settings = request.app.state.settings
+    archive = request.app.state.archive
+    counts = archive.index.counts()
+    disk = shutil.disk_usage(archive.blobs.root)
+    root = str(request.base_url).rstrip("/")
+    links = {"dicomweb": f"{root}{settings.prefix}/studies", "docs": f"{root}/docs",
+             "openapi": f"{root}/openapi.json"}
+    if settings.viewer:
+        links["viewer"] = f"{root}/viewer/"
+    dimse_port = getattr(settings, "dimse_port", None)  # the DIMSE listener, when it is on
+    return {
+        "name": "dicomweb-archive",
+        "version": __version__,
+        "index": settings.index,
+        "studies": counts.studies,
+        "series": counts.series,
+        "instances": counts.instances,
+        # the file system holding the data folder (O(1): no walk over the stored files)
+        "disk": {"data_dir": str(archive.blobs.root.resolve()), "used_bytes": disk.used,
+                 "free_bytes": disk.free, "total_bytes": disk.total},
+        "links": links,
+        "dimse_port": dimse_port,
+    }
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""  # pragma: no cover
+
+
+def _html(d: dict) -> str:
+    links = d["links"]
+    items = []
+    if "viewer" in links:
+        items.append(f'<li><a href="{escape(links["viewer"])}">OHIF viewer</a>: browse and open the studies</li>')
+    else:
+        items.append("<li>OHIF viewer: off (start the archive with <code>--viewer</code>)</li>")
+    items.append(f'<li><a href="{escape(links["dicomweb"])}">DICOMweb</a> (QIDO-RS, WADO-RS, STOW-RS): '
+                 f'<code>{escape(links["dicomweb"])}</code></li>')
+    items.append(f'<li><a href="{escape(links["docs"])}">API documentation</a> (OpenAPI: '
+                 f'<a href="{escape(links["openapi"])}">openapi.json</a>)</li>')
+    if d["dimse_port"]:
+        items.append(f"<li>DICOM (DIMSE) on port {int(d['dimse_port'])}</li>")
+    disk = d["disk"]
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>dicomweb-archive {escape(d["version"])}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:42em;margin:2em auto;line-height:1.5}}
+td{{padding:0 1em 0 0}}code{{background:#eee;padding:0 .2em}}</style></head>
+<body><h1>dicomweb-archive {escape(d["version"])}</h1>
+<table>
+<tr><td>studies</td><td>{d["studies"]:,}</td></tr>
+<tr><td>series</td><td>{d["series"]:,}</td></tr>
+<tr><td>instances</td><td>{d["instances"]:,}</td></tr>
+<tr><td>data folder</td><td>{escape(disk["data_dir"])}</td></tr>
+<tr><td>disk</td><td>{_size(disk["used_bytes"])} used, {_size(disk["free_bytes"])} free of
+ {_size(disk["total_bytes"])}</td></tr>
+<tr><td>index</td><td>{escape(d["index"])}</td></tr>
+</table>
+<ul>{"".join(items)}</ul>
+<p>JSON of this page: <code>curl {escape(links["dicomweb"].rsplit("/studies", 1)[0])}/</code></p>
+</body></html>
+"""
+
+
+def landing(request: Request):
+    d = describe(request)
+    if wants_html(request.headers.get("accept", "")):
+        return HTMLResponse(_html(d))
+    return Response(orjson.dumps(d), media_type="application/json")
+
+
+def include(app, settings) -> None:
+    """Mount ``GET /`` (and ``GET {prefix}/`` under a prefix) on the app."""
+    router = APIRouter(include_in_schema=False)
+    for path in ["/"] + ([settings.prefix + "/"] if settings.prefix else []):
+        router.add_api_route(path, landing, methods=["GET"])
+    app.include_router(router)
