@@ -15,7 +15,7 @@ from ..archive import StoreOutcome, retrieve_url
 from ..dicom.media_types import DICOM, MULTIPART_RELATED, parse_media_type
 from ..dicom.multipart import PartSpooler
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
-from .errors import DICOMwebHTTPError
+from .errors import DICOMwebHTTPError, warning_header
 from .responses import DicomJSONResponse
 
 router = APIRouter(tags=["STOW-RS"])
@@ -57,8 +57,7 @@ def _store_response(outcome: StoreOutcome, base: str, study_uid: str | None) -> 
     if outcome.failed:
         text = "; ".join(
             f"{f.sop_instance_uid or 'part'}: {f.message} (0x{int(f.reason):04X})" for f in outcome.failed[:20])
-        headers["Warning"] = ('299 dicomweb-archive: "' + text.replace('"', "'")[:1500] + '"').encode(
-            "latin-1", "replace").decode("latin-1")
+        headers["Warning"] = warning_header(text)
     return DicomJSONResponse(orjson.dumps(body), status_code=status, headers=headers)
 
 
