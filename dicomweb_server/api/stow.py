@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from ..archive import StoreOutcome, retrieve_url
-from ..dicom.media_types import DICOM, MULTIPART_RELATED, parse_media_type
+from ..dicom.media_types import DICOM, MULTIPART_RELATED, negotiate_json, parse_accept, parse_media_type
 from ..dicom.multipart import PartSpooler
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError, warning_header
@@ -70,6 +70,9 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
     if part_type != DICOM:
         raise DICOMwebHTTPError(415, f"multipart/related type {part_type!r} is not supported; "
                                      'send type="application/dicom" (PS3.18 §10.5.1.2)')
+    # the Store Instances Response is DICOM JSON only: 406 before any body is read
+    # (an unsupported request body is 415 above; RFC 9110 §15.5.7, §15.5.16)
+    negotiate_json(parse_accept(request.headers.get("accept")))
     boundary = mr.params.get("boundary")
     if not boundary:
         raise DICOMwebHTTPError(400, "multipart/related Content-Type without a boundary parameter")
