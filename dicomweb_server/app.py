@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         {**load_json_file(settings.api_keys_file), **settings.api_keys},
         oidc_issuer=settings.oidc_issuer, oidc_audience=settings.oidc_audience,
         oidc_jwks_url=settings.oidc_jwks_url, basic_users=load_json_file(settings.basic_users_file),
+        jwks_timeout=settings.oidc_jwks_timeout, jwks_cache_seconds=settings.oidc_jwks_cache_seconds,
     )
     if settings.audit_log is not None:
         configure_audit_file(settings.audit_log)

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     oidc_issuer: str | None = None
     oidc_audience: str | None = None
     oidc_jwks_url: str | None = None
+    oidc_jwks_timeout: float = Field(5.0, gt=0, description="seconds one JWKS fetch may take (then: old keys kept)")
+    oidc_jwks_cache_seconds: float = Field(300.0, ge=0, description="seconds the JWKS keys are kept")
     audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request here")
     insecure: bool = Field(False, description="allow listening beyond loopback without authentication")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
