@@ -28,10 +28,11 @@ log = logging.getLogger("dicomweb_server.api")
 
 
 class DICOMwebHTTPError(Exception):
-    def __init__(self, status_code: int, message: str) -> None:
+    def __init__(self, status_code: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+        self.headers = headers
 
 
 # RFC 9110 §5.5: a field value is visible ASCII, SP and HTAB (obs-text is obsolete).
@@ -80,7 +81,7 @@ _MAP: list[tuple[type[Exception], int]] = [
 def install(app: FastAPI) -> None:
     @app.exception_handler(DICOMwebHTTPError)
     async def _dicomweb(_request: Request, exc: DICOMwebHTTPError) -> Response:
-        return error_response(exc.status_code, exc.message)
+        return error_response(exc.status_code, exc.message, exc.headers)
 
     for exc_type, status in _MAP:
         def make(status: int):
