@@ -108,3 +108,35 @@ def test_stow_406_for_an_unproducible_response_and_415_for_an_unsupported_body(s
         r = c.post("/studies", content=body, headers={"content-type": "application/dicom"})
         assert r.status_code == 415
         assert c.get("/instances").json() == []  # nothing stored by either
+
+
+def test_p4_head_on_the_viewer_pages(tmp_path):
+    """The viewer's routes (a stand-in dist/ folder: the real one is fetched with npm)."""
+    from tests.helpers import LiveServer
+
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "index.html").write_text('<html><script src="/app.bundle.js"></script></html>')
+    (dist / "app.bundle.js").write_text("console.log(1);" * 1000)
+    srv = LiveServer(tmp_path / "data", viewer=True, viewer_dir=dist).start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.settings.port, timeout=60)
+    try:
+        for path in ("/viewer/", "/viewer/app-config.js", "/viewer/app.bundle.js", "/viewer/studies/1.2",
+                     "/viewer/no-such.js"):
+            conn.request("HEAD", path)
+            head = conn.getresponse()
+            assert head.read() == b""
+            conn.request("GET", path)
+            get = conn.getresponse()
+            get_body = get.read()
+            assert head.status == get.status, path
+            assert _comparable(head.headers) == _comparable(get.headers), path
+            if get.headers.get("content-length") is not None:
+                assert int(get.headers["content-length"]) == len(get_body), path
+        conn.request("PUT", "/viewer/")
+        put = conn.getresponse()
+        put.read()
+        assert put.status == 405 and "GET" in put.headers["allow"]
+    finally:
+        conn.close()
+        srv.stop()
