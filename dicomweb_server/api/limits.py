@@ -109,8 +109,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer = None
         if not self._in_head or self.transport.is_closing():
             return
-        busy = self.cycle is not None and not self.cycle.response_complete
-        if self._head_bytes and not busy:
+        if self.cycle is not None and not self.cycle.response_complete:
+            # a pipelined head behind an answer still being sent: its deadline runs from then
+            self._head_timer = self.loop.call_later(self._header_timeout, self._head_timed_out)
+        elif self._head_bytes:
             self._refuse(408, f"request headers not received within {self._header_timeout:g} s")
         else:
             self.transport.close()  # an idle connection: closed without an answer

@@ -67,7 +67,7 @@ class _BodyDeadline:
     data for ``stall`` seconds, and a total deadline of ``stall + received /
     min_rate`` seconds from the start, so a client trickling bytes cannot hold a
     worker's spool file and connection for ever (a 100 MB body at the default
-    10 KiB/s minimum may take 60 s + ~2.8 h)."""
+    10 KiB/s minimum may take 60 s + ~2.7 h)."""
 
     def __init__(self, stall: float, min_rate: int) -> None:
         self.stall, self.min_rate = stall, min_rate
