@@ -11,7 +11,8 @@
   answered before this by the CORS middleware when origins are configured.
 - A method the resource does not support: ``405`` with ``Allow`` listing every
   method of that path (§15.5.6), gathered from all routes of the path (GET search
-  and POST store of ``/studies`` are separate routes).
+  and POST store of ``/studies`` are separate routes). A method RFC 9110 does not
+  define (WebDAV's PROPFIND, ...): ``501`` (§9.1, §15.6.2).
 - Every response header value is made safe (:func:`errors.safe_header_value`):
   uvicorn drops the connection on a control character in a header.
 """
@@ -26,9 +27,13 @@ from starlette._utils import get_route_path
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import safe_header_value
+from .errors import error_response, safe_header_value
 
 log = logging.getLogger("dicomweb_server.api")
+
+
+# RFC 9110 §9.3 and PATCH (RFC 5789): recognised methods, answered 405 where not allowed
+_RECOGNISED = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
 
 
 class _HeadDone(Exception):
@@ -70,6 +75,9 @@ class HTTPMethods:
             await self.app(scope, receive, send)
             return
         method = scope["method"]
+        if method not in _RECOGNISED:
+            await error_response(501, f"method {method} is not implemented")(scope, receive, send)
+            return
         if method == "OPTIONS":
             allow = allowed_methods(self.routes, scope)
             if allow:

@@ -98,6 +98,10 @@ def test_p4_unsupported_method_is_405_with_allow_and_options_lists_them(stored):
             r = c.options(path)
             assert (r.status_code, r.headers["allow"], r.content) == (204, allow, b""), path
         assert c.options("/no/such/resource").status_code == 404
+        # a method RFC 9110 does not define is 501 (§9.1), anywhere
+        for path in ("/studies", study):
+            r = c.request("PROPFIND", path)
+            assert r.status_code == 501 and "PROPFIND" in r.json()["detail"]
 
 
 def test_stow_406_for_an_unproducible_response_and_415_for_an_unsupported_body(server):
