@@ -12,6 +12,7 @@ from . import __version__
 from .api import errors, landing, qido, rendered, stow, wado
 from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
 from .api.limits import HeaderLimit
+from .api.methods import HTTPMethods
 from .archive import Archive
 from .settings import Settings
 
@@ -51,10 +52,12 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         from .viewer import mount_viewer
 
         mount_viewer(app, settings)
+    app.add_middleware(HTTPMethods, routes=app.router.routes)  # innermost: HEAD, OPTIONS, 405 Allow
     authenticator = Authenticator(
         {**load_json_file(settings.api_keys_file), **settings.api_keys},
         oidc_issuer=settings.oidc_issuer, oidc_audience=settings.oidc_audience,
         oidc_jwks_url=settings.oidc_jwks_url, basic_users=load_json_file(settings.basic_users_file),
+        jwks_timeout=settings.oidc_jwks_timeout, jwks_cache_seconds=settings.oidc_jwks_cache_seconds,
     )
     if settings.audit_log is not None:
         configure_audit_file(settings.audit_log)
@@ -68,7 +71,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_credentials="*" not in settings.cors_origins,
-            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
             allow_headers=["accept", "content-type", "authorization"],
             expose_headers=["Content-Type", "Content-Location", "Warning"],
         )

@@ -41,6 +41,8 @@ def _settings(args: argparse.Namespace):
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from .api.limits import raise_open_files_limit, uvicorn_options
+
     settings = _settings(args)
     if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
         print(f"dicomweb-server: refusing to listen on {settings.host} without authentication: configure "
@@ -66,6 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
         env = "DICOMWEB_" + name.upper()
         os.environ[env] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    raise_open_files_limit()
     print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
           f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
           file=sys.stderr, flush=True)
@@ -81,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=settings.access_log,
         log_level=settings.log_level,
         timeout_keep_alive=30,
+        **uvicorn_options(settings),  # request-head timeout and size bound (api/limits.py)
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
     return 0

@@ -32,7 +32,10 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(4 * 1024**3, ge=1, description="STOW-RS body cap -> 413")
     max_parts: int = Field(10_000, ge=1, description="STOW-RS parts per request cap -> 413")
     body_timeout: float = Field(60.0, gt=0, description="seconds a STOW-RS body may stall -> 408")
-    max_header_bytes: int = Field(65536, ge=1024, description="request line + headers cap -> 431")
+    body_min_rate: int = Field(
+        10240, ge=1, description="STOW-RS total deadline: body_timeout + bytes received / this rate (B/s) -> 408")
+    header_timeout: float = Field(10.0, gt=0, description="seconds to receive request line + headers -> 408, close")
+    max_header_bytes: int = Field(65536, ge=1024, description="request line + headers cap -> 414/431, close")
     max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) limit")
     bulk_threshold: int = Field(1024, ge=0, description="binary values larger than this become BulkDataURIs")
     render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-image cache cap per worker")
@@ -45,6 +48,8 @@ class Settings(BaseSettings):
     oidc_issuer: str | None = None
     oidc_audience: str | None = None
     oidc_jwks_url: str | None = None
+    oidc_jwks_timeout: float = Field(5.0, gt=0, description="seconds one JWKS fetch may take (then: old keys kept)")
+    oidc_jwks_cache_seconds: float = Field(300.0, ge=0, description="seconds the JWKS keys are kept")
     audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request here")
     insecure: bool = Field(False, description="allow listening beyond loopback without authentication")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)

@@ -14,6 +14,7 @@ import uvicorn
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
+from dicomweb_server.api.limits import uvicorn_options
 from dicomweb_server.app import create_app
 from dicomweb_server.settings import Settings
 
@@ -119,7 +120,8 @@ class LiveServer:
 
     def start(self) -> "LiveServer":
         config = uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=self.settings.port,
-                                log_level="warning", access_log=False, lifespan="on")
+                                log_level="warning", access_log=False, lifespan="on",
+                                **uvicorn_options(self.settings))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()

@@ -6,7 +6,11 @@
 - OAuth2/OIDC access tokens (JWT) checked with PyJWT against the issuer's JWKS:
   signature, ``exp``/``nbf``, ``iss`` and ``aud``; scopes from the ``scope``
   (space separated) or ``scp`` claim, by the same three names (a ``dicomweb:``
-  or ``dicomweb.`` prefix is accepted).
+  or ``dicomweb.`` prefix is accepted). The token's ``alg`` must belong to the
+  named key's type (RFC 8725 §3.1: no algorithm confusion); a token that is
+  malformed in any way (header, claims of the wrong JSON type) is 401, never
+  500. The JWKS is fetched asynchronously (:class:`JWKSCache`), never on the
+  request path's event loop thread.
 - Basic auth (optional): users from a JSON file ``{"user": {"password_sha256": hex,
   "scopes": [...]}}``.
 Missing or invalid credentials: 401 with ``WWW-Authenticate``; a valid identity
@@ -20,6 +24,7 @@ audit (ITI-20), in a simple form.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -28,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import jwt
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +45,10 @@ _METHOD_SCOPE = {"GET": "read", "HEAD": "read", "POST": "write", "DELETE": "dele
 _OPEN_PREFIXES = ("/docs", "/openapi.json", "/viewer")
 
 audit_log = logging.getLogger("dicomweb_server.audit")
+log = logging.getLogger("dicomweb_server.auth")
+
+# JWS algorithms allowed per JWK key type when the JWK names none (RFC 7518 §3.1)
+_ALGORITHMS_OF_KTY = {"RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"), "OKP": ("EdDSA",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,23 +75,21 @@ class Authenticator:
 
     def __init__(self, api_keys: dict[str, list[str]] | None = None, *, oidc_issuer: str | None = None,
                  oidc_audience: str | None = None, oidc_jwks_url: str | None = None,
-                 basic_users: dict[str, dict] | None = None) -> None:
+                 basic_users: dict[str, dict] | None = None, jwks_timeout: float = 5.0,
+                 jwks_cache_seconds: float = 300.0) -> None:
         # keys are compared by their SHA-256, in constant time, never logged
         self._keys = {hashlib.sha256(k.encode()).digest(): (f"key-{hashlib.sha256(k.encode()).hexdigest()[:8]}",
                                                              _norm_scopes(v)) for k, v in (api_keys or {}).items()}
         self._basic = basic_users or {}
         self._issuer, self._audience = oidc_issuer, oidc_audience
-        self._jwks = None
-        if oidc_jwks_url:
-            import jwt
-
-            self._jwks = jwt.PyJWKClient(oidc_jwks_url, cache_keys=True, lifespan=300)
+        self._jwks = JWKSCache(oidc_jwks_url, ttl=jwks_cache_seconds, timeout=jwks_timeout) if oidc_jwks_url \
+            else None
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys or self._basic or self._jwks)
 
-    def identify(self, authorization: str | None) -> Identity | None:
+    async def identify(self, authorization: str | None) -> Identity | None:
         if not authorization:
             return None
         scheme, _, cred = authorization.strip().partition(" ")
@@ -92,7 +101,7 @@ class Authenticator:
                 if hmac.compare_digest(known, digest):
                     return Identity(name, scopes, "api-key")
             if self._jwks is not None and cred.count(".") == 2:
-                return self._jwt(cred)
+                return await self._jwt(cred)
             return None
         if scheme == "basic" and self._basic:
             try:
@@ -105,21 +114,100 @@ class Authenticator:
                 return Identity(user, _norm_scopes(entry.get("scopes", [])), "basic")
         return None
 
-    def _jwt(self, token: str) -> Identity | None:
-        import jwt
-
+    async def _jwt(self, token: str) -> Identity | None:
+        """The identity of a valid access token, else None (401). Everything here is
+        a function of client bytes: any failure, of any type, means 'not
+        authenticated' (a PyJWT or cryptography error we did not foresee included)."""
         try:
-            key = self._jwks.get_signing_key_from_jwt(token)  # type: ignore[union-attr]
+            kid = jwt.get_unverified_header(token).get("kid")
+            key = await self._jwks.key(kid) if isinstance(kid, (str, type(None))) else None  # type: ignore[union-attr]
+            if key is None:
+                return None
             claims = jwt.decode(
-                token, key.key, algorithms=["RS256", "RS384", "RS512", "ES256", "ES384", "PS256"],
-                audience=self._audience, issuer=self._issuer,
+                token, key[0].key, algorithms=key[1], audience=self._audience, issuer=self._issuer,
                 options={"require": ["exp", "iss"] + (["aud"] if self._audience else [])},
             )
-        except (jwt.PyJWTError, OSError, ValueError):
+            return _identity_of(claims)
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            log.info("access token refused: %s: %s", type(e).__name__, e)
             return None
-        raw = claims.get("scope", claims.get("scp", []))
-        scopes = raw.split() if isinstance(raw, str) else list(raw)
-        return Identity(str(claims.get("sub", "unknown")), _norm_scopes(scopes), "oidc")
+
+
+def _algorithms(item: dict, key: "jwt.PyJWK") -> list[str]:
+    """Algorithms a token may use with ``key``: the JWK's ``alg``, else those of its
+    key type (EC keys: the one of their curve)."""
+    if isinstance(item.get("alg"), str):
+        return [item["alg"]]
+    return list(_ALGORITHMS_OF_KTY.get(key.key_type, (key.algorithm_name,)))
+
+
+def _identity_of(claims: dict) -> Identity | None:
+    """Scopes from ``scope`` (space-separated string, RFC 8693 §4.2) or ``scp``
+    (string or list of strings); any other JSON type is a malformed token."""
+    raw = claims.get("scope", claims.get("scp", []))
+    if isinstance(raw, str):
+        scopes = raw.split()
+    elif isinstance(raw, list) and all(isinstance(v, str) for v in raw):
+        scopes = raw
+    else:
+        return None
+    subject = claims.get("sub", "unknown")
+    if not isinstance(subject, str):
+        return None
+    return Identity(subject, _norm_scopes(scopes), "oidc")
+
+
+class JWKSCache:
+    """The issuer's signing keys (RFC 7517 JWK Set), fetched with an async HTTP
+    client so that a slow identity provider delays only the requests that need
+    it. Keys are kept ``ttl`` seconds; concurrent refreshes share one fetch
+    (single flight); a ``kid`` not in the set triggers at most one refetch per
+    ``min_refetch`` seconds (key rotation, without letting unknown kids hammer the
+    provider); a fetch that fails or exceeds ``timeout`` keeps the old keys."""
+
+    def __init__(self, url: str, *, ttl: float = 300.0, timeout: float = 5.0, min_refetch: float = 30.0) -> None:
+        self.url, self.ttl, self.timeout, self.min_refetch = url, ttl, timeout, min_refetch
+        self._keys: dict[str | None, tuple[jwt.PyJWK, list[str]]] = {}
+        self._fetched = False
+        self._attempted = float("-inf")  # monotonic time of the last fetch attempt
+        self._inflight: asyncio.Future | None = None
+        self.fetches = 0
+
+    async def key(self, kid: str | None) -> tuple[jwt.PyJWK, list[str]] | None:
+        """The key named ``kid`` and the algorithms it may verify, or None."""
+        if self._inflight is not None and not self._inflight.done():
+            await asyncio.shield(self._inflight)  # a fetch is under way: its keys
+        age = time.monotonic() - self._attempted
+        if age >= (self.ttl if self._fetched else self.min_refetch) or (
+                kid not in self._keys and age >= self.min_refetch):
+            await self._refresh()
+        return self._keys.get(kid)
+
+    async def _refresh(self) -> None:
+        if self._inflight is None or self._inflight.done():
+            self._attempted = time.monotonic()
+            self._inflight = asyncio.ensure_future(self._fetch())
+        await asyncio.shield(self._inflight)
+
+    async def _fetch(self) -> None:
+        self.fetches += 1
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout) as client:
+                response = await asyncio.wait_for(client.get(self.url), self.timeout)  # total, not per read
+                response.raise_for_status()
+                data = response.json()
+            keys = {}
+            for item in data.get("keys", []):
+                try:
+                    k = jwt.PyJWK(item)
+                except (jwt.PyJWTError, ValueError, TypeError, KeyError):
+                    continue  # a key type PyJWT does not support: skipped
+                if item.get("use", "sig") == "sig":
+                    keys[item.get("kid")] = (k, _algorithms(item, k))
+        except Exception as e:  # noqa: BLE001 - an unreachable or broken provider keeps the old keys
+            log.warning("JWKS %s not fetched: %s: %s", self.url, type(e).__name__, e)
+            return
+        self._keys, self._fetched = keys, True
 
 
 def _action(method: str, path: str) -> str:
@@ -159,7 +247,7 @@ class AuthAuditMiddleware:
         identity = Identity("anonymous", frozenset(SCOPES), "anonymous")
         if self.auth.enabled and method != "OPTIONS" and not rel.startswith(_OPEN_PREFIXES):
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-            found = self.auth.identify(header)
+            found = await self.auth.identify(header)
             if found is None:
                 response = error_response(401, "authentication required: send an API key or an access token "
                                                "as 'Authorization: Bearer ...'")

@@ -1,11 +1,18 @@
 """Error answers: JSON ``{"detail": message}`` plus a ``Warning: 299`` header
 carrying the same text (PS3.18 §8.4.3 recommends a Warning header explaining
 errors). Every handler raises :class:`DICOMwebHTTPError` (or a subclass of the
-domain errors mapped here); nothing a client sends reaches a 500."""
+domain errors mapped here); nothing a client sends reaches a 500.
+
+Header hygiene: messages often quote client text (UIDs, part Content-Types,
+query values). :func:`warning_header` is the one place a Warning value is built
+(RFC 9110 §5.5, §5.6.4): the JSON body keeps the exact text, the header carries
+it as a quoted-string of visible ASCII. :func:`safe_header_value` is the last
+line of defence applied to every response header (api/methods.py)."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import orjson
 from fastapi import FastAPI, Request
@@ -21,16 +28,46 @@ log = logging.getLogger("dicomweb_server.api")
 
 
 class DICOMwebHTTPError(Exception):
-    def __init__(self, status_code: int, message: str) -> None:
+    def __init__(self, status_code: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+        self.headers = headers
+
+
+# RFC 9110 §5.5: a field value is visible ASCII, SP and HTAB (obs-text is obsolete).
+# Everything else, and "%" itself, is percent-encoded as UTF-8 (reversible).
+_UNSAFE_TEXT = re.compile(r"[^\x20-\x24\x26-\x7e]")
+_UNSAFE_FIELD = re.compile(rb"[^\x09\x20-\x7e]")
+WARN_TEXT_MAX = 1000  # characters of the message carried in a Warning header
+
+
+def _percent(m: re.Match) -> str:
+    return "".join(f"%{b:02X}" for b in m.group().encode("utf-8", "surrogatepass"))
+
+
+def warning_header(text: str, code: int = 299) -> str:
+    """A ``Warning`` field value: ``299 dicomweb-archive: "text"`` (RFC 7234 §5.5,
+    referenced by PS3.18 §8.4.3). ``text`` is cut to :data:`WARN_TEXT_MAX`
+    characters, characters outside visible ASCII (and ``%``) are percent-encoded
+    as UTF-8, and ``"`` and ``\\`` become quoted-pairs (RFC 9110 §5.6.4), so any
+    client text is safe here."""
+    cut = text[:WARN_TEXT_MAX] + ("..." if len(text) > WARN_TEXT_MAX else "")
+    quoted = _UNSAFE_TEXT.sub(_percent, cut).replace("\\", "\\\\").replace('"', '\\"')
+    return f'{code} dicomweb-archive: "{quoted}"'
+
+
+def safe_header_value(value: bytes) -> bytes:
+    """``value`` with every byte outside RFC 9110 §5.5 field-value characters
+    percent-encoded: no response header can break the connection or inject a line."""
+    if not _UNSAFE_FIELD.search(value):
+        return value
+    return _UNSAFE_FIELD.sub(lambda m: b"%%%02X" % m.group()[0], value)
 
 
 def error_response(status_code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    warning = "299 dicomweb-archive: " + '"' + message.replace('"', "'").replace("\r", " ").replace("\n", " ")[:400] + '"'
     return Response(orjson.dumps({"detail": message}), status_code=status_code, media_type="application/json",
-                    headers={"Warning": warning.encode("latin-1", "replace").decode("latin-1"), **(headers or {})})
+                    headers={"Warning": warning_header(message), **(headers or {})})
 
 
 _MAP: list[tuple[type[Exception], int]] = [
@@ -44,7 +81,7 @@ _MAP: list[tuple[type[Exception], int]] = [
 def install(app: FastAPI) -> None:
     @app.exception_handler(DICOMwebHTTPError)
     async def _dicomweb(_request: Request, exc: DICOMwebHTTPError) -> Response:
-        return error_response(exc.status_code, exc.message)
+        return error_response(exc.status_code, exc.message, exc.headers)
 
     for exc_type, status in _MAP:
         def make(status: int):
@@ -55,7 +92,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, str(exc.detail), exc.headers)  # e.g. Allow of a 405
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> Response:

@@ -12,6 +12,7 @@ from ..dicom.matching import parse_query
 from ..dicom.media_types import negotiate_json, parse_accept
 from ..dicom.search_results import build_result
 from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID
+from .errors import warning_header
 from .responses import DicomJSONResponse
 
 router = APIRouter(tags=["QIDO-RS"])
@@ -32,7 +33,7 @@ def _search(request: Request, archive, base: str, level: Level, own_levels: tupl
     headers = {}
     if query.limited and len(hits) == query.limit:
         # PS3.18 §8.3.4.4: the server maximum cut the answer
-        headers["Warning"] = '299 dicomweb-archive: "There are additional results that can be requested"'
+        headers["Warning"] = warning_header("There are additional results that can be requested")
     return DicomJSONResponse(orjson.dumps(results), headers=headers)
 
 

@@ -4,6 +4,7 @@ instances (not part of PS3.18; offered as other archives do)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 from fastapi import APIRouter, Request
@@ -12,10 +13,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from ..archive import StoreOutcome, retrieve_url
-from ..dicom.media_types import DICOM, MULTIPART_RELATED, parse_media_type
+from ..dicom.media_types import DICOM, MULTIPART_RELATED, negotiate_json, parse_accept, parse_media_type
 from ..dicom.multipart import PartSpooler
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
-from .errors import DICOMwebHTTPError
+from .errors import DICOMwebHTTPError, warning_header
 from .responses import DicomJSONResponse
 
 router = APIRouter(tags=["STOW-RS"])
@@ -57,9 +58,32 @@ def _store_response(outcome: StoreOutcome, base: str, study_uid: str | None) -> 
     if outcome.failed:
         text = "; ".join(
             f"{f.sop_instance_uid or 'part'}: {f.message} (0x{int(f.reason):04X})" for f in outcome.failed[:20])
-        headers["Warning"] = ('299 dicomweb-archive: "' + text.replace('"', "'")[:1500] + '"').encode(
-            "latin-1", "replace").decode("latin-1")
+        headers["Warning"] = warning_header(text)
     return DicomJSONResponse(orjson.dumps(body), status_code=status, headers=headers)
+
+
+class _BodyDeadline:
+    """Two bounds on receiving a STOW-RS body (answered 408, RFC 9110 §15.5.9): no
+    data for ``stall`` seconds, and a total deadline of ``stall + received /
+    min_rate`` seconds from the start, so a client trickling bytes cannot hold a
+    worker's spool file and connection for ever (a 100 MB body at the default
+    10 KiB/s minimum may take 60 s + ~2.7 h)."""
+
+    def __init__(self, stall: float, min_rate: int) -> None:
+        self.stall, self.min_rate = stall, min_rate
+        self.start = time.monotonic()
+        self.received = 0
+
+    def wait(self) -> float:
+        """Seconds the next read may take (<= 0: the total deadline has passed)."""
+        total = self.start + self.stall + self.received / self.min_rate - time.monotonic()
+        return min(self.stall, max(total, 0.0))
+
+    def reason(self, waited: float) -> str:
+        if waited >= self.stall:
+            return f"no request body data for {self.stall:g} s"
+        return (f"request body too slow: {self.received} bytes in {time.monotonic() - self.start:.0f} s "
+                f"(minimum {self.min_rate} bytes/s after {self.stall:g} s)")
 
 
 async def _stow(request: Request, archive, base: str, study_uid: str | None) -> Response:
@@ -71,6 +95,9 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
     if part_type != DICOM:
         raise DICOMwebHTTPError(415, f"multipart/related type {part_type!r} is not supported; "
                                      'send type="application/dicom" (PS3.18 §10.5.1.2)')
+    # the Store Instances Response is DICOM JSON only: 406 before any body is read
+    # (an unsupported request body is 415 above; RFC 9110 §15.5.7, §15.5.16)
+    negotiate_json(parse_accept(request.headers.get("accept")))
     boundary = mr.params.get("boundary")
     if not boundary:
         raise DICOMwebHTTPError(400, "multipart/related Content-Type without a boundary parameter")
@@ -83,15 +110,19 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
                           max_parts=settings.max_parts)
     try:
         stream = request.stream().__aiter__()
+        deadline = _BodyDeadline(settings.body_timeout, settings.body_min_rate)
         while True:
+            wait = deadline.wait()
             try:
-                async with asyncio.timeout(settings.body_timeout):
+                async with asyncio.timeout(wait):
                     chunk = await stream.__anext__()
             except StopAsyncIteration:
                 break
             except TimeoutError:
-                raise DICOMwebHTTPError(408, f"no request body data for {settings.body_timeout:g} s") from None
+                # the rest of the body is not wanted: close (RFC 9110 §15.5.9)
+                raise DICOMwebHTTPError(408, deadline.reason(wait), {"Connection": "close"}) from None
             if chunk:
+                deadline.received += len(chunk)
                 spooler.feed(chunk)
         spooler.close()
         if not spooler.parts:

@@ -28,12 +28,12 @@ from ..dicom.media_types import (
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
-from .errors import DICOMwebHTTPError, error_response
+from .errors import DICOMwebHTTPError, error_response, warning_header
 from .responses import DicomJSONResponse, multipart_response, parse_byte_range
 
 router = APIRouter(tags=["WADO-RS"])
 
-_DEFAULT_TS_WARNING = '299 dicomweb-archive: "returned in the stored transfer syntax {ts}: it cannot be converted to Explicit VR Little Endian"'
+_DEFAULT_TS_WARNING = "returned in the stored transfer syntax {ts}: it cannot be converted to Explicit VR Little Endian"
 
 
 def locate(archive, study: str, series: str | None, sop: str) -> InstanceLocation:
@@ -126,7 +126,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
         raise NotAcceptable(str(e)) from None
     headers = {}
     if choice.defaulted and choice.transfer_syntax != "1.2.840.10008.1.2.1":
-        headers["Warning"] = _DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax)
+        headers["Warning"] = warning_header(_DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax))
     if not choice.multipart:
         return Response(data, media_type=_dicom_part_type(choice.transfer_syntax), headers=headers)
     return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
@@ -187,7 +187,7 @@ def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what
         raise NotAcceptable(reason)
     headers = {}
     if ok < len(locs):
-        headers["Warning"] = f'299 dicomweb-archive: "{len(locs) - ok} instance(s) omitted: {reason}"'
+        headers["Warning"] = warning_header(f"{len(locs) - ok} instance(s) omitted: {reason}")
     boundary = new_boundary()
     return StreamingResponse(_stream_instances(archive, locs, accept, boundary),
                              media_type=content_type(boundary, DICOM), headers=headers)
