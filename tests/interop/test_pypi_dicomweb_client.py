@@ -41,10 +41,17 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dicomweb-archive"
 
 
+def _clean_env() -> dict[str, str]:
+    """The environment for the PyPI client's interpreter: without PYTHONPATH/PYTHONHOME,
+    which would make it import this repository's ``dicomweb_client`` instead."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _client_version(python: str) -> str | None:
     try:
         out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('dicomweb-client'))"],
-                             capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir())
+                             capture_output=True, text=True, timeout=60, cwd=tempfile.gettempdir(),
+                             env=_clean_env())
     except OSError:
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -130,7 +137,7 @@ def results(client_python, tmp_path_factory, artifacts) -> dict:
             "total_studies": 2 + len(SAMPLES), "to_store": to_store, "to_delete": to_delete,
         }
         (tmp / "context.json").write_text(json.dumps(ctx))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env = _clean_env()
         r = subprocess.run([client_python, str(HERE / "pypi_client_checks.py"), str(tmp / "context.json"),
                             str(tmp / "results.json")], capture_output=True, text=True, timeout=300,
                            cwd=tmp, env=env)
@@ -144,7 +151,8 @@ def results(client_python, tmp_path_factory, artifacts) -> dict:
 
 def test_runs_the_pypi_package_not_ours(client_python):
     code = "import dicomweb_client, importlib.metadata as m; print(dicomweb_client.__file__, m.version('dicomweb-client'))"
-    out = subprocess.run([client_python, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
+    out = subprocess.run([client_python, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                         env=_clean_env()).stdout
     assert PYPI_CLIENT_VERSION in out and str(Path(__file__).parents[2] / "dicomweb_client") not in out, out
 
 
