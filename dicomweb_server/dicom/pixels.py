@@ -76,6 +76,9 @@ from pydicom.uid import (
     RLELossless,
 )
 
+from . import decode_worker
+from .codestream import CodestreamMismatch, check_frame
+
 __all__ = [
     "ImageInfo",
     "NotAnImage",
@@ -483,6 +486,41 @@ def _decode_encapsulated(
     )
 
 
+def _decode_here(
+    info: ImageInfo, frame: bytes, ts: UID, raw: bool
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """_decode_encapsulated as a module-level function a decode worker can run."""
+    arr, props = _decode_encapsulated(info, frame, ts, raw=raw)
+    return arr, {k: (str(v) if isinstance(v, str) else v) for k, v in props.items()}
+
+
+def _decode_isolated(
+    info: ImageInfo, frame: bytes | bytearray | memoryview, ts: UID, *, raw: bool
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Decode an encapsulated frame safely: header check here, decoding in a worker.
+
+    The codestream header must describe the data set's picture
+    (:mod:`.codestream`), and the native decoders run in a decode worker process
+    (:mod:`.decode_worker`), so neither a mismatched nor a decoder-crashing frame can
+    take the web process down: both become PixelDataError (web layer: 406).
+    """
+    what = f"the stored {ts.name} frame"
+    try:
+        check_frame(
+            frame,
+            ts,
+            rows=info.rows,
+            columns=info.columns,
+            samples_per_pixel=info.samples_per_pixel,
+            bits_allocated=info.bits_allocated,
+        )
+        return decode_worker.call(_decode_here, info, bytes(frame), ts, raw)
+    except CodestreamMismatch as exc:
+        raise PixelDataError(f"{what} cannot be decoded: {exc}") from None
+    except (decode_worker.WorkerDied, decode_worker.WorkerTimeout) as exc:
+        raise PixelDataError(f"{what} cannot be decoded: {exc}") from None
+
+
 # ------------------------------------------------------------------------------ API
 
 
@@ -520,7 +558,7 @@ def decode_frame(
             elif not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr)
         return arr
-    arr, _ = _decode_encapsulated(info, frame, ts, raw=False)
+    arr, _ = _decode_isolated(info, frame, ts, raw=False)
     return arr
 
 
@@ -609,7 +647,7 @@ def frame_to_native_bytes(
         return data, desc
 
     keep = ts in _KEEP_COLOUR_SPACE
-    arr, props = _decode_encapsulated(info, frame, ts, raw=keep)
+    arr, props = _decode_isolated(info, frame, ts, raw=keep)
     itemsize = info.bits_allocated // 8
     kind = "i" if info.pixel_representation else "u"
     target = np.dtype(f"<{kind}{itemsize}")

@@ -1,0 +1,166 @@
+"""Native decoders run in separate worker processes that may die.
+
+The compiled decoders behind pydicom's plugins (GDCM, OpenJPEG, CharLS,
+libjpeg-turbo) run on stored, client-supplied bytes; a fault in one of them
+(``abort()``, a segfault, an endless loop) would take the whole server process
+with it. :func:`call` runs one decode in a small pool of worker processes instead:
+
+* each worker is a fresh interpreter (``python -m dicomweb_server.dicom.decode_worker``)
+  talking over a socket pair with ``multiprocessing.connection`` framing: no copy of
+  the web server's threads or locks (as ``fork`` would make) and no re-import of the
+  caller's ``__main__`` (as multiprocessing's ``spawn``/``forkserver`` do);
+* workers start on first use; at most :data:`PROCESSES` run at once and a caller
+  waits for a free one;
+* a worker that dies during a call is replaced and the call raises
+  :class:`WorkerDied`; one that exceeds the timeout is killed and replaced
+  (:class:`WorkerTimeout`). Other calls are not affected: each call has a worker
+  of its own.
+
+Only encapsulated (compressed) frames go through here (the codestream in, the
+decoded array out through a pipe); uncompressed pixel data never leaves the web
+process. multiprocessing has no pool that survives a dead worker without failing
+every pending task (``concurrent.futures`` marks the whole pool broken), hence
+this small hand-written one.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["PROCESSES", "TIMEOUT", "WorkerDied", "WorkerTimeout", "call", "configure"]
+
+#: decode worker processes per web worker process (configure(): Settings.decode_processes)
+PROCESSES = 2
+#: seconds one decode may take (configure(): Settings.decode_timeout)
+TIMEOUT = 60.0
+
+class WorkerDied(RuntimeError):
+    """The worker process ended (signal or exit) while decoding."""
+
+
+class WorkerTimeout(RuntimeError):
+    """The decode took longer than the timeout; its worker was killed."""
+
+
+def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", fn(*args))
+        except Exception as exc:  # noqa: BLE001 - sent back to the caller
+            reply = ("err", exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # noqa: BLE001 - e.g. an exception that does not pickle
+            conn.send(("err", RuntimeError(f"{type(reply[1]).__name__}: {exc}")))
+
+
+class _Worker:
+    def __init__(self) -> None:
+        parent, child = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        with child:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(child.fileno())],
+                pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL, close_fds=True,
+            )
+        self.conn = Connection(parent.detach())
+
+    def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[str, Any]:
+        try:
+            self.conn.send((fn, args))
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            raise WorkerDied(self._ended()) from None
+        if not self.conn.poll(timeout):
+            raise WorkerTimeout(f"the decoder did not finish within {timeout:g} s")
+        try:
+            return self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            raise WorkerDied(self._ended()) from None
+
+    def _ended(self) -> str:
+        try:
+            code = self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return f"the decoder process ended with {'signal ' + str(-code) if code and code < 0 else f'exit code {code}'}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.conn.close()
+
+
+_lock = threading.Lock()
+_idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
+_started = 0
+
+
+def configure(processes: int | None = None, timeout: float | None = None) -> None:
+    """Set the pool size and the per-decode timeout (before or between decodes)."""
+    global PROCESSES, TIMEOUT
+    if processes is not None:
+        PROCESSES = max(1, int(processes))
+    if timeout is not None:
+        TIMEOUT = float(timeout)
+
+
+def _acquire() -> _Worker:
+    global _started
+    try:
+        return _idle.get_nowait()
+    except queue.Empty:
+        pass
+    with _lock:
+        if _started < PROCESSES:
+            _started += 1
+            try:
+                return _Worker()
+            except BaseException:
+                _started -= 1
+                raise
+    return _idle.get()
+
+
+def _retire(worker: _Worker) -> None:
+    global _started
+    worker.close()
+    with _lock:
+        _started -= 1
+
+
+def call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a decode worker process; its exceptions are re-raised here.
+
+    `fn` must be a module-level function and `args`/the result picklable.
+    Raises WorkerDied or WorkerTimeout when the worker crashed or hung (it is
+    replaced; the next call gets a fresh one).
+    """
+    worker = _acquire()
+    try:
+        status, value = worker.call(fn, args, TIMEOUT)
+    except BaseException:  # died, hung, or interrupted with a reply pending: replace it
+        _retire(worker)
+        raise
+    _idle.put(worker)
+    if status == "err":
+        raise value
+    return value
+
+
+if __name__ == "__main__":  # pragma: no cover - the worker process
+    import dicomweb_server.dicom.pixels  # noqa: F401 - decoders loaded before the first call
+
+    _serve(Connection(int(sys.argv[1])))
