@@ -206,6 +206,8 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
         Cannot be rendered (HTTP 406).
     render.InvalidRenderParameter
         e.g. a viewport region outside the image (HTTP 400).
+    render.RenderTooLarge
+        The answer would exceed the rendering bounds (HTTP 413).
     """
     from .dicom import render
 
@@ -215,7 +217,12 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     if frame_numbers is None:
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
     hdr = header(path)
-    raw = stored_frames(path, loc, frame_numbers)
+    render.check_size(hdr, len(frame_numbers), params, media_type)  # 413 before any frame is read
     vr = loc.pixel.get("vr")
-    arrays = [pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr) for f in raw]
-    return render.render(hdr, arrays, params, media_type, frame_numbers=frame_numbers)
+
+    def decoded() -> Iterator:  # frames read 16 at a time, each decoded only when rendered
+        for i in range(0, len(frame_numbers), 16):
+            for f in stored_frames(path, loc, frame_numbers[i : i + 16]):
+                yield pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr)
+
+    return render.render(hdr, decoded(), params, media_type, frame_numbers=frame_numbers)

@@ -95,6 +95,8 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
         raise NotAcceptable(f"cannot render instance {loc.sop_uid}: {e}") from None
     except render.InvalidRenderParameter as e:
         raise DICOMwebHTTPError(400, str(e)) from None
+    except render.RenderTooLarge as e:
+        raise DICOMwebHTTPError(413, f"instance {loc.sop_uid}: {e}") from None
     cache.put(key, data)
     return data
 

@@ -214,23 +214,25 @@ def element_value(ds: Dataset | None, tag: int, default: Any = None) -> Any:
     """Value of the element `tag` in `ds` (``default`` when absent or empty).
 
     Reads pydicom's element dict directly (about 10x cheaper than ``ds[tag]``),
-    falling back to ``ds[tag]`` for elements still in raw (undecoded) form.
+    falling back to ``ds[tag]`` for elements still in raw (undecoded) form. A value
+    pydicom cannot convert (a DS/IS that is not a number ...) counts as absent.
     """
     if ds is None:
         return default
-    store = getattr(ds, "_dict", None)
-    if store is not None:
-        elem = store.get(tag)
-        if elem is None:
-            return default
-        if not isinstance(elem, DataElement):
+    try:
+        store = getattr(ds, "_dict", None)
+        if store is not None:
+            elem = store.get(tag)
+            if elem is None:
+                return default
+            if not isinstance(elem, DataElement):
+                elem = ds[tag]
+        else:
             elem = ds[tag]
-    else:
-        try:
-            elem = ds[tag]
-        except KeyError:
-            return default
-    value = elem.value
+        value = elem.value
+    except (KeyError, ValueError, TypeError, OverflowError):
+        # absent, or a stored value pydicom cannot convert (e.g. DS "abc"): as absent
+        return default
     return default if value is None or value == "" else value
 
 

@@ -54,7 +54,7 @@ state besides lock-protected or idempotent caches), for use from a thread pool.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -70,12 +70,16 @@ from .render_params import (
     MAX_VIEWPORT,
     RENDERED_MEDIA_TYPES,
     THUMBNAIL_SIZE,
+    MAX_GIF_FRAMES,
+    MAX_RENDER_SAMPLES,
     InvalidRenderParameter,
     RenderParams,
+    RenderTooLarge,
     UnsupportedMediaType,
     Viewport,
     Window,
     _media_type,
+    check_frame_count,
     frames_for_rendered,
     frames_for_thumbnail,
     thumbnail_params,
@@ -87,6 +91,10 @@ __all__ = [
     "RENDERED_MEDIA_TYPES",
     "THUMBNAIL_SIZE",
     "InvalidRenderParameter",
+    "MAX_GIF_FRAMES",
+    "MAX_RENDER_SAMPLES",
+    "RenderTooLarge",
+    "check_size",
     "NotAnImage",
     "RenderParams",
     "UnsupportedMediaType",
@@ -102,6 +110,8 @@ __all__ = [
 
 #: Animated GIF delay when the header has neither Frame Time nor a frame rate.
 DEFAULT_FRAME_TIME_MS = 100
+#: GIF frame delays are 16-bit centiseconds; browsers treat less than 10 ms as 100 ms
+MIN_FRAME_TIME_MS, MAX_FRAME_TIME_MS = 10, 655_350
 
 # -------------------------------------------------------------------------- render
 
@@ -217,15 +227,26 @@ def _annotate(
     return img
 
 
-def _frame_duration_ms(header: Dataset) -> int:
+def _frame_duration_ms(header: Dataset, frames: int) -> int:
+    """GIF frame delay: Frame Time (ms), else 1000 / (Recommended Display Frame Rate
+    or Cine Rate), else :data:`DEFAULT_FRAME_TIME_MS`. Values that are not positive
+    finite numbers are skipped; the result is clamped to what a GIF can hold: 10 ms
+    to 655,350 ms (16-bit centiseconds) divided by the number of `frames` (Pillow
+    merges identical consecutive frames into one with the sum of their delays)."""
+    delay: float | None = None
     frame_time = first_float(element_value(header, 0x00181063))  # Frame Time (ms)
     if frame_time and frame_time > 0:
-        return max(int(round(frame_time)), 10)
-    for tag in (0x00082144, 0x00180040):  # Recommended Display Frame Rate, Cine Rate
-        rate = first_float(element_value(header, tag))
-        if rate and rate > 0:
-            return max(int(round(1000.0 / rate)), 10)
-    return DEFAULT_FRAME_TIME_MS
+        delay = frame_time
+    else:
+        for tag in (0x00082144, 0x00180040):  # Recommended Display Frame Rate, Cine Rate
+            rate = first_float(element_value(header, tag))
+            if rate and rate > 0:
+                delay = 1000.0 / rate
+                break
+    if delay is None:
+        return DEFAULT_FRAME_TIME_MS
+    longest = max(MAX_FRAME_TIME_MS // max(frames, 1), MIN_FRAME_TIME_MS)
+    return int(round(min(max(delay, MIN_FRAME_TIME_MS), longest)))
 
 
 def _picture(
@@ -259,9 +280,35 @@ def _picture(
     return img, applied
 
 
+def check_size(header: Dataset, frame_count: int, params: RenderParams | None, media_type: str) -> None:
+    """Raise RenderTooLarge when the answer would exceed the bounds, before any work.
+
+    The answer holds ``frames x width x height x channels`` 8-bit samples, where
+    frames is `frame_count` for image/gif (1 otherwise) and width x height the
+    picture's size after the viewport: at most :data:`MAX_RENDER_SAMPLES`; an
+    animated GIF has at most :data:`MAX_GIF_FRAMES` frames. Also raises
+    InvalidRenderParameter / UnsupportedMediaType / NotAnImage as :func:`render` does.
+    """
+    mt = _media_type(media_type)
+    params = params or RenderParams()
+    info = image_info(header)
+    frames = max(int(frame_count), 1) if mt == "image/gif" else 1
+    check_frame_count(frames)
+    _, _, _, width, height = _region(info, params.viewport)
+    out_w, out_h = _fit(width, height, params.viewport)
+    grey = info.photometric_interpretation in ("MONOCHROME1", "MONOCHROME2") or mt == "image/gif"
+    samples = frames * out_w * out_h * (1 if grey else 3)
+    if samples > MAX_RENDER_SAMPLES:
+        raise RenderTooLarge(
+            f"the rendered answer would be {frames} picture(s) of {out_w}x{out_h}"
+            f"{'' if grey else ' RGB'}: {samples:,} samples, more than the bound of "
+            f"{MAX_RENDER_SAMPLES:,}; ask for a smaller viewport or fewer frames"
+        )
+
+
 def render(
     header: Dataset,
-    frames: Sequence[np.ndarray],
+    frames: Iterable[np.ndarray],
     params: RenderParams | None,
     media_type: str,
     *,
@@ -272,24 +319,32 @@ def render(
 
     `frames` are :func:`pixels.decode_frame` arrays in the order of
     :func:`frames_for_rendered` (`frame_numbers`, default 1, 2, ..., only matters for
-    enhanced multi-frame per-frame rescale/window). JPEG and PNG use frames[0];
-    GIF animates all of them. Raises NotAnImage (no pixel description),
-    UnsupportedMediaType (406), InvalidRenderParameter (viewport outside the image:
-    400).
+    enhanced multi-frame per-frame rescale/window); an iterator is consumed one
+    frame at a time (each becomes its picture before the next is taken). JPEG and
+    PNG use the first; GIF animates all of them. The size is checked first
+    (:func:`check_size`, with len(`frame_numbers`) or len(`frames`)). Raises
+    NotAnImage (no pixel description), UnsupportedMediaType (406),
+    InvalidRenderParameter (viewport outside the image: 400), RenderTooLarge (413).
     """
     mt = _media_type(media_type)
     params = params or RenderParams()
     info = image_info(header)
-    if not frames:
-        raise ValueError("no frames to render")
-    numbers = list(frame_numbers) if frame_numbers is not None else list(range(1, len(frames) + 1))
-    use = frames if mt == "image/gif" else frames[:1]
+    count = len(frame_numbers) if frame_numbers is not None else len(frames) if isinstance(frames, Sequence) else 1
+    check_size(header, count, params, mt)
+    numbers = list(frame_numbers) if frame_numbers is not None else []
 
     pictures = []
-    for i, array in enumerate(use):
+    for i, array in enumerate(frames):
         number = numbers[i] if i < len(numbers) else i + 1
         img, _ = _picture(header, info, array, params, number, photometric)
-        pictures.append(img)
+        if mt != "image/gif":
+            pictures.append(img)
+            break
+        pictures.append(gif_frame(img))  # 1 byte per pixel from here on
+        if len(pictures) > MAX_GIF_FRAMES:
+            raise RenderTooLarge(f"more than {MAX_GIF_FRAMES} frames for one animated GIF")
+    if not pictures:
+        raise ValueError("no frames to render")
 
     buf = io.BytesIO()
     first = pictures[0]
@@ -303,7 +358,7 @@ def render(
         first, profile = icc(first, header, params.iccprofile)
         return encode_png(np.asarray(first), profile)
     else:
-        gif = [gif_frame(p) for p in pictures]
+        gif = pictures
         if len(gif) == 1:
             gif[0].save(buf, "GIF")
         else:
@@ -312,7 +367,7 @@ def render(
                 "GIF",
                 save_all=True,
                 append_images=gif[1:],
-                duration=_frame_duration_ms(header),
+                duration=_frame_duration_ms(header, len(gif)),
                 loop=0,
                 disposal=1,
                 optimize=False,

@@ -45,6 +45,17 @@ def first_float(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
+#: Rescale Slope magnitudes above this are ignored (slope 1 is used)
+MAX_SLOPE = 1e12
+#: Rescale Intercept, Window Center and Window Width magnitudes above this are ignored
+MAX_VALUE = 1e15
+
+
+def _bounded(value: float | None, limit: float) -> float | None:
+    """`value` when finite and within +-limit, else None (the caller's fallback)."""
+    return value if value is not None and abs(value) <= limit else None
+
+
 @dataclass(slots=True)
 class _Grayscale:
     slope: float = 1.0
@@ -80,10 +91,10 @@ def _grayscale_attrs(header: Dataset, frame_number: int) -> _Grayscale:
             _functional_item(header, frame_number, 0x00289145) or header
         )  # Pixel Value Transformation
         voi_source = _functional_item(header, frame_number, 0x00289132) or header  # Frame VOI LUT
-    g.slope = first_float(_get(source, 0x00281053)) or 1.0
-    g.intercept = first_float(_get(source, 0x00281052)) or 0.0
-    center = first_float(_get(voi_source, 0x00281050))
-    width = first_float(_get(voi_source, 0x00281051))
+    g.slope = _bounded(first_float(_get(source, 0x00281053)), MAX_SLOPE) or 1.0
+    g.intercept = _bounded(first_float(_get(source, 0x00281052)), MAX_VALUE) or 0.0
+    center = _bounded(first_float(_get(voi_source, 0x00281050)), MAX_VALUE)
+    width = _bounded(first_float(_get(voi_source, 0x00281051)), MAX_VALUE)
     function = str(_get(voi_source, 0x00281056, "LINEAR")).strip().upper()
     if function not in ("LINEAR", "LINEAR_EXACT", "SIGMOID"):
         function = "LINEAR"
@@ -175,20 +186,33 @@ def _modality_lut(item: Dataset, signed: bool) -> tuple[np.ndarray, int, int] | 
 
 
 def _lut_from_item(lut_item: Dataset, signed: bool) -> tuple[np.ndarray, int, int] | None:
-    """(LUT values as int64, first mapped value, bits) from a LUT Descriptor/Data item."""
+    """(LUT values as int64, first mapped value, bits) from a LUT Descriptor/Data item.
+
+    PS3.3 C.11.1.1 / C.11.2.1.1: the descriptor is 3 numbers (entries, 0 meaning
+    65536; first mapped value; bits per entry, 8 to 16). A LUT that is not usable
+    (another descriptor, bits outside 8..16, no LUT Data) is ignored: None, and the
+    caller falls back to the next source (rescale, window, pixel range).
+    """
     desc = _get(lut_item, 0x00283002)
     data = _get(lut_item, 0x00283006)
-    if desc is None or data is None:
+    if desc is None or data is None or isinstance(desc, (int, float, str, bytes)):
         return None
-    n, first, bits = (int(v) for v in list(desc)[:3])
-    n = n or 65536
-    if isinstance(data, (bytes, bytearray)):
-        values = np.frombuffer(data, "<u2", count=len(data) // 2)
-        if bits <= 8 and values.size * 2 == n:  # 8-bit entries packed two per word
-            values = np.frombuffer(data, np.uint8)
-    else:
-        values = np.asarray(list(data) if not isinstance(data, (int, float)) else [data])
-    values = values[:n].astype(np.int64)
+    try:
+        n, first, bits = (int(v) for v in list(desc)[:3])
+        if len(desc) != 3 or not 0 <= n <= 65535 or not 8 <= bits <= 16:
+            return None
+        n = n or 65536
+        if isinstance(data, (bytes, bytearray)):
+            values = np.frombuffer(data, "<u2", count=len(data) // 2)
+            if bits <= 8 and values.size * 2 == n:  # 8-bit entries packed two per word
+                values = np.frombuffer(data, np.uint8)
+        else:
+            values = np.asarray(list(data) if not isinstance(data, (int, float)) else [data])
+        values = values[:n].astype(np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if values.size == 0:
+        return None
     if first >= 32768 and signed:  # LUT Descriptor is US or SS after the image's sign
         first -= 65536
     return values, first, bits

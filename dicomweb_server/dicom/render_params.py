@@ -12,12 +12,23 @@ from typing import Any
 DEFAULT_QUALITY = 90
 THUMBNAIL_SIZE = (128, 128)
 MAX_VIEWPORT = 8192
+#: Bound of one rendered answer in 8-bit output samples (frames x width x height x
+#: channels, 128 Mi: e.g. one 8192 x 8192 grayscale picture, 2,048 GIF frames of 256 x 256):
+#: the pictures of an answer are held in memory until encoded.
+MAX_RENDER_SAMPLES = 1 << 27
+#: Bound of the frames of one animated GIF (an instance with more: ask for a frame list).
+MAX_GIF_FRAMES = 4096
 RENDERED_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif")
 #: PNG zlib level: 1 is several times faster than the default 6 on CT/MR-sized
 
 
 class InvalidRenderParameter(ValueError):
     """A rendering query parameter has an invalid value (400 Bad Request)."""
+
+
+class RenderTooLarge(ValueError):
+    """The rendered answer would exceed :data:`MAX_RENDER_SAMPLES` or
+    :data:`MAX_GIF_FRAMES` (413 Content Too Large), refused before any frame is read."""
 
 
 class UnsupportedMediaType(ValueError):
@@ -225,8 +236,18 @@ def frames_for_rendered(number_of_frames: int, media_type: str) -> list[int]:
     media_type = _media_type(media_type)
     n = max(int(number_of_frames or 1), 1)
     if media_type == "image/gif":
+        check_frame_count(n)
         return list(range(1, n + 1))
     return [1]
+
+
+def check_frame_count(frames: int) -> None:
+    """Raise RenderTooLarge for an animated GIF of more than MAX_GIF_FRAMES frames."""
+    if frames > MAX_GIF_FRAMES:
+        raise RenderTooLarge(
+            f"an animated GIF of {frames} frames is more than the {MAX_GIF_FRAMES} this server "
+            "renders; ask for a list of frames (.../frames/{list}/rendered)"
+        )
 
 
 def frames_for_thumbnail(number_of_frames: int) -> list[int]:
