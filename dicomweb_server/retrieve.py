@@ -211,13 +211,20 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     """
     from .dicom import render
 
+    hdr = header(path)
     if loc.pixel is None:
-        raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) is not an image")
-    n = int(loc.pixel.get("number_of_frames") or 1)
+        # Float / Double Float Pixel Data (PS3.3 C.7.6.24) the record has no layout for:
+        # the whole file is read, once the header shows a 32/64-bit image
+        if pixels.image_info(hdr).bits_allocated not in (32, 64):
+            raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) has no pixel data")
+        hdr = pydicom.dcmread(path)
+    n = int((loc.pixel or {}).get("number_of_frames") or pixels.image_info(hdr).number_of_frames)
     if frame_numbers is None:
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
-    hdr = header(path)
     render.check_size(hdr, len(frame_numbers), params, media_type)  # 413 before any frame is read
+    if loc.pixel is None:
+        return render.render(hdr, pixels.float_frames(hdr, frame_numbers), params, media_type,
+                             frame_numbers=frame_numbers)
     vr = loc.pixel.get("vr")
 
     def decoded() -> Iterator:  # frames read 16 at a time, each decoded only when rendered

@@ -46,7 +46,8 @@ may run them in a thread pool.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,8 @@ __all__ = [
     "decode_frame",
     "decoded_photometric_interpretation",
     "element_value",
+    "float_frames",
+    "is_float",
     "frame_to_native_bytes",
     "image_info",
     "is_supported_transfer_syntax",
@@ -389,6 +392,58 @@ def _native_array(
     return _fix_unused_bits(arr, info)
 
 
+# ------------------------------------------------------------------------------ float
+
+#: Float Pixel Data (7FE0,0008, OF: float32) and Double Float Pixel Data (7FE0,0009,
+#: OD: float64), PS3.3 C.7.6.3 / C.7.6.24, used instead of Pixel Data (7FE0,0010).
+FLOAT_PIXEL_DATA = {0x7FE00008: "OF", 0x7FE00009: "OD"}
+
+
+def is_float(info: ImageInfo, pixel_vr: str | None) -> bool:
+    """Whether frames are floats: the element's VR is OF/OD, or Bits Allocated is 64
+    (only Double Float Pixel Data has 64 bits, PS3.3 C.7.6.3.1)."""
+    return (pixel_vr or "").upper() in ("OF", "OD") or info.bits_allocated == 64
+
+
+def _float_array(
+    info: ImageInfo, frame: bytes | bytearray | memoryview, big_endian: bool
+) -> np.ndarray:
+    itemsize = 8 if info.bits_allocated == 64 else 4
+    count = info.rows * info.columns * info.samples_per_pixel
+    if len(frame) < count * itemsize:
+        raise PixelDataError(
+            f"the float frame has {len(frame)} bytes, {count * itemsize} are needed"
+        )
+    arr = np.frombuffer(frame, f"{'>' if big_endian else '<'}f{itemsize}", count=count)
+    if big_endian:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    shape = (info.rows, info.columns) + ((3,) if info.samples_per_pixel == 3 else ())
+    return arr.reshape(shape)
+
+
+def float_frames(ds: Dataset, numbers: Iterable[int]) -> Iterator[np.ndarray]:
+    """Frames `numbers` (1-based) of the Float or Double Float Pixel Data of a whole
+    data set (read with its pixel data), as float32 / float64 arrays (Rows, Columns).
+
+    Raises NotAnImage when the data set has neither element, PixelDataError for a
+    frame number beyond Number of Frames or a value too short for it.
+    """
+    info = image_info(ds)
+    for tag, vr in FLOAT_PIXEL_DATA.items():
+        value = element_value(ds, tag)
+        if isinstance(value, (bytes, bytearray)):
+            break
+    else:
+        raise NotAnImage("the instance has no Float or Double Float Pixel Data")
+    big_endian = not getattr(ds, "is_little_endian", True)
+    info = replace(info, bits_allocated=64 if vr == "OD" else 32)
+    size = info.native_frame_length
+    for k in numbers:
+        if not 1 <= k <= info.number_of_frames:
+            raise PixelDataError(f"no frame {k}: the instance has {info.number_of_frames}")
+        yield _float_array(info, memoryview(value)[(k - 1) * size : k * size], big_endian)
+
+
 # ----------------------------------------------------------------------- encapsulated
 
 
@@ -548,11 +603,15 @@ def decode_frame(
 
     `pixel_vr` ("OB"/"OW") only matters for Explicit VR Big Endian with 8-bit
     samples: OW values are byte-swapped in 16-bit words, so for such a frame pass
-    the word-aligned bytes (one more byte when the frame length is odd).
+    the word-aligned bytes (one more byte when the frame length is odd). "OF"/"OD"
+    (and any frame with Bits Allocated 64) is a frame of Float / Double Float Pixel
+    Data: a float32 / float64 array (see :func:`float_frames`).
     """
     info = image_info(header)
     ts = _normalise_ts(transfer_syntax_uid)
     if ts in NATIVE_LITTLE_ENDIAN or ts == ExplicitVRBigEndian:
+        if is_float(info, pixel_vr):
+            return _float_array(info, frame, ts == ExplicitVRBigEndian)
         arr = _native_array(info, frame, ts == ExplicitVRBigEndian, pixel_vr)
         if arr.ndim == 3:
             if info.photometric_interpretation in _YBR and arr.dtype == np.uint8:

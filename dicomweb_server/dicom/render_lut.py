@@ -107,10 +107,30 @@ def _grayscale_attrs(header: Dataset, frame_number: int) -> _Grayscale:
 # ------------------------------------------------------------------ grayscale maths
 
 
+def _finite(arr: np.ndarray) -> np.ndarray:
+    """Float frames (Float / Double Float Pixel Data): NaN becomes the lowest finite
+    value of the frame, -Inf / +Inf the lowest / highest; a frame without any finite
+    value becomes 0. Integer frames are returned as they are."""
+    if arr.dtype.kind != "f":
+        return arr
+    finite = np.isfinite(arr)
+    if finite.all():
+        return arr
+    if not finite.any():
+        return np.zeros(arr.shape, arr.dtype)
+    values = arr[finite]
+    lo, hi = values.min(), values.max()
+    out = np.clip(arr, lo, hi)
+    out[np.isnan(out)] = lo
+    return out
+
+
 def _affine_u8(x: np.ndarray, a: float, b: float) -> np.ndarray:
-    """uint8(round(clip(a*x + b, 0, 255))) in float32 with one buffer."""
-    f = np.multiply(x, np.float32(a), dtype=np.float32)
-    f += np.float32(b + 0.5)
+    """uint8(round(clip(a*x + b, 0, 255))) in float32 (float64 for float64 input,
+    whose range may exceed float32) with one buffer."""
+    work = np.float64 if x.dtype == np.float64 else np.float32
+    f = np.multiply(x, work(a), dtype=work)
+    f += work(b + 0.5)
     np.clip(f, 0.0, 255.5, out=f)
     return f.astype(np.uint8)
 
@@ -237,8 +257,7 @@ def _grayscale_u8(
     shape_lut = str(_get(header, 0x20500020, "")).strip().upper()  # Presentation LUT Shape
     invert = info.photometric_interpretation == "MONOCHROME1" or shape_lut == "INVERSE"
 
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        arr = np.nan_to_num(arr)
+    arr = _finite(arr)
     signed = bool(info.pixel_representation)
     mod_lut = _modality_lut(g.item, signed) if g.item is not None else None
 
@@ -367,6 +386,11 @@ def to_display(
     Center/Width pair of the header with its VOI LUT Function (or the Frame VOI LUT
     functional group), else the VOI LUT Sequence, else the min-max of the frame;
     then MONOCHROME1 / Presentation LUT Shape INVERSE inversion (PS3.3 C.11).
+
+    Float and Double Float Pixel Data (float arrays) follow the same order: the
+    request's window, else Window Center/Width, else linearly from the lowest to the
+    highest finite value of the frame (LINEAR_EXACT); NaN is shown as the lowest
+    value, -Inf / +Inf as the lowest / highest (:func:`_finite`).
 
     Colour: RGB is used as is (more than 8 bits stored is shifted down); PALETTE
     COLOR goes through the palette (8 or 16-bit entries, segmented palettes too).
