@@ -41,6 +41,9 @@ __all__ = ["PROCESSES", "TIMEOUT", "WorkerDied", "WorkerTimeout", "call", "confi
 PROCESSES = 2
 #: seconds one decode may take (configure(): Settings.decode_timeout)
 TIMEOUT = 60.0
+#: address space of a worker process (RLIMIT_AS): a decoder asked for more fails in its
+#: worker (MemoryError, or an abort that ends the worker) instead of the machine swapping
+ADDRESS_SPACE = 4 << 30
 
 class WorkerDied(RuntimeError):
     """The worker process ended (signal or exit) while decoding."""
@@ -135,10 +138,28 @@ def _acquire() -> _Worker:
 
 
 def _retire(worker: _Worker) -> None:
+    """Close a dead/hung worker and start its replacement in the background (a
+    fresh interpreter takes about half a second: the next caller need not wait)."""
     global _started
     worker.close()
     with _lock:
         _started -= 1
+    threading.Thread(target=_replace, name="dicomweb-decoder-restart", daemon=True).start()
+
+
+def _replace() -> None:
+    global _started
+    with _lock:
+        if _started >= PROCESSES:
+            return
+        _started += 1
+    try:
+        worker = _Worker()
+    except Exception:  # noqa: BLE001 - the next call starts one itself
+        with _lock:
+            _started -= 1
+        return
+    _idle.put(worker)
 
 
 def call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -161,6 +182,12 @@ def call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 if __name__ == "__main__":  # pragma: no cover - the worker process
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+    except (ImportError, ValueError, OSError):  # not POSIX, or a lower hard limit already
+        pass
     import dicomweb_server.dicom.pixels  # noqa: F401 - decoders loaded before the first call
 
     _serve(Connection(int(sys.argv[1])))

@@ -551,6 +551,11 @@ def _decode_here(
     return arr, {k: (str(v) if isinstance(v, str) else v) for k, v in props.items()}
 
 
+#: Largest decoded frame of a compressed transfer syntax (Rows x Columns x Samples per
+#: Pixel x Bits Allocated / 8): a small codestream can declare a huge picture.
+MAX_DECODED_FRAME_BYTES = 1 << 30
+
+
 def _decode_isolated(
     info: ImageInfo, frame: bytes | bytearray | memoryview, ts: UID, *, raw: bool
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -562,6 +567,12 @@ def _decode_isolated(
     take the web process down: both become PixelDataError (web layer: 406).
     """
     what = f"the stored {ts.name} frame"
+    size = info.rows * info.columns * info.samples_per_pixel * max(info.bits_allocated // 8, 1)
+    if size > MAX_DECODED_FRAME_BYTES:
+        raise PixelDataError(
+            f"{what} would decode to {size:,} bytes, more than the {MAX_DECODED_FRAME_BYTES:,} "
+            "this server decodes (it is available as stored: transfer-syntax=*)"
+        )
     try:
         check_frame(
             frame,

@@ -146,3 +146,40 @@ def test_every_decoding_get_answers_and_the_server_lives(server, name, ds):
     r = c.get(f"/studies/{ds.StudyInstanceUID}/thumbnail", headers={"Accept": "image/jpeg"})
     assert r.status_code in (200, 406), r.text[:300]
     assert srv.proc.poll() is None and srv.proc.pid == pid
+
+
+def test_worker_pool_survives_crash_and_hang():
+    """The pool itself: a worker that aborts or exits is WorkerDied, one that hangs
+    is killed after the timeout (WorkerTimeout); the next call is served."""
+    import os
+    import time
+
+    from dicomweb_server.dicom import decode_worker
+
+    with pytest.raises(decode_worker.WorkerDied, match="signal 6"):
+        decode_worker.call(os.abort)
+    with pytest.raises(decode_worker.WorkerDied, match="exit code 3"):
+        decode_worker.call(os._exit, 3)
+    saved = decode_worker.TIMEOUT
+    decode_worker.configure(timeout=0.5)
+    try:
+        with pytest.raises(decode_worker.WorkerTimeout, match="0.5 s"):
+            decode_worker.call(time.sleep, 30)
+    finally:
+        decode_worker.configure(timeout=saved)
+    with pytest.raises(ZeroDivisionError):  # an exception of the function comes back as it is
+        decode_worker.call(divmod, 1, 0)
+    assert decode_worker.call(divmod, 7, 2) == (3, 1)
+
+
+def test_a_huge_declared_picture_is_refused_before_decoding():
+    from pydicom.dataset import Dataset
+
+    from dicomweb_server.dicom import pixels
+
+    ds = Dataset()
+    ds.Rows = ds.Columns = 65535
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
+    ds.BitsAllocated, ds.BitsStored, ds.PixelRepresentation = 16, 16, 0
+    with pytest.raises(pixels.PixelDataError, match="would decode to 25,769,017,350 bytes"):
+        pixels.decode_frame(ds, J2K_GREY, JPEG2000Lossless)
