@@ -109,12 +109,15 @@ def _parse_quality(text: str) -> int:
     return quality
 
 
-def _parse_viewport(text: str) -> Viewport:
+def _parts(text: str, counts: tuple[int, ...], usage: str) -> list[str]:
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) not in (2, 6):
-        raise InvalidRenderParameter(
-            f"viewport must be vw,vh or vw,vh,sx,sy,sw,sh; got {len(parts)} values"
-        )
+    if len(parts) not in counts:
+        raise InvalidRenderParameter(f"{usage}; got {len(parts)} values")
+    return parts
+
+
+def _parse_viewport(text: str) -> Viewport:
+    parts = _parts(text, (2, 6), "viewport must be vw,vh or vw,vh,sx,sy,sw,sh")
     vw = _parse_int(parts[0], "viewport vw")
     vh = _parse_int(parts[1], "viewport vh")
     for name, v in (("vw", vw), ("vh", vh)):
@@ -136,11 +139,7 @@ def _parse_viewport(text: str) -> Viewport:
 
 
 def _parse_window(text: str) -> Window:
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) not in (2, 3):
-        raise InvalidRenderParameter(
-            f"window must be center,width[,function]; got {len(parts)} values"
-        )
+    parts = _parts(text, (2, 3), "window must be center,width[,function]")
     center = _parse_decimal(parts[0], "window center")
     width = _parse_decimal(parts[1], "window width")
     function = "LINEAR"

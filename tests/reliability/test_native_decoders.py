@@ -82,8 +82,8 @@ def test_decoder_crash_is_isolated_without_the_header_check():
     script = textwrap.dedent(f"""
         import numpy as np
         from pydicom.dataset import Dataset
-        from dicomweb_server.dicom import pixels
-        pixels.check_frame = lambda *a, **k: None
+        from dicomweb_server.dicom import compressed, pixels
+        compressed.check_frame = lambda *a, **k: None
         bad = Dataset(); bad.Rows = bad.Columns = 64; bad.SamplesPerPixel = 3; bad.PlanarConfiguration = 0
         bad.BitsAllocated, bad.BitsStored, bad.PixelRepresentation = 16, 12, 0
         bad.PhotometricInterpretation = "RGB"
