@@ -26,6 +26,7 @@ this small hand-written one.
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -53,10 +54,27 @@ class WorkerTimeout(RuntimeError):
     """The decode took longer than the timeout; its worker was killed."""
 
 
+def _send(conn: Connection, obj: Any) -> None:
+    """Pickle protocol 5 with out-of-band buffers: a numpy array's bytes go to the
+    socket without the extra copy ``Connection.send`` makes."""
+    buffers: list[pickle.PickleBuffer] = []
+    payload = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    conn.send_bytes(len(buffers).to_bytes(4, "little") + payload)
+    for buffer in buffers:
+        conn.send_bytes(buffer.raw())
+
+
+def _recv(conn: Connection) -> Any:
+    head = conn.recv_bytes()
+    count = int.from_bytes(head[:4], "little")
+    buffers = [conn.recv_bytes() for _ in range(count)]
+    return pickle.loads(memoryview(head)[4:], buffers=buffers)
+
+
 def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker process
     while True:
         try:
-            fn, args = conn.recv()
+            fn, args = _recv(conn)
         except (EOFError, OSError):
             return
         try:
@@ -64,9 +82,9 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
         except Exception as exc:  # noqa: BLE001 - sent back to the caller
             reply = ("err", exc)
         try:
-            conn.send(reply)
+            _send(conn, reply)
         except Exception as exc:  # noqa: BLE001 - e.g. an exception that does not pickle
-            conn.send(("err", RuntimeError(f"{type(reply[1]).__name__}: {exc}")))
+            _send(conn, ("err", RuntimeError(f"{type(reply[1]).__name__}: {exc}")))
 
 
 class _Worker:
@@ -82,13 +100,13 @@ class _Worker:
 
     def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[str, Any]:
         try:
-            self.conn.send((fn, args))
+            _send(self.conn, (fn, args))
         except (BrokenPipeError, ConnectionResetError, EOFError):
             raise WorkerDied(self._ended()) from None
         if not self.conn.poll(timeout):
             raise WorkerTimeout(f"the decoder did not finish within {timeout:g} s")
         try:
-            return self.conn.recv()
+            return _recv(self.conn)
         except (EOFError, ConnectionResetError, OSError):
             raise WorkerDied(self._ended()) from None
 
