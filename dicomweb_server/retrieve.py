@@ -223,6 +223,8 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
     render.check_size(hdr, len(frame_numbers), params, media_type)  # 413 before any frame is read
     if loc.pixel is None:
+        if any(k > n for k in frame_numbers):
+            raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frame_numbers)}")
         return render.render(hdr, pixels.float_frames(hdr, frame_numbers), params, media_type,
                              frame_numbers=frame_numbers)
     vr = loc.pixel.get("vr")

@@ -75,6 +75,7 @@ def test_float_range_maps_to_grey_levels(archive, kind):
     assert got.tolist() == _expected(FRAME1, -1.0, 1.75).tolist()
     got = _png(c.get(_path(ds) + "/frames/2/rendered", headers={"Accept": "image/png"}))
     assert got.tolist() == _expected(FRAME1 + 10, 9.0, 11.75).tolist()
+    assert c.get(_path(ds) + "/frames/3/rendered", headers={"Accept": "image/png"}).status_code == 404
 
 
 def test_window_of_the_request_then_of_the_header(archive):
