@@ -47,6 +47,18 @@ Standard sections this module follows (DICOM PS3.18 Web Services, PS3.3, PS3.4):
   ``viewport`` is meaningful): :func:`thumbnail_params` fits frame 1 within
   128 x 128 unless the query gives a viewport (:data:`THUMBNAIL_SIZE`).
 
+* Bounds (not from the standard; the origin server's choice): an answer holds at
+  most :data:`MAX_RENDER_SAMPLES` 8-bit samples and an animated GIF at most
+  :data:`MAX_GIF_FRAMES` frames, checked by :func:`check_size` on the header before
+  any frame is read (:class:`RenderTooLarge`, web layer 413); frames are taken from
+  an iterator one at a time.
+* Data-set values the pipeline reads are validated in :mod:`.render_lut`; unusable
+  ones are ignored with the fallback documented there and in :func:`to_display`.
+
+Modules: :mod:`.render_params` (query parameters), :mod:`.render_lut` (decoded frame
+-> 8-bit values), :mod:`.render_encode` (PNG, GIF frames, ICC profiles), this module
+(viewport, annotation, the public entry points).
+
 Everything here is pure and thread-safe (immutable parameters, no shared mutable
 state besides lock-protected or idempotent caches), for use from a thread pool.
 """
