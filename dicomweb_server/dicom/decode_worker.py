@@ -45,6 +45,8 @@ TIMEOUT = 60.0
 #: address space of a worker process (RLIMIT_AS): a decoder asked for more fails in its
 #: worker (MemoryError, or an abort that ends the worker) instead of the machine swapping
 ADDRESS_SPACE = 4 << 30
+#: seconds allowed for a worker process to start, on top of TIMEOUT, when waiting for one
+STARTUP = 30.0
 
 class WorkerDied(RuntimeError):
     """The worker process ended (signal or exit) while decoding."""
@@ -139,20 +141,21 @@ def configure(processes: int | None = None, timeout: float | None = None) -> Non
 
 
 def _acquire() -> _Worker:
-    global _started
+    """An idle worker; on first use the whole pool is started at once (in the
+    background, a fresh interpreter each), and the caller takes the first ready."""
     try:
         return _idle.get_nowait()
     except queue.Empty:
         pass
     with _lock:
-        if _started < PROCESSES:
-            _started += 1
-            try:
-                return _Worker()
-            except BaseException:
-                _started -= 1
-                raise
-    return _idle.get()
+        missing = PROCESSES - _started
+    for _ in range(missing):
+        threading.Thread(target=_replace, name="dicomweb-decoder-start", daemon=True).start()
+    wait = TIMEOUT + STARTUP
+    try:
+        return _idle.get(timeout=wait)
+    except queue.Empty:
+        raise WorkerTimeout(f"no decoder process was free within {wait:g} s") from None
 
 
 def _retire(worker: _Worker) -> None:
@@ -166,6 +169,7 @@ def _retire(worker: _Worker) -> None:
 
 
 def _replace() -> None:
+    """Start one worker into the idle queue unless the pool is full."""
     global _started
     with _lock:
         if _started >= PROCESSES:

@@ -163,7 +163,7 @@ def test_worker_pool_survives_crash_and_hang():
     saved = decode_worker.TIMEOUT
     decode_worker.configure(timeout=0.5)
     try:
-        with pytest.raises(decode_worker.WorkerTimeout, match="0.5 s"):
+        with pytest.raises(decode_worker.WorkerTimeout, match="did not finish within 0.5 s"):
             decode_worker.call(time.sleep, 30)
     finally:
         decode_worker.configure(timeout=saved)
