@@ -83,7 +83,7 @@ def start(data: Path, workers: int, cache: bool) -> tuple[subprocess.Popen, str]
 def wrk(url: str, paths: list[str], seconds: int, connections: int, workdir: Path) -> float:
     (workdir / "paths.txt").write_text("\n".join(paths) + "\n")
     (workdir / "r.lua").write_text(LUA)
-    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(workdir / "r.lua"), url],
+    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(workdir / "r.lua"), url],
                          env={**os.environ, "PATHS": str(workdir / "paths.txt")}, capture_output=True, text=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("Requests/sec"))
     errors = [ln for ln in out.splitlines() if "Non-2xx" in ln or "Socket errors" in ln]
