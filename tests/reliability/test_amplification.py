@@ -26,9 +26,9 @@ HUGE_COUNT.BitsAllocated, HUGE_COUNT.BitsStored, HUGE_COUNT.HighBit = 1, 1, 0
 HUGE_COUNT.PixelData = b"\x00" * 8
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory):
-    srv = LiveServer(tmp_path_factory.mktemp("amplify"), "sqlite").start()
+@pytest.fixture(scope="module", params=["sqlite", "memory"])
+def archive(request, tmp_path_factory):
+    srv = LiveServer(tmp_path_factory.mktemp("amplify"), request.param).start()
     with httpx.Client(base_url=srv.url, timeout=60) as c:
         body, ctype = multipart([to_bytes(TINY), to_bytes(HUGE_COUNT)])
         r = c.post("/studies", content=body, headers={"Content-Type": ctype})

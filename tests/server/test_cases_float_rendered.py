@@ -42,9 +42,9 @@ def _expected(frame: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.clip(np.floor(255 * (x - lo) / (hi - lo) + 0.5), 0, 255).astype(np.uint8)
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory):
-    srv = LiveServer(tmp_path_factory.mktemp("float"), "sqlite").start()
+@pytest.fixture(scope="module", params=["sqlite", "memory"])
+def archive(request, tmp_path_factory):
+    srv = LiveServer(tmp_path_factory.mktemp("float"), request.param).start()
     instances = {"float": _instance(False), "double": _instance(True),
                  "windowed": _instance(False, WindowCenter="0.5", WindowWidth="3")}
     with httpx.Client(base_url=srv.url, timeout=30) as c:
