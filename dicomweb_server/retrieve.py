@@ -194,9 +194,10 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
 
 
 def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,
-             thumbnail: bool = False) -> bytes:
+             thumbnail: bool = False, pictures: int = 1) -> bytes:
     """Render frames of an instance (PS3.18 §10.4.1.1.3): the frames asked, or
     those PS3.18 gives for an instance-level request of this media type.
+    ``pictures``: how many such pictures the answer holds (for the size bound).
 
     Raises
     ------
@@ -221,7 +222,7 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     n = int((loc.pixel or {}).get("number_of_frames") or pixels.image_info(hdr).number_of_frames)
     if frame_numbers is None:
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
-    render.check_size(hdr, len(frame_numbers), params, media_type)  # 413 before any frame is read
+    render.check_size(hdr, len(frame_numbers), params, media_type, pictures)  # 413 before any frame is read
     if loc.pixel is None:
         if any(k > n for k in frame_numbers):
             raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frame_numbers)}")

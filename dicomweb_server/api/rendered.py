@@ -83,7 +83,9 @@ def _cache(request: Request) -> RenderCache:
 
 
 async def _picture(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, params,
-                   media_type: str, thumbnail: bool) -> bytes:
+                   media_type: str, thumbnail: bool, pictures: int = 1) -> bytes:
+    """One rendered picture (cached); ``pictures``: how many such pictures the answer
+    holds, for the size bound (413)."""
     cache = _cache(request)
     key = (loc.sop_uid, tuple(frames) if frames else None, params, media_type, thumbnail)
     hit = cache.get(key)
@@ -91,7 +93,8 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
         return hit
     path = archive.blobs.resolve(loc.path)
     try:
-        data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail)
+        data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail,
+                                       pictures)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
     except FileNotFoundError:
@@ -111,9 +114,18 @@ async def _one(request: Request, archive, loc: InstanceLocation, frames: list[in
     media_type, as_multipart = negotiate_rendered(parse_accept(request.headers.get("accept")), multi)
     params = _params(request, thumbnail)
     if multi and media_type != "image/gif":
-        parts = [(media_type, await _picture(request, archive, loc, [k], params, media_type, thumbnail))
-                 for k in frames]  # type: ignore[union-attr]
-        return multipart_response(parts, media_type)
+        # one part per frame, streamed; the whole answer is checked with the first picture
+        n = int((loc.pixel or {}).get("number_of_frames") or 0)
+        if n and max(frames) > n:  # type: ignore[arg-type]
+            raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frames)}")
+        first = await _picture(request, archive, loc, frames[:1], params, media_type, thumbnail,
+                               pictures=len(frames))  # type: ignore[index, arg-type]
+
+        async def rest() -> AsyncIterator[bytes]:
+            for k in frames[1:]:  # type: ignore[index]
+                yield await _picture(request, archive, loc, [k], params, media_type, thumbnail)
+
+        return _multipart_stream(first, rest(), media_type)
     data = await _picture(request, archive, loc, frames, params, media_type, thumbnail)
     if as_multipart:
         return multipart_response([(media_type, data)], media_type)
@@ -140,13 +152,18 @@ async def _many(request: Request, archive, locs: list[InstanceLocation], what: s
     if first is None:
         await pictures.aclose()
         raise NotAcceptable(f"no image of the {what} can be rendered (non-image instances are skipped)")
+    return _multipart_stream(first, pictures, media_type)
+
+
+def _multipart_stream(first: bytes, rest: AsyncIterator[bytes], media_type: str) -> StreamingResponse:
+    """``multipart/related; type=media_type`` of `first` and the `rest`, streamed: one
+    picture in memory at a time, however many the answer holds."""
     boundary = new_boundary()
 
     async def body() -> AsyncIterator[bytes]:
-        # one picture in memory at a time, however many instances the study holds
         yield part_header(boundary, media_type)
         yield first
-        async for data in pictures:
+        async for data in rest:
             yield b"\r\n" + part_header(boundary, media_type)
             yield data
         yield closing(boundary)

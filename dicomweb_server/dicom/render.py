@@ -292,11 +292,14 @@ def _picture(
     return img, applied
 
 
-def check_size(header: Dataset, frame_count: int, params: RenderParams | None, media_type: str) -> None:
+def check_size(
+    header: Dataset, frame_count: int, params: RenderParams | None, media_type: str, pictures: int = 1
+) -> None:
     """Raise RenderTooLarge when the answer would exceed the bounds, before any work.
 
-    The answer holds ``frames x width x height x channels`` 8-bit samples, where
-    frames is `frame_count` for image/gif (1 otherwise) and width x height the
+    The answer holds ``pictures x frames x width x height x channels`` 8-bit samples,
+    where frames is `frame_count` for image/gif (1 otherwise), `pictures` the number
+    of such pictures in the answer (a multipart frame list) and width x height the
     picture's size after the viewport: at most :data:`MAX_RENDER_SAMPLES`; an
     animated GIF has at most :data:`MAX_GIF_FRAMES` frames. Also raises
     InvalidRenderParameter / UnsupportedMediaType / NotAnImage as :func:`render` does.
@@ -309,10 +312,11 @@ def check_size(header: Dataset, frame_count: int, params: RenderParams | None, m
     _, _, _, width, height = _region(info, params.viewport)
     out_w, out_h = _fit(width, height, params.viewport)
     grey = info.photometric_interpretation in ("MONOCHROME1", "MONOCHROME2") or mt == "image/gif"
-    samples = frames * out_w * out_h * (1 if grey else 3)
+    count = frames * max(int(pictures), 1)
+    samples = count * out_w * out_h * (1 if grey else 3)
     if samples > MAX_RENDER_SAMPLES:
         raise RenderTooLarge(
-            f"the rendered answer would be {frames} picture(s) of {out_w}x{out_h}"
+            f"the rendered answer would be {count} picture(s) of {out_w}x{out_h}"
             f"{'' if grey else ' RGB'}: {samples:,} samples, more than the bound of "
             f"{MAX_RENDER_SAMPLES:,}; ask for a smaller viewport or fewer frames"
         )

@@ -60,6 +60,20 @@ def test_frame_list_gif_over_the_bound_is_413(archive):
     assert r.status_code == 413 and "3 picture(s) of 8192x8192" in r.text
 
 
+def test_frame_list_of_separate_pictures_is_bounded_and_streamed(archive):
+    """/frames/1,1,1,.../rendered as multipart JPEG: the answer's pictures count
+    towards the bound (3 x 8192 x 8192 > 128 Mi: 413, before any picture is made);
+    below it each frame is one part."""
+    c, _ = archive
+    jpeg = {"Accept": 'multipart/related; type="image/jpeg"'}
+    r = c.get(_path(TINY) + "/frames/1,1,1/rendered", params={"viewport": "8192,8192"}, headers=jpeg)
+    assert r.status_code == 413 and "3 picture(s) of 8192x8192" in r.text, r.text[:300]
+    r = c.get(_path(TINY) + "/frames/" + ",".join(["2"] * 50) + "/rendered", headers=jpeg)
+    assert r.status_code == 200 and r.content.count(b"Content-Type: image/jpeg") == 50
+    r = c.get(_path(TINY) + "/frames/1,10/rendered", headers=jpeg)
+    assert r.status_code == 404 and "no frame 10" in r.text
+
+
 def test_declared_two_to_the_31_frames(archive):
     """Refused at STOW (frame count checked against the pixel data) or 413 for the
     GIF; frame 1 as JPEG is a clean answer (the 8 stored bytes cannot be split
