@@ -30,7 +30,23 @@ from . import decode_worker
 from .codestream import CodestreamMismatch, check_frame
 from .pixel_info import ImageInfo, PixelDataError, UnsupportedTransferSyntax, fix_unused_bits
 
-__all__ = ["MAX_DECODED_FRAME_BYTES", "decode_compressed"]
+__all__ = ["KEEP_COLOUR_SPACE", "LOSSY", "MAX_DECODED_FRAME_BYTES", "decode_compressed"]
+
+#: Lossless codecs without a colour transform: when producing native bytes the
+#: decoded samples are kept in the stored colour space (e.g. RLE YBR_FULL stays
+#: YBR_FULL, bit-exact) instead of being converted to RGB.
+KEEP_COLOUR_SPACE = frozenset(
+    {RLELossless, JPEGLossless, JPEGLosslessSV1, JPEGLSLossless, JPEGLSNearLossless}
+)
+
+#: Lossy transfer syntaxes (PS3.5 8.2): decoded copies keep Lossy Image Compression.
+LOSSY = {
+    JPEGBaseline8Bit: "ISO_10918_1",
+    JPEGExtended12Bit: "ISO_10918_1",
+    JPEGLSNearLossless: "ISO_14495_1",
+    JPEG2000: "ISO_15444_1",
+    HTJ2K: "ISO_15444_15",
+}
 
 #: Plugin preference per encapsulated transfer syntax (fast, exact decoders first).
 _PLUGIN_PREFERENCE: dict[str, tuple[str, ...]] = {

@@ -64,21 +64,9 @@ from pydicom.encaps import generate_frames
 from pydicom.pixels import get_decoder
 from pydicom.pixels.processing import convert_color_space
 from pydicom.sequence import Sequence
-from pydicom.uid import (
-    ExplicitVRBigEndian,
-    ExplicitVRLittleEndian,
-    HTJ2K,
-    JPEG2000,
-    JPEGBaseline8Bit,
-    JPEGExtended12Bit,
-    JPEGLossless,
-    JPEGLosslessSV1,
-    JPEGLSLossless,
-    JPEGLSNearLossless,
-    RLELossless,
-)
+from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian
 
-from .compressed import MAX_DECODED_FRAME_BYTES, decode_compressed
+from .compressed import KEEP_COLOUR_SPACE, LOSSY, MAX_DECODED_FRAME_BYTES, decode_compressed
 from .pixel_info import (
     ENCAPSULATED_UNCOMPRESSED_LE,
     NATIVE_LITTLE_ENDIAN,
@@ -111,22 +99,6 @@ __all__ = [
     "transcode_to_explicit_le",
 ]
 
-
-#: Lossless codecs without a colour transform: when producing native bytes the
-#: decoded samples are kept in the stored colour space (e.g. RLE YBR_FULL stays
-#: YBR_FULL, bit-exact) instead of being converted to RGB.
-_KEEP_COLOUR_SPACE = frozenset(
-    {RLELossless, JPEGLossless, JPEGLosslessSV1, JPEGLSLossless, JPEGLSNearLossless}
-)
-
-#: Lossy transfer syntaxes (PS3.5 8.2): decoded copies keep Lossy Image Compression.
-_LOSSY = {
-    JPEGBaseline8Bit: "ISO_10918_1",
-    JPEGExtended12Bit: "ISO_10918_1",
-    JPEGLSNearLossless: "ISO_14495_1",
-    JPEG2000: "ISO_15444_1",
-    HTJ2K: "ISO_15444_15",
-}
 
 _YBR = ("YBR_FULL", "YBR_FULL_422")
 
@@ -383,7 +355,7 @@ def frame_to_native_bytes(
         )
         return data, desc
 
-    keep = ts in _KEEP_COLOUR_SPACE
+    keep = ts in KEEP_COLOUR_SPACE
     arr, props = decode_compressed(info, frame, ts, raw=keep)
     itemsize = info.bits_allocated // 8
     kind = "i" if info.pixel_representation else "u"
@@ -498,10 +470,10 @@ def transcode_to_explicit_le(ds: Dataset) -> Dataset:
             new[0x00280006] = DataElement(0x00280006, "US", desc.get("PlanarConfiguration", 0))
         if "NumberOfFrames" in ds and len(chunks) != info.number_of_frames:
             new[0x00280008] = DataElement(0x00280008, "IS", str(len(chunks)))
-        if ts in _LOSSY and ds.get("LossyImageCompression", None) != "01":
+        if ts in LOSSY and ds.get("LossyImageCompression", None) != "01":
             new[0x00282110] = DataElement(0x00282110, "CS", "01")
             if "LossyImageCompressionMethod" not in ds:
-                new[0x00282114] = DataElement(0x00282114, "CS", _LOSSY[ts])
+                new[0x00282114] = DataElement(0x00282114, "CS", LOSSY[ts])
         for tag in (0x7FE00001, 0x7FE00002):  # Extended Offset Table (+ Lengths)
             if tag in new:
                 del new[tag]
