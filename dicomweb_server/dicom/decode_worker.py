@@ -9,8 +9,8 @@ with it. :func:`call` runs one decode in a small pool of worker processes instea
   talking over a socket pair with ``multiprocessing.connection`` framing: no copy of
   the web server's threads or locks (as ``fork`` would make) and no re-import of the
   caller's ``__main__`` (as multiprocessing's ``spawn``/``forkserver`` do);
-* workers start on first use; at most :data:`PROCESSES` run at once and a caller
-  waits for a free one;
+* the pool (:data:`PROCESSES` workers) starts in the background at first use; a
+  caller takes an idle worker or waits for one;
 * a worker that dies during a call is replaced and the call raises
   :class:`WorkerDied`; one that exceeds the timeout is killed and replaced
   (:class:`WorkerTimeout`). Other calls are not affected: each call has a worker
@@ -21,6 +21,9 @@ decoded array out through a pipe); uncompressed pixel data never leaves the web
 process. multiprocessing has no pool that survives a dead worker without failing
 every pending task (``concurrent.futures`` marks the whole pool broken), hence
 this small hand-written one.
+
+This isolates faults, it is not a sandbox: a worker runs as the same user, and the
+parent unpickles what its own worker code sends back.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ TIMEOUT = 60.0
 ADDRESS_SPACE = 4 << 30
 #: seconds allowed for a worker process to start, on top of TIMEOUT, when waiting for one
 STARTUP = 30.0
+
 
 class WorkerDied(RuntimeError):
     """The worker process ended (signal or exit) while decoding."""
