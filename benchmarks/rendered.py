@@ -1,7 +1,7 @@
 """Rendered JPEG requests per second for a 512x512 16-bit CT and a 256x256 MR,
 cache miss and cache hit, measured with wrk (C) against a real server.
 
-    python benchmarks/rendered.py [--seconds 10] [--connections 8] [--workers 2]
+    python benchmarks/rendered.py [--seconds 10] [--connections 8] [--workers 2] [--kinds CT,MR,CTJ2K]
 
 Cache miss: wrk cycles through 200 different instances with the render cache off
 (DICOMWEB_RENDER_CACHE_BYTES=0), so every request reads, decodes, windows and
@@ -38,6 +38,15 @@ end
 
 
 def make_instances(kind: str, n: int) -> list:
+    """CT 512x512, MR 256x256 (16-bit native); CTJ2K: the CT as JPEG 2000 Lossless
+    (decoded in the isolated decode worker processes)."""
+    if kind == "CTJ2K":
+        from pydicom.uid import JPEG2000Lossless
+
+        items = make_instances("CT", n)
+        for ds in items:
+            ds.compress(JPEG2000Lossless, encoding_plugin="pylibjpeg")
+        return items
     rng = np.random.default_rng(7)
     size = 512 if kind == "CT" else 256
     out = []
@@ -74,7 +83,7 @@ def start(data: Path, workers: int, cache: bool) -> tuple[subprocess.Popen, str]
 def wrk(url: str, paths: list[str], seconds: int, connections: int, workdir: Path) -> float:
     (workdir / "paths.txt").write_text("\n".join(paths) + "\n")
     (workdir / "r.lua").write_text(LUA)
-    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(workdir / "r.lua"), url],
+    out = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(workdir / "r.lua"), url],
                          env={**os.environ, "PATHS": str(workdir / "paths.txt")}, capture_output=True, text=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("Requests/sec"))
     errors = [ln for ln in out.splitlines() if "Non-2xx" in ln or "Socket errors" in ln]
@@ -88,13 +97,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--kinds", default="CT,MR", help="comma-separated: CT, MR, CTJ2K")
     args = ap.parse_args()
+    kinds = args.kinds.split(",")
     work = Path(tempfile.mkdtemp())
     data = work / "data"
     paths: dict[str, list[str]] = {}
     proc, url = start(data, 1, True)
     with httpx.Client(base_url=url, timeout=120) as c:
-        for kind in ("CT", "MR"):
+        for kind in kinds:
             items = make_instances(kind, 200)
             for i in range(0, len(items), 50):
                 body, ctype = multipart([to_bytes(ds) for ds in items[i : i + 50]])
@@ -107,7 +118,7 @@ def main() -> None:
     for cache in (False, True):
         proc, url = start(data, args.workers, cache)
         try:
-            for kind in ("CT", "MR"):
+            for kind in kinds:
                 subset = paths[kind] if not cache else paths[kind][:1]
                 httpx.get(url + subset[0], timeout=30)  # warm up
                 rows.append((kind, "hit" if cache else "miss", wrk(url, subset, args.seconds, args.connections, work)))
@@ -117,7 +128,8 @@ def main() -> None:
     print(f"| image | cache | rendered JPEG req/s ({args.connections} connections, {args.workers} workers) |")
     print("|---|---|---|")
     for kind, cache, rps in rows:
-        label = "CT 512x512 16-bit" if kind == "CT" else "MR 256x256 16-bit"
+        label = {"CT": "CT 512x512 16-bit", "MR": "MR 256x256 16-bit",
+                 "CTJ2K": "CT 512x512 16-bit JPEG 2000 Lossless"}[kind]
         print(f"| {label} | {cache} | {rps:,.0f} |")
 
 

@@ -14,6 +14,7 @@ from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, 
 from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
 from .archive import Archive
+from .dicom import decode_worker
 from .settings import Settings
 
 
@@ -21,6 +22,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     """Build the app. The archive is opened in the lifespan unless one is given
     (tests pass their own to share it between apps)."""
     settings = settings or Settings()
+    decode_worker.configure(settings.decode_processes, settings.decode_timeout)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

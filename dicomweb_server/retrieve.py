@@ -231,9 +231,10 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> Iterator[tuple[
 
 
 def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,
-             thumbnail: bool = False) -> bytes:
+             thumbnail: bool = False, pictures: int = 1) -> bytes:
     """Render frames of an instance (PS3.18 §10.4.1.1.3): the frames asked, or
     those PS3.18 gives for an instance-level request of this media type.
+    ``pictures``: how many such pictures the answer holds (for the size bound).
 
     Raises
     ------
@@ -243,16 +244,32 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
         Cannot be rendered (HTTP 406).
     render.InvalidRenderParameter
         e.g. a viewport region outside the image (HTTP 400).
+    render.RenderTooLarge
+        The answer would exceed the rendering bounds (HTTP 413).
     """
     from .dicom import render
 
+    hdr = header(path)
     if loc.pixel is None:
-        raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) is not an image")
-    n = int(loc.pixel.get("number_of_frames") or 1)
+        # Float / Double Float Pixel Data (PS3.3 C.7.6.24) the record has no layout for:
+        # the whole file is read, once the header shows a 32/64-bit image
+        if pixels.image_info(hdr).bits_allocated not in (32, 64):
+            raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) has no pixel data")
+        hdr = pydicom.dcmread(path)
+    n = int((loc.pixel or {}).get("number_of_frames") or pixels.image_info(hdr).number_of_frames)
     if frame_numbers is None:
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
-    hdr = header(path)
-    raw = stored_frames(path, loc, frame_numbers)
+    render.check_size(hdr, len(frame_numbers), params, media_type, pictures)  # 413 before any frame is read
+    if loc.pixel is None:
+        if any(k > n for k in frame_numbers):
+            raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frame_numbers)}")
+        return render.render(hdr, pixels.float_frames(hdr, frame_numbers), params, media_type,
+                             frame_numbers=frame_numbers)
     vr = loc.pixel.get("vr")
-    arrays = [pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr) for f in raw]
-    return render.render(hdr, arrays, params, media_type, frame_numbers=frame_numbers)
+
+    def decoded() -> Iterator:  # frames read 16 at a time, each decoded only when rendered
+        for i in range(0, len(frame_numbers), 16):
+            for f in stored_frames(path, loc, frame_numbers[i : i + 16]):
+                yield pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr)
+
+    return render.render(hdr, decoded(), params, media_type, frame_numbers=frame_numbers)

@@ -4,13 +4,16 @@ level. Negotiation here; the pixel pipeline in dicom.pixels / dicom.render."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from .. import retrieve
 from ..dicom import pixels, render
 from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, parse_accept
+from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..render_cache import RenderCache
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
@@ -80,7 +83,9 @@ def _cache(request: Request) -> RenderCache:
 
 
 async def _picture(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, params,
-                   media_type: str, thumbnail: bool) -> bytes:
+                   media_type: str, thumbnail: bool, pictures: int = 1) -> bytes:
+    """One rendered picture (cached); ``pictures``: how many such pictures the answer
+    holds, for the size bound (413)."""
     cache = _cache(request)
     key = (loc.sop_uid, tuple(frames) if frames else None, params, media_type, thumbnail)
     hit = cache.get(key)
@@ -88,13 +93,18 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
         return hit
     path = archive.blobs.resolve(loc.path)
     try:
-        data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail)
+        data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail,
+                                       pictures)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
+    except FileNotFoundError:
+        raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} was deleted") from None
     except (pixels.NotAnImage, pixels.UnsupportedTransferSyntax, render.UnsupportedMediaType) as e:
         raise NotAcceptable(f"cannot render instance {loc.sop_uid}: {e}") from None
     except render.InvalidRenderParameter as e:
         raise DICOMwebHTTPError(400, str(e)) from None
+    except render.RenderTooLarge as e:
+        raise DICOMwebHTTPError(413, f"instance {loc.sop_uid}: {e}") from None
     cache.put(key, data)
     return data
 
@@ -103,12 +113,19 @@ async def _one(request: Request, archive, loc: InstanceLocation, frames: list[in
     multi = frames is not None and len(frames) > 1
     media_type, as_multipart = negotiate_rendered(parse_accept(request.headers.get("accept")), multi)
     params = _params(request, thumbnail)
-    if loc.pixel is None:
-        raise NotAcceptable(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) is not an image")
     if multi and media_type != "image/gif":
-        parts = [(media_type, await _picture(request, archive, loc, [k], params, media_type, thumbnail))
-                 for k in frames]  # type: ignore[union-attr]
-        return multipart_response(parts, media_type)
+        # one part per frame, streamed; the whole answer is checked with the first picture
+        n = int((loc.pixel or {}).get("number_of_frames") or 0)
+        if n and max(frames) > n:  # type: ignore[arg-type]
+            raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frames)}")
+        first = await _picture(request, archive, loc, frames[:1], params, media_type, thumbnail,
+                               pictures=len(frames))  # type: ignore[index, arg-type]
+
+        async def rest() -> AsyncIterator[bytes]:
+            for k in frames[1:]:  # type: ignore[index]
+                yield await _picture(request, archive, loc, [k], params, media_type, thumbnail)
+
+        return _multipart_stream(first, rest(), media_type)
     data = await _picture(request, archive, loc, frames, params, media_type, thumbnail)
     if as_multipart:
         return multipart_response([(media_type, data)], media_type)
@@ -118,25 +135,49 @@ async def _one(request: Request, archive, loc: InstanceLocation, frames: list[in
 async def _many(request: Request, archive, locs: list[InstanceLocation], what: str, thumbnail: bool) -> Response:
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
-    images = [loc for loc in locs if loc.pixel is not None]
+    # instances with a pixel record first; one without may still hold Float Pixel Data
+    candidates = [loc for loc in locs if loc.pixel is not None] + [loc for loc in locs if loc.pixel is None]
     if thumbnail:
-        # a thumbnail of a study or series is one picture: its first image (documented)
-        if not images:
-            raise NotAcceptable(f"the {what} holds no images")
-        return await _one(request, archive, images[0], None, True)
+        # a thumbnail of a study or series is one picture: its first image that renders (documented)
+        for loc in candidates:
+            try:
+                return await _one(request, archive, loc, None, True)
+            except NotAcceptable:
+                continue
+        raise NotAcceptable(f"the {what} holds no image that can be rendered")
     media_type, _ = negotiate_rendered(parse_accept(request.headers.get("accept")), multi=True)
     params = _params(request, thumbnail)
-    if not images:
-        raise NotAcceptable(f"the {what} holds no images (non-image instances are skipped)")
-    parts = []
-    for loc in images:
+    pictures = _pictures(request, archive, candidates, params, media_type)
+    first = await anext(pictures, None)
+    if first is None:
+        await pictures.aclose()
+        raise NotAcceptable(f"no image of the {what} can be rendered (non-image instances are skipped)")
+    return _multipart_stream(first, pictures, media_type)
+
+
+def _multipart_stream(first: bytes, rest: AsyncIterator[bytes], media_type: str) -> StreamingResponse:
+    """``multipart/related; type=media_type`` of `first` and the `rest`, streamed: one
+    picture in memory at a time, however many the answer holds."""
+    boundary = new_boundary()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield part_header(boundary, media_type)
+        yield first
+        async for data in rest:
+            yield b"\r\n" + part_header(boundary, media_type)
+            yield data
+        yield closing(boundary)
+
+    return StreamingResponse(body(), media_type=content_type(boundary, media_type))
+
+
+async def _pictures(request: Request, archive, locs: list[InstanceLocation], params,
+                    media_type: str) -> AsyncIterator[bytes]:
+    for loc in locs:
         try:
-            parts.append((media_type, await _picture(request, archive, loc, None, params, media_type, thumbnail)))
-        except NotAcceptable:
-            continue  # e.g. an image in an undecodable transfer syntax: skipped like non-images
-    if not parts:
-        raise NotAcceptable(f"no image of the {what} can be rendered")
-    return multipart_response(parts, media_type)
+            yield await _picture(request, archive, loc, None, params, media_type, False)
+        except (NotAcceptable, DICOMwebHTTPError):
+            continue  # non-images, undecodable, too large or deleted meanwhile: skipped
 
 
 def _routes(suffix: str, thumbnail: bool) -> None:

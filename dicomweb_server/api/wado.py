@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -123,7 +124,12 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     try:
         data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
     except pixels.UnsupportedTransferSyntax as e:
-        raise NotAcceptable(str(e)) from None
+        if not choice.defaulted:
+            raise NotAcceptable(str(e)) from None
+        # no syntax asked and the stored pixels cannot be decoded (e.g. a corrupt codestream):
+        # the file as stored with the Warning, as when no decoder exists for its syntax
+        choice = replace(choice, transfer_syntax=loc.transfer_syntax_uid, transcode=False)
+        data = await run_in_threadpool(retrieve.read_file, path)
     headers = {}
     if choice.defaulted and choice.transfer_syntax != "1.2.840.10008.1.2.1":
         headers["Warning"] = warning_header(_DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax))

@@ -39,14 +39,22 @@ layer 404/406); ``UnsupportedTransferSyntax`` when nothing here can decode the f
 handler for the latter catches it) for a frame that is truncated or whose pixel
 description cannot be handled.
 
-All functions are pure and thread-safe (no shared mutable state), so the web layer
-may run them in a thread pool.
+Encapsulated frames are decoded by :mod:`.compressed`: their codestream header is
+checked against the data set first (:mod:`.codestream`), then the plugins above run
+in an isolated decoder process (:mod:`.decode_worker`), so a decoder crash or hang
+is a PixelDataError, never a dead web worker. Native frames (and Float / Double
+Float Pixel Data, 7FE0,0008 / 7FE0,0009) are read here, in-process. The Image Pixel
+description and errors live in :mod:`.pixel_info` (re-exported here).
+
+All functions are thread-safe (no shared mutable state but the decoder pool), so the
+web layer may run them in a thread pool.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -56,27 +64,26 @@ from pydicom.encaps import generate_frames
 from pydicom.pixels import get_decoder
 from pydicom.pixels.processing import convert_color_space
 from pydicom.sequence import Sequence
-from pydicom.uid import (
-    UID,
-    DeflatedExplicitVRLittleEndian,
-    ExplicitVRBigEndian,
-    ExplicitVRLittleEndian,
-    HTJ2K,
-    HTJ2KLossless,
-    HTJ2KLosslessRPCL,
-    ImplicitVRLittleEndian,
-    JPEG2000,
-    JPEG2000Lossless,
-    JPEGBaseline8Bit,
-    JPEGExtended12Bit,
-    JPEGLossless,
-    JPEGLosslessSV1,
-    JPEGLSLossless,
-    JPEGLSNearLossless,
-    RLELossless,
+from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian
+
+from .compressed import KEEP_COLOUR_SPACE, LOSSY, MAX_DECODED_FRAME_BYTES, decode_compressed
+from .pixel_info import (
+    ENCAPSULATED_UNCOMPRESSED_LE,
+    NATIVE_LITTLE_ENDIAN,
+    ImageInfo,
+    NotAnImage,
+    PixelDataError,
+    UnsupportedTransferSyntax,
+    element_value,
+    fix_unused_bits,
+    image_info,
+    normalise_ts,
 )
 
 __all__ = [
+    "ENCAPSULATED_UNCOMPRESSED_LE",
+    "MAX_DECODED_FRAME_BYTES",
+    "NATIVE_LITTLE_ENDIAN",
     "ImageInfo",
     "NotAnImage",
     "PixelDataError",
@@ -84,6 +91,8 @@ __all__ = [
     "decode_frame",
     "decoded_photometric_interpretation",
     "element_value",
+    "float_frames",
+    "is_float",
     "frame_to_native_bytes",
     "image_info",
     "is_supported_transfer_syntax",
@@ -91,209 +100,12 @@ __all__ = [
 ]
 
 
-class UnsupportedTransferSyntax(ValueError):
-    """Nothing available here can decode pixel data in this transfer syntax (406)."""
-
-
-class NotAnImage(ValueError):
-    """The header has no pixel description (Rows, Columns, ...): not an image (404/406)."""
-
-
-class PixelDataError(UnsupportedTransferSyntax):
-    """The frame is truncated/corrupt or uses a pixel layout this module cannot handle."""
-
-
-#: Encapsulated Uncompressed Explicit VR Little Endian (PS3.5 A.4.11): each frame is
-#: a fragment holding native little-endian bytes. Not named in pydicom 3.0.
-ENCAPSULATED_UNCOMPRESSED_LE = UID("1.2.840.10008.1.2.1.98")
-
-#: Frames in these transfer syntaxes are native little-endian bytes.
-NATIVE_LITTLE_ENDIAN = frozenset(
-    {
-        ImplicitVRLittleEndian,
-        ExplicitVRLittleEndian,
-        DeflatedExplicitVRLittleEndian,
-        ENCAPSULATED_UNCOMPRESSED_LE,
-    }
-)
-
-#: Plugin preference per encapsulated transfer syntax (fast, exact decoders first).
-_PLUGIN_PREFERENCE: dict[str, tuple[str, ...]] = {
-    JPEGBaseline8Bit: ("pillow", "gdcm", "pylibjpeg"),
-    JPEGExtended12Bit: ("pillow", "gdcm", "pylibjpeg"),
-    JPEGLossless: ("gdcm", "pylibjpeg"),
-    JPEGLosslessSV1: ("gdcm", "pylibjpeg"),
-    JPEGLSLossless: ("pyjpegls", "gdcm", "pylibjpeg"),
-    JPEGLSNearLossless: ("pyjpegls", "gdcm", "pylibjpeg"),
-    JPEG2000Lossless: ("pylibjpeg", "gdcm", "pillow"),
-    JPEG2000: ("pylibjpeg", "gdcm", "pillow"),
-    HTJ2KLossless: ("pylibjpeg",),
-    HTJ2KLosslessRPCL: ("pylibjpeg",),
-    HTJ2K: ("pylibjpeg",),
-    RLELossless: ("pylibjpeg", "pydicom", "gdcm"),
-}
-
-#: Lossless codecs without a colour transform: when producing native bytes the
-#: decoded samples are kept in the stored colour space (e.g. RLE YBR_FULL stays
-#: YBR_FULL, bit-exact) instead of being converted to RGB.
-_KEEP_COLOUR_SPACE = frozenset(
-    {RLELossless, JPEGLossless, JPEGLosslessSV1, JPEGLSLossless, JPEGLSNearLossless}
-)
-
-#: Lossy transfer syntaxes (PS3.5 8.2): decoded copies keep Lossy Image Compression.
-_LOSSY = {
-    JPEGBaseline8Bit: "ISO_10918_1",
-    JPEGExtended12Bit: "ISO_10918_1",
-    JPEGLSNearLossless: "ISO_14495_1",
-    JPEG2000: "ISO_15444_1",
-    HTJ2K: "ISO_15444_15",
-}
-
 _YBR = ("YBR_FULL", "YBR_FULL_422")
-
-
-@dataclass(frozen=True, slots=True)
-class ImageInfo:
-    """The Image Pixel module attributes (PS3.3 C.7.6.3) needed to decode a frame."""
-
-    rows: int
-    columns: int
-    samples_per_pixel: int
-    bits_allocated: int
-    bits_stored: int
-    pixel_representation: int
-    photometric_interpretation: str
-    planar_configuration: int
-    number_of_frames: int
-
-    @property
-    def native_frame_length(self) -> int:
-        """Bytes of one native frame as stored (bit-packed for Bits Allocated 1)."""
-        pixels = self.rows * self.columns
-        if self.bits_allocated == 1:
-            return (pixels + 7) // 8
-        if self.photometric_interpretation == "YBR_FULL_422" and self.samples_per_pixel == 3:
-            # PS3.3 C.7.6.3.1.2: native YBR_FULL_422 stores Y Y Cb Cr per 2 pixels
-            return pixels * 2 * (self.bits_allocated // 8)
-        return pixels * self.samples_per_pixel * (self.bits_allocated // 8)
-
-    def decode_options(self) -> dict[str, Any]:
-        """Options for ``pydicom.pixels`` decoders, for a one-frame source."""
-        opts: dict[str, Any] = {
-            "rows": self.rows,
-            "columns": self.columns,
-            "samples_per_pixel": self.samples_per_pixel,
-            "bits_allocated": self.bits_allocated,
-            "bits_stored": self.bits_stored,
-            "pixel_representation": self.pixel_representation,
-            "photometric_interpretation": self.photometric_interpretation,
-            "number_of_frames": 1,
-        }
-        if self.samples_per_pixel > 1:
-            opts["planar_configuration"] = self.planar_configuration
-        return opts
-
-
-_TAGS = {
-    "Rows": 0x00280010,
-    "Columns": 0x00280011,
-    "BitsAllocated": 0x00280100,
-    "BitsStored": 0x00280101,
-    "PixelRepresentation": 0x00280103,
-    "SamplesPerPixel": 0x00280002,
-    "PhotometricInterpretation": 0x00280004,
-    "PlanarConfiguration": 0x00280006,
-    "NumberOfFrames": 0x00280008,
-}
-
-
-def element_value(ds: Dataset | None, tag: int, default: Any = None) -> Any:
-    """Value of the element `tag` in `ds` (``default`` when absent or empty).
-
-    Reads pydicom's element dict directly (about 10x cheaper than ``ds[tag]``),
-    falling back to ``ds[tag]`` for elements still in raw (undecoded) form.
-    """
-    if ds is None:
-        return default
-    store = getattr(ds, "_dict", None)
-    if store is not None:
-        elem = store.get(tag)
-        if elem is None:
-            return default
-        if not isinstance(elem, DataElement):
-            elem = ds[tag]
-    else:
-        try:
-            elem = ds[tag]
-        except KeyError:
-            return default
-    value = elem.value
-    return default if value is None or value == "" else value
-
-
-def _value(header: Dataset, keyword: str) -> Any:
-    return element_value(header, _TAGS[keyword])
-
-
-def _int(header: Dataset, keyword: str, default: int | None = None) -> int | None:
-    value = _value(header, keyword)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def image_info(header: Dataset) -> ImageInfo:
-    """Read the pixel description from `header`; raise NotAnImage if there is none."""
-    rows = _int(header, "Rows")
-    columns = _int(header, "Columns")
-    bits_allocated = _int(header, "BitsAllocated")
-    photometric = _value(header, "PhotometricInterpretation")
-    if not rows or not columns or not bits_allocated or not photometric:
-        raise NotAnImage(
-            "the instance has no image pixel description "
-            "(Rows, Columns, Bits Allocated, Photometric Interpretation)"
-        )
-    photometric = str(photometric).strip().upper()
-    default_spp = (
-        3 if photometric in ("RGB", "YBR_FULL", "YBR_FULL_422", "YBR_ICT", "YBR_RCT") else 1
-    )
-    spp = _int(header, "SamplesPerPixel", default_spp) or default_spp
-    bits_stored = _int(header, "BitsStored", bits_allocated) or bits_allocated
-    pixel_representation = _int(header, "PixelRepresentation", 0) or 0
-    planar = _int(header, "PlanarConfiguration", 0) or 0
-    frames = _int(header, "NumberOfFrames", 1) or 1
-
-    if bits_allocated not in (1, 8, 16, 32, 64):
-        raise PixelDataError(f"Bits Allocated {bits_allocated} is not supported")
-    if not 1 <= bits_stored <= bits_allocated:
-        raise PixelDataError(
-            f"Bits Stored {bits_stored} is invalid for Bits Allocated {bits_allocated}"
-        )
-    if spp not in (1, 3):
-        raise PixelDataError(f"Samples per Pixel {spp} is not supported")
-    return ImageInfo(
-        rows=rows,
-        columns=columns,
-        samples_per_pixel=spp,
-        bits_allocated=bits_allocated,
-        bits_stored=bits_stored,
-        pixel_representation=1 if pixel_representation else 0,
-        photometric_interpretation=photometric,
-        planar_configuration=1 if planar else 0,
-        number_of_frames=max(frames, 1),
-    )
-
-
-def _normalise_ts(transfer_syntax_uid: str) -> UID:
-    return UID(str(transfer_syntax_uid).strip().rstrip("\x00").strip())
 
 
 def is_supported_transfer_syntax(transfer_syntax_uid: str) -> bool:
     """True if frames in this transfer syntax can (in principle) be decoded here."""
-    ts = _normalise_ts(transfer_syntax_uid)
+    ts = normalise_ts(transfer_syntax_uid)
     if ts in NATIVE_LITTLE_ENDIAN or ts == ExplicitVRBigEndian:
         return True
     try:
@@ -313,28 +125,6 @@ def decoded_photometric_interpretation(header: Dataset) -> str:
 
 
 # --------------------------------------------------------------------------- native
-
-
-def _fix_unused_bits(arr: np.ndarray, info: ImageInfo) -> np.ndarray:
-    """Sign-extend (signed) or mask (unsigned) when Bits Stored < Bits Allocated.
-
-    Same result as pydicom's shift correction; skipped when the high bits are
-    already clean, which is the common case (two cheap reductions, no copy).
-    """
-    ba = arr.dtype.itemsize * 8
-    bs = info.bits_stored
-    if bs >= ba or arr.size == 0:
-        return arr
-    if info.pixel_representation:
-        lo, hi = -(1 << (bs - 1)), (1 << (bs - 1)) - 1
-    else:
-        lo, hi = 0, (1 << bs) - 1
-    if int(arr.min()) >= lo and int(arr.max()) <= hi:
-        return arr
-    shift = ba - bs
-    out = np.left_shift(arr, shift)
-    np.right_shift(out, shift, out=out)
-    return out
 
 
 def _native_array(
@@ -381,106 +171,59 @@ def _native_array(
         arr = arr.reshape(3, rows, cols).transpose(1, 2, 0)
     else:
         arr = arr.reshape(rows, cols, 3)
-    return _fix_unused_bits(arr, info)
+    return fix_unused_bits(arr, info)
 
 
-# ----------------------------------------------------------------------- encapsulated
+# ------------------------------------------------------------------------------ float
+
+#: Float Pixel Data (7FE0,0008, OF: float32) and Double Float Pixel Data (7FE0,0009,
+#: OD: float64), PS3.3 C.7.6.3 / C.7.6.24, used instead of Pixel Data (7FE0,0010).
+FLOAT_PIXEL_DATA = {0x7FE00008: "OF", 0x7FE00009: "OD"}
 
 
-def _encapsulate_one(frame: bytes | bytearray | memoryview) -> bytes:
-    """Wrap one codestream as encapsulated Pixel Data (empty BOT + one item)."""
-    n = len(frame)
-    pad = b"\x00" if n % 2 else b""
-    return b"".join(
-        (
-            b"\xfe\xff\x00\xe0\x00\x00\x00\x00",
-            b"\xfe\xff\x00\xe0",
-            (n + len(pad)).to_bytes(4, "little"),
-            bytes(frame),
-            pad,
+def is_float(info: ImageInfo, pixel_vr: str | None) -> bool:
+    """Whether frames are floats: the element's VR is OF/OD, or Bits Allocated is 64
+    (only Double Float Pixel Data has 64 bits, PS3.3 C.7.6.3.1)."""
+    return (pixel_vr or "").upper() in ("OF", "OD") or info.bits_allocated == 64
+
+
+def _float_array(
+    info: ImageInfo, frame: bytes | bytearray | memoryview, big_endian: bool
+) -> np.ndarray:
+    itemsize = 8 if info.bits_allocated == 64 else 4
+    count = info.rows * info.columns * info.samples_per_pixel
+    if len(frame) < count * itemsize:
+        raise PixelDataError(
+            f"the float frame has {len(frame)} bytes, {count * itemsize} are needed"
         )
-    )
+    arr = np.frombuffer(frame, f"{'>' if big_endian else '<'}f{itemsize}", count=count)
+    if big_endian:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    shape = (info.rows, info.columns) + ((3,) if info.samples_per_pixel == 3 else ())
+    return arr.reshape(shape)
 
 
-def _decoder_for(ts: UID):
-    try:
-        decoder = get_decoder(ts)
-    except NotImplementedError as exc:
-        raise UnsupportedTransferSyntax(
-            f"no pixel data decoder for transfer syntax {ts} ({ts.name})"
-        ) from exc
-    if not decoder.is_available:
-        raise UnsupportedTransferSyntax(
-            f"no decoding plugin is installed for transfer syntax {ts} ({ts.name})"
-        )
-    return decoder
+def float_frames(ds: Dataset, numbers: Iterable[int]) -> Iterator[np.ndarray]:
+    """Frames `numbers` (1-based) of the Float or Double Float Pixel Data of a whole
+    data set (read with its pixel data), as float32 / float64 arrays (Rows, Columns).
 
-
-def _plugin_order(ts: UID, decoder) -> list[str]:
-    available = list(decoder.available_plugins)
-    preferred = [p for p in _PLUGIN_PREFERENCE.get(ts, ()) if p in available]
-    return preferred + [p for p in available if p not in preferred]
-
-
-def _imagecodecs_jpeg(
-    info: ImageInfo, frame: bytes | bytearray | memoryview
-) -> tuple[np.ndarray, dict[str, Any]] | None:
-    """Decode a JPEG (incl. 12-bit Extended) frame with imagecodecs, if installed.
-
-    imagecodecs (BSD-3-Clause; libjpeg-turbo 3 with 12-bit support) is an optional
-    dependency: without it 12-bit JPEG Extended frames are UnsupportedTransferSyntax.
+    Raises NotAnImage when the data set has neither element, PixelDataError for a
+    frame number beyond Number of Frames or a value too short for it.
     """
-    try:
-        import imagecodecs
-    except ImportError:
-        return None
-    arr = imagecodecs.jpeg8_decode(bytes(frame))
-    expected = (info.rows, info.columns) + ((3,) if info.samples_per_pixel == 3 else ())
-    if arr.shape != expected:
-        raise ValueError(f"imagecodecs decoded shape {arr.shape}, expected {expected}")
-    kind = "i" if info.pixel_representation else "u"
-    target = np.dtype(f"{kind}{max(info.bits_allocated // 8, 1)}")
-    if arr.dtype != target:
-        arr = (
-            arr.astype(target.newbyteorder("="))
-            if arr.dtype.itemsize != target.itemsize
-            else arr.view(target)
-        )
-    arr = _fix_unused_bits(np.ascontiguousarray(arr), info)
-    photometric = "RGB" if info.samples_per_pixel == 3 else info.photometric_interpretation
-    return arr, {"photometric_interpretation": photometric, "planar_configuration": 0}
-
-
-def _decode_encapsulated(
-    info: ImageInfo, frame: bytes | bytearray | memoryview, ts: UID, *, raw: bool
-) -> tuple[np.ndarray, dict[str, Any]]:
-    errors = []
-    if ts in (JPEGExtended12Bit, JPEGBaseline8Bit) and info.bits_stored > 8:
-        # 12-bit JPEG: no pydicom plugin here can decode it (pylibjpeg-libjpeg is GPL)
-        try:
-            result = _imagecodecs_jpeg(info, frame)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"imagecodecs: {exc}")
-            result = None
-        if result is not None:
-            return result
-        if not errors:
-            errors.append("imagecodecs: not installed (optional, needed for 12-bit JPEG)")
-    decoder = _decoder_for(ts)
-    src = _encapsulate_one(frame)
-    opts = info.decode_options()
-    for plugin in _plugin_order(ts, decoder):
-        try:
-            arr, props = decoder.as_array(src, index=0, raw=raw, decoding_plugin=plugin, **opts)
-        except Exception as exc:  # noqa: BLE001 - every plugin failure is tried/reported
-            text = str(exc).strip()
-            errors.append(f"{plugin}: {text.splitlines()[0] if text else type(exc).__name__}")
-            continue
-        return arr, props
-    raise UnsupportedTransferSyntax(
-        f"unable to decode the {ts.name} frame ({info.bits_stored}-bit, "
-        f"{info.photometric_interpretation}): " + "; ".join(errors)
-    )
+    info = image_info(ds)
+    for tag, vr in FLOAT_PIXEL_DATA.items():
+        value = element_value(ds, tag)
+        if isinstance(value, (bytes, bytearray)):
+            break
+    else:
+        raise NotAnImage("the instance has no Float or Double Float Pixel Data")
+    big_endian = not getattr(ds, "is_little_endian", True)
+    info = replace(info, bits_allocated=64 if vr == "OD" else 32)
+    size = info.native_frame_length
+    for k in numbers:
+        if not 1 <= k <= info.number_of_frames:
+            raise PixelDataError(f"no frame {k}: the instance has {info.number_of_frames}")
+        yield _float_array(info, memoryview(value)[(k - 1) * size : k * size], big_endian)
 
 
 # ------------------------------------------------------------------------------ API
@@ -508,11 +251,15 @@ def decode_frame(
 
     `pixel_vr` ("OB"/"OW") only matters for Explicit VR Big Endian with 8-bit
     samples: OW values are byte-swapped in 16-bit words, so for such a frame pass
-    the word-aligned bytes (one more byte when the frame length is odd).
+    the word-aligned bytes (one more byte when the frame length is odd). "OF"/"OD"
+    (and any frame with Bits Allocated 64) is a frame of Float / Double Float Pixel
+    Data: a float32 / float64 array (see :func:`float_frames`).
     """
     info = image_info(header)
-    ts = _normalise_ts(transfer_syntax_uid)
+    ts = normalise_ts(transfer_syntax_uid)
     if ts in NATIVE_LITTLE_ENDIAN or ts == ExplicitVRBigEndian:
+        if is_float(info, pixel_vr):
+            return _float_array(info, frame, ts == ExplicitVRBigEndian)
         arr = _native_array(info, frame, ts == ExplicitVRBigEndian, pixel_vr)
         if arr.ndim == 3:
             if info.photometric_interpretation in _YBR and arr.dtype == np.uint8:
@@ -520,7 +267,7 @@ def decode_frame(
             elif not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr)
         return arr
-    arr, _ = _decode_encapsulated(info, frame, ts, raw=False)
+    arr, _ = decode_compressed(info, frame, ts, raw=False)
     return arr
 
 
@@ -567,7 +314,7 @@ def frame_to_native_bytes(
     with the header to see what changed (e.g. YBR_FULL_422 -> RGB, 1 -> 0).
     """
     info = image_info(header)
-    ts = _normalise_ts(transfer_syntax_uid)
+    ts = normalise_ts(transfer_syntax_uid)
     need = info.native_frame_length
     if ts in NATIVE_LITTLE_ENDIAN:
         if len(frame) < need:
@@ -608,8 +355,8 @@ def frame_to_native_bytes(
         )
         return data, desc
 
-    keep = ts in _KEEP_COLOUR_SPACE
-    arr, props = _decode_encapsulated(info, frame, ts, raw=keep)
+    keep = ts in KEEP_COLOUR_SPACE
+    arr, props = decode_compressed(info, frame, ts, raw=keep)
     itemsize = info.bits_allocated // 8
     kind = "i" if info.pixel_representation else "u"
     target = np.dtype(f"<{kind}{itemsize}")
@@ -680,7 +427,7 @@ def transcode_to_explicit_le(ds: Dataset) -> Dataset:
     Raises UnsupportedTransferSyntax when the pixel data cannot be decoded.
     """
     file_meta = getattr(ds, "file_meta", None)
-    ts = _normalise_ts(getattr(file_meta, "TransferSyntaxUID", None) or ExplicitVRLittleEndian)
+    ts = normalise_ts(getattr(file_meta, "TransferSyntaxUID", None) or ExplicitVRLittleEndian)
 
     if ts == ExplicitVRBigEndian:
         new = _swap_copy(ds)
@@ -723,10 +470,10 @@ def transcode_to_explicit_le(ds: Dataset) -> Dataset:
             new[0x00280006] = DataElement(0x00280006, "US", desc.get("PlanarConfiguration", 0))
         if "NumberOfFrames" in ds and len(chunks) != info.number_of_frames:
             new[0x00280008] = DataElement(0x00280008, "IS", str(len(chunks)))
-        if ts in _LOSSY and ds.get("LossyImageCompression", None) != "01":
+        if ts in LOSSY and ds.get("LossyImageCompression", None) != "01":
             new[0x00282110] = DataElement(0x00282110, "CS", "01")
             if "LossyImageCompressionMethod" not in ds:
-                new[0x00282114] = DataElement(0x00282114, "CS", _LOSSY[ts])
+                new[0x00282114] = DataElement(0x00282114, "CS", LOSSY[ts])
         for tag in (0x7FE00001, 0x7FE00002):  # Extended Offset Table (+ Lengths)
             if tag in new:
                 del new[tag]
