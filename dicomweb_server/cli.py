@@ -78,6 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=settings.access_log,
         log_level=settings.log_level,
         timeout_keep_alive=30,
+        # SIGTERM: stop accepting, let requests in flight finish for at most this long, then
+        # cancel them (never acknowledged) and close the archive (Archive.close); with several
+        # workers uvicorn's supervisor sends each worker SIGTERM and restarts dead ones
+        timeout_graceful_shutdown=settings.shutdown_timeout,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
     return 0

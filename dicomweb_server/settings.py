@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) limit")
     bulk_threshold: int = Field(1024, ge=0, description="binary values larger than this become BulkDataURIs")
     render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-image cache cap per worker")
+    shutdown_timeout: float = Field(30.0, gt=0, description="seconds a stopping worker lets requests in flight finish")
     access_log: bool = False
     log_level: str = "info"
     cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; ['*'] for any")
