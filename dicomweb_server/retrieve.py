@@ -4,13 +4,23 @@ instances. Blocking functions; the web layer runs them in worker threads.
 Frames are read with the layout computed at store time (a seek and a read);
 only files whose frame boundaries are unknown (deflated, bit-packed, ambiguous
 fragments) are parsed with pydicom at read time.
+
+Reads racing DELETE: the index look-up and the file read are not one transaction,
+so each function opens the file once, up front, and works on that open file (a
+file removed afterwards stays readable through it). A file already gone, or
+replaced by a new store of the same SOP Instance UID (another size than the row
+looked up), raises :class:`Gone`: 404 for a single resource; multi-instance
+streams skip the instance (it is no longer part of the study).
 """
 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import pydicom
 from pydicom.dataset import Dataset
@@ -29,20 +39,58 @@ class NotFound(LookupError):
     """A frame, bulk data element or pixel data that does not exist (HTTP 404)."""
 
 
+class Gone(NotFound):
+    """The instance's file was removed (or replaced) after its index look-up: a
+    DELETE raced this read (HTTP 404)."""
+
+
+def open_stored(path: Path, loc: InstanceLocation) -> BinaryIO:
+    """The stored file of ``loc``, opened for reading.
+
+    Raises
+    ------
+    Gone
+        The file is missing, or is not the file the index row describes.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise Gone(f"instance {loc.sop_uid} was deleted") from None
+    if os.fstat(f.fileno()).st_size != loc.size:
+        f.close()
+        raise Gone(f"instance {loc.sop_uid} was replaced while being read")
+    return f
+
+
+@contextmanager
+def _stored(path: Path, loc: InstanceLocation) -> Iterator[BinaryIO]:
+    with open_stored(path, loc) as f:
+        yield f
+
+
 def can_decode(ts: str) -> bool:
     """Whether pixel data in ``ts`` can be decoded to native pixels here."""
     return ts in UNENCAPSULATED or pixels.is_supported_transfer_syntax(ts)
 
 
-#: files larger than this are streamed in CHUNK pieces instead of read whole
-LARGE_FILE = 16 * 1024 * 1024
-CHUNK = 1024 * 1024
+#: files (and pixel data) larger than this are streamed from disk in CHUNK pieces
+#: instead of read whole, so that a slow reader holds at most one piece in the
+#: server (plus the transport's write buffer: each send waits for it to drain)
+CHUNK = 256 * 1024
+LARGE_FILE = CHUNK
+#: native Pixel Data larger than this is streamed (smaller values can be ranged: RFC 9110 §14)
+LARGE_VALUE = 16 * 1024 * 1024
 
 
-def file_chunks(path: Path, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
-    """The file (or ``length`` bytes from ``offset``) in 1 MiB pieces (bounded
-    memory for multi-GB instances)."""
-    with open(path, "rb") as f:
+def file_chunks(path: Path, loc: InstanceLocation, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+    """The stored file of ``loc`` (or ``length`` bytes from ``offset``) in CHUNK
+    pieces. The file is opened now (so :class:`Gone` is raised here, before an
+    answer starts); the pieces are read as the iterator is consumed."""
+    return _chunks(open_stored(path, loc), offset, length)
+
+
+def _chunks(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
+    with f:
         f.seek(offset)
         left = length if length is not None else -1
         while left != 0:
@@ -55,21 +103,17 @@ def file_chunks(path: Path, offset: int = 0, length: int | None = None) -> Itera
 
 def large_native_pixel_data(loc: InstanceLocation) -> tuple[int, int] | None:
     """(offset, length) of Pixel Data to stream, when it is native little endian
-    and larger than LARGE_FILE; else None."""
+    and larger than LARGE_VALUE; else None."""
     pix = loc.pixel or {}
-    if loc.transfer_syntax_uid in NATIVE_LE and pix.get("length") and pix["length"] > LARGE_FILE:
+    if loc.transfer_syntax_uid in NATIVE_LE and pix.get("length") and pix["length"] > LARGE_VALUE:
         return pix["offset"], pix["length"]
     return None
 
 
-def read_file(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def header(path: Path) -> Dataset:
+def _header(f: BinaryIO) -> Dataset:
     """The dataset without pixel data (for decoding and rendering)."""
-    return pydicom.dcmread(path, stop_before_pixels=True)
+    f.seek(0)
+    return pydicom.dcmread(f, stop_before_pixels=True)
 
 
 def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes:
@@ -80,9 +124,10 @@ def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes
     pixels.UnsupportedTransferSyntax
         The stored pixel data cannot be decoded (HTTP 406).
     """
-    if not choice.transcode:
-        return read_file(path)
-    ds = pydicom.dcmread(path)
+    with _stored(path, loc) as f:
+        if not choice.transcode:
+            return f.read()
+        ds = pydicom.dcmread(f)
     if "PixelData" in ds or loc.transfer_syntax_uid not in NATIVE_LE:
         ds = pixels.transcode_to_explicit_le(ds)
     ds.file_meta.TransferSyntaxUID = EXPLICIT_VR_LE
@@ -120,21 +165,26 @@ def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list
     Raises
     ------
     NotFound
-        No pixel data, or a frame number beyond NumberOfFrames.
+        No pixel data, a frame number beyond NumberOfFrames, or the file is gone.
     """
+    with _stored(path, loc) as f:
+        return _stored_frames(f, loc, numbers)
+
+
+def _stored_frames(fp: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
     n = _check_frames(loc, numbers)
     pix = loc.pixel or {}
     if "offset" in pix:
         layout = PixelLayout.from_json(pix)
         try:
-            with open(path, "rb") as fp:
-                return [_unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
-                        for k in numbers]
+            return [_unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
+                    for k in numbers]
         except IndexError as e:
             raise NotFound(f"no frame {e}") from None
         except LookupError:
             pass  # frame boundaries unknown: parse below
-    ds = pydicom.dcmread(path)
+    fp.seek(0)
+    ds = pydicom.dcmread(fp)
     data = ds.PixelData
     if loc.transfer_syntax_uid in UNENCAPSULATED:
         flen = pix.get("frame_length") or len(data) // n
@@ -146,13 +196,15 @@ def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list
 def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> list[bytes]:
     """Frames in the negotiated representation (PS3.18 §10.4.1.1.2): as stored,
     or decoded to native little-endian bytes for application/octet-stream."""
-    raw = stored_frames(path, loc, numbers)
-    ts = loc.transfer_syntax_uid
-    if choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE and ts not in NATIVE_LE:
-        hdr = header(path)
+    with _stored(path, loc) as f:
+        raw = _stored_frames(f, loc, numbers)
+        ts = loc.transfer_syntax_uid
+        if not (choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE
+                and ts not in NATIVE_LE):
+            return raw
+        hdr = _header(f)
         vr = (loc.pixel or {}).get("vr")
-        return [pixels.frame_to_native_bytes(hdr, f, ts, pixel_vr=vr)[0] for f in raw]
-    return raw
+    return [pixels.frame_to_native_bytes(hdr, f, ts, pixel_vr=vr)[0] for f in raw]
 
 
 def frame_part_type(choice: Choice) -> str:
@@ -173,20 +225,25 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
     ValueError
         Malformed tag path (HTTP 400).
     NotFound
-        No such element (HTTP 404).
+        No such element, or the file is gone (HTTP 404).
     """
+    with _stored(path, loc) as f:
+        return _bulkdata(f, loc, tagpath)
+
+
+def _bulkdata(fp: BinaryIO, loc: InstanceLocation, tagpath: str) -> list[tuple[str, bytes]]:
     if tagpath.upper() == "7FE00010" and loc.pixel is not None:
         ts = loc.transfer_syntax_uid
         n = int(loc.pixel.get("number_of_frames") or 1)
         if ts not in UNENCAPSULATED:
             media = MEDIA_TYPE_OF_TS.get(ts, OCTET_STREAM)
-            return [(f"{media}; transfer-syntax={ts}", f) for f in stored_frames(path, loc, list(range(1, n + 1)))]
+            return [(f"{media}; transfer-syntax={ts}", f) for f in _stored_frames(fp, loc, list(range(1, n + 1)))]
         pix = loc.pixel
         if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
-            with open(path, "rb") as fp:
-                fp.seek(pix["offset"])
-                return [(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))]
-    ds = pydicom.dcmread(path)
+            fp.seek(pix["offset"])
+            return [(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))]
+    fp.seek(0)
+    ds = pydicom.dcmread(fp)
     try:
         return [(OCTET_STREAM, resolve_bulkdata(ds, tagpath))]
     except KeyError as e:
@@ -214,8 +271,9 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     n = int(loc.pixel.get("number_of_frames") or 1)
     if frame_numbers is None:
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
-    hdr = header(path)
-    raw = stored_frames(path, loc, frame_numbers)
+    with _stored(path, loc) as f:
+        hdr = _header(f)
+        raw = _stored_frames(f, loc, frame_numbers)
     vr = loc.pixel.get("vr")
     arrays = [pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr) for f in raw]
     return render.render(hdr, arrays, params, media_type, frame_numbers=frame_numbers)

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from .. import retrieve
 from ..dicom import pixels, render
 from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, parse_accept
-from ..render_cache import RenderCache
+from ..render_cache import RenderCache, file_version
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError
@@ -82,11 +82,15 @@ def _cache(request: Request) -> RenderCache:
 async def _picture(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, params,
                    media_type: str, thumbnail: bool) -> bytes:
     cache = _cache(request)
-    key = (loc.sop_uid, tuple(frames) if frames else None, params, media_type, thumbnail)
+    path = archive.blobs.resolve(loc.path)
+    try:  # the file's version is in the key: a deleted and re-stored instance is a new picture
+        version = await run_in_threadpool(file_version, path)
+    except FileNotFoundError:
+        raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} was deleted") from None
+    key = (loc.sop_uid, version, tuple(frames) if frames else None, params, media_type, thumbnail)
     hit = cache.get(key)
     if hit is not None:
         return hit
-    path = archive.blobs.resolve(loc.path)
     try:
         data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail)
     except retrieve.NotFound as e:
@@ -134,6 +138,10 @@ async def _many(request: Request, archive, locs: list[InstanceLocation], what: s
             parts.append((media_type, await _picture(request, archive, loc, None, params, media_type, thumbnail)))
         except NotAcceptable:
             continue  # e.g. an image in an undecodable transfer syntax: skipped like non-images
+        except DICOMwebHTTPError as e:
+            if e.status_code != 404:
+                raise
+            continue  # deleted since the look-up: no longer part of the study
     if not parts:
         raise NotAcceptable(f"no image of the {what} can be rendered")
     return multipart_response(parts, media_type)

@@ -104,9 +104,11 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.resolve(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
-        return _stream_file(path, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
+        return await _stream_file(path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
     try:
         data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+    except retrieve.NotFound as e:  # deleted since the look-up
+        raise DICOMwebHTTPError(404, str(e)) from None
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
     headers = {}
@@ -117,10 +119,14 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
 
 
-def _stream_file(path, offset: int, length: int, part_ctype: str, multipart: bool) -> Response:
-    """``length`` bytes of a file from ``offset``, streamed from disk in 1 MiB pieces
-    (bounded memory), single part or as the one part of a multipart/related body."""
-    chunks = iterate_in_threadpool(retrieve.file_chunks(path, offset, length))
+async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
+                       multipart: bool) -> Response:
+    """``length`` bytes of a file from ``offset``, streamed from disk in bounded pieces
+    (retrieve.CHUNK), single part or as the one part of a multipart/related body."""
+    try:
+        chunks = iterate_in_threadpool(await run_in_threadpool(retrieve.file_chunks, path, loc, offset, length))
+    except retrieve.NotFound as e:  # deleted since the look-up
+        raise DICOMwebHTTPError(404, str(e)) from None
     if not multipart:
         return StreamingResponse(chunks, media_type=part_ctype, headers={"Content-Length": str(length)})
     boundary = new_boundary()
@@ -143,12 +149,15 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
             choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
             path = archive.blobs.resolve(loc.path)
             large = not choice.transcode and loc.size > retrieve.LARGE_FILE
-            data = b"" if large else await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
-        except (NotAcceptable, pixels.UnsupportedTransferSyntax, FileNotFoundError):
-            continue  # checked before the answer started; a file deleted meanwhile is skipped
+            if large:  # opened before its part starts; read in bounded pieces as the client reads
+                chunks = await run_in_threadpool(retrieve.file_chunks, path, loc)
+            else:
+                data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+        except (NotAcceptable, pixels.UnsupportedTransferSyntax, retrieve.NotFound):
+            continue  # checked before the answer started; an instance deleted meanwhile is skipped
         yield (b"" if first else b"\r\n") + part_header(boundary, _dicom_part_type(choice.transfer_syntax))
         if large:
-            async for chunk in iterate_in_threadpool(retrieve.file_chunks(path)):
+            async for chunk in iterate_in_threadpool(chunks):
                 yield chunk
         else:
             yield data
@@ -235,8 +244,9 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     accept = parse_accept(request.headers.get("accept"))
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == "7FE00010" else None
     if span is not None:
-        return _stream_file(path, span[0], span[1], f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
-                            multipart=accept[0].type != OCTET_STREAM)
+        return await _stream_file(path, loc, span[0], span[1],
+                                  f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
+                                  multipart=accept[0].type != OCTET_STREAM)
     try:
         parts = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
     except retrieve.NotFound as e:
