@@ -16,6 +16,7 @@ streams skip the instance (it is no longer part of the study).
 from __future__ import annotations
 
 import io
+import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames
 
 from .dicom import pixels
-from .dicom.frames import PixelLayout, read_frame
+from .dicom.frames import PixelLayout, frame_spans, read_frame
 from .dicom.json_model import resolve_bulkdata
 from .dicom.media_types import (
     EXPLICIT_VR_LE, MEDIA_TYPE_OF_TS, NATIVE_LE, OCTET_STREAM, UNENCAPSULATED, Choice,
@@ -91,14 +92,18 @@ def file_chunks(path: Path, loc: InstanceLocation, offset: int = 0, length: int 
 
 def _chunks(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
     with f:
-        f.seek(offset)
-        left = length if length is not None else -1
-        while left != 0:
-            chunk = f.read(CHUNK if left < 0 else min(CHUNK, left))
-            if not chunk:
-                break
-            left -= len(chunk) if left > 0 else 0
-            yield chunk
+        yield from _read_span(f, offset, length)
+
+
+def _read_span(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
+    f.seek(offset)
+    left = length if length is not None else -1
+    while left != 0:
+        chunk = f.read(CHUNK if left < 0 else min(CHUNK, left))
+        if not chunk:
+            break
+        left -= len(chunk) if left > 0 else 0
+        yield chunk
 
 
 def large_native_pixel_data(loc: InstanceLocation) -> tuple[int, int] | None:
@@ -136,6 +141,15 @@ def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes
     return buf.getvalue()
 
 
+def _frames_addressable(loc: InstanceLocation) -> bool:
+    """Whether each frame can be read with a seek (the layout computed at store time)."""
+    pix = loc.pixel or {}
+    if "offset" not in pix:
+        return False
+    layout = PixelLayout.from_json(pix)
+    return layout.frames is not None if layout.fragments is not None else pix.get("frame_length") is not None
+
+
 def _check_frames(loc: InstanceLocation, numbers: list[int]) -> int:
     if loc.pixel is None:
         raise NotFound(f"instance {loc.sop_uid} has no pixel data")
@@ -156,19 +170,6 @@ def _unpad(frame: bytes, ts: str) -> bytes:
     if ts != _RLE and ts not in UNENCAPSULATED and frame.endswith(b"\xff\xd9\x00"):
         return frame[:-1]
     return frame
-
-
-def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
-    """Frames (1-based numbers, in the order asked) exactly as stored: native
-    bytes in the stored byte order, or each frame's compressed codestream.
-
-    Raises
-    ------
-    NotFound
-        No pixel data, a frame number beyond NumberOfFrames, or the file is gone.
-    """
-    with _stored(path, loc) as f:
-        return _stored_frames(f, loc, numbers)
 
 
 def _stored_frames(fp: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
@@ -193,18 +194,64 @@ def _stored_frames(fp: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> l
     return [_unpad(frames[k - 1], loc.transfer_syntax_uid) for k in numbers]
 
 
-def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> list[bytes]:
+def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
     """Frames in the negotiated representation (PS3.18 §10.4.1.1.2): as stored,
-    or decoded to native little-endian bytes for application/octet-stream."""
-    with _stored(path, loc) as f:
-        raw = _stored_frames(f, loc, numbers)
+    or decoded to native little-endian bytes for application/octet-stream; as a
+    stream of ``None`` (a frame starts) and byte pieces
+    (:func:`api.responses.multipart_stream`).
+
+    The file is opened and every frame number checked now, so that a missing
+    frame, a deleted file or undecodable pixel data raise here (404/406) before
+    an answer starts. Frames stored with a known layout and sent as stored are
+    read from disk in CHUNK pieces as the client reads; decoded frames (and
+    files whose frame boundaries need a parse) are produced one frame at a time.
+    """
+    f = open_stored(path, loc)
+    try:
+        frames = _frames(f, loc, numbers, choice)
+        first = next(frames)
+    except BaseException:
+        f.close()
+        raise
+    return itertools.chain([first], frames)
+
+
+def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
+    with f:
+        _check_frames(loc, numbers)  # every number, before the first frame is sent
         ts = loc.transfer_syntax_uid
-        if not (choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE
-                and ts not in NATIVE_LE):
-            return raw
-        hdr = _header(f)
-        vr = (loc.pixel or {}).get("vr")
-    return [pixels.frame_to_native_bytes(hdr, f, ts, pixel_vr=vr)[0] for f in raw]
+        decode = choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE \
+            and ts not in NATIVE_LE
+        pix = loc.pixel or {}
+        if not decode and _frames_addressable(loc):
+            layout = PixelLayout.from_json(pix)
+            try:
+                spans = [frame_spans(layout, k, pix.get("frame_length")) for k in numbers]
+            except IndexError as e:
+                raise NotFound(f"no frame {e}") from None
+            for frame in spans:
+                yield None
+                for off, ln in _unpadded(f, frame, ts):
+                    yield from _read_span(f, off, ln)
+            return
+        hdr = _header(f) if decode else None
+        # boundaries known only by parsing the file: all frames at once, as the parse costs the same
+        batches = ([k] for k in numbers) if _frames_addressable(loc) else iter([numbers])
+        for batch in batches:
+            for raw in _stored_frames(f, loc, batch):
+                value = pixels.frame_to_native_bytes(hdr, raw, ts, pixel_vr=pix.get("vr"))[0] if decode else raw
+                yield None
+                yield value
+
+
+def _unpadded(f: BinaryIO, spans: list[tuple[int, int]], ts: str) -> list[tuple[int, int]]:
+    """The spans of a frame without the 0x00 that encapsulation adds after an
+    odd-length codestream (see :func:`_unpad`)."""
+    if ts == _RLE or ts in UNENCAPSULATED or not spans or spans[-1][1] < 3:
+        return spans
+    off, ln = spans[-1]
+    f.seek(off + ln - 3)
+    return spans[:-1] + [(off, ln - 1)] if f.read(3) == b"\xff\xd9\x00" else spans
 
 
 def frame_part_type(choice: Choice) -> str:

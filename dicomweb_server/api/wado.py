@@ -22,7 +22,7 @@ from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError, error_response
-from .responses import DicomJSONResponse, multipart_response, parse_byte_range
+from .responses import DicomJSONResponse, multipart_response, multipart_stream, parse_byte_range, pieces
 
 router = APIRouter(tags=["WADO-RS"])
 
@@ -160,7 +160,8 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
             async for chunk in iterate_in_threadpool(chunks):
                 yield chunk
         else:
-            yield data
+            for piece in pieces(data):
+                yield piece
         first = False
     yield closing(boundary)
 
@@ -218,13 +219,12 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
                               retrieve.can_decode)
     path = archive.blobs.resolve(loc.path)
     try:
-        data = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
+        frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
-    ptype = retrieve.frame_part_type(choice)
-    return multipart_response([(ptype, d) for d in data], choice.media_type)
+    return multipart_stream(retrieve.frame_part_type(choice), frames, choice.media_type)
 
 
 @router.get("/studies/{study}/series/{series}/instances/{instance}/bulkdata/{tagpath:path}",
