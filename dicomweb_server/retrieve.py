@@ -19,7 +19,6 @@ import io
 import itertools
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,12 +60,6 @@ def open_stored(path: Path, loc: InstanceLocation) -> BinaryIO:
         f.close()
         raise Gone(f"instance {loc.sop_uid} was replaced while being read")
     return f
-
-
-@contextmanager
-def _stored(path: Path, loc: InstanceLocation) -> Iterator[BinaryIO]:
-    with open_stored(path, loc) as f:
-        yield f
 
 
 def can_decode(ts: str) -> bool:
@@ -129,7 +122,7 @@ def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes
     pixels.UnsupportedTransferSyntax
         The stored pixel data cannot be decoded (HTTP 406).
     """
-    with _stored(path, loc) as f:
+    with open_stored(path, loc) as f:
         if not choice.transcode:
             return f.read()
         ds = pydicom.dcmread(f)
@@ -274,7 +267,7 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
     NotFound
         No such element, or the file is gone (HTTP 404).
     """
-    with _stored(path, loc) as f:
+    with open_stored(path, loc) as f:
         return _bulkdata(f, loc, tagpath)
 
 
@@ -318,7 +311,7 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     n = int(loc.pixel.get("number_of_frames") or 1)
     if frame_numbers is None:
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
-    with _stored(path, loc) as f:
+    with open_stored(path, loc) as f:
         hdr = _header(f)
         raw = _stored_frames(f, loc, frame_numbers)
     vr = loc.pixel.get("vr")
