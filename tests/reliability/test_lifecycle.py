@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -206,3 +207,50 @@ def test_traffic_through_start_up_worker_restarts_and_shutdown(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_sigterm_lets_a_request_in_flight_finish(tmp_path):
+    """SIGTERM while a STOW-RS body is half received (the app has started reading it:
+    uvicorn answered ``100 Continue``): the worker finishes it, answers 200, and the
+    instances are stored; the server then exits cleanly without spool files."""
+    data = tmp_path / "data"
+    port = free_port()
+    proc = _serve(data, port, workers=2)
+    url = f"http://127.0.0.1:{port}"
+    datasets = [make_dataset(rows=64, columns=64) for _ in range(2)]
+    body, ctype = multipart([to_bytes(ds) for ds in datasets])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/studies", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(f"POST /studies HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                      "Expect: 100-continue\r\n\r\n".encode())
+            assert s.recv(100).startswith(b"HTTP/1.1 100")  # the worker is reading this request's body
+            s.sendall(body[: len(body) // 2])
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)  # the worker is shutting down (ordering only; nothing is timed)
+            s.sendall(body[len(body) // 2 :])
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert all(ds.SOPInstanceUID.encode() in answer for ds in datasets)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert os.listdir(data / "tmp") == []
+    archive = Archive.open(Settings(data_dir=data, index="sqlite"))
+    try:
+        for ds in datasets:
+            loc = archive.index.locate(ds.SOPInstanceUID)
+            assert loc is not None and archive.blobs.resolve(loc.path).read_bytes() == to_bytes(ds)
+    finally:
+        archive.close()
