@@ -27,7 +27,7 @@ import psutil
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tests.helpers import free_port, make_dataset, multipart, to_bytes  # noqa: E402
+from tests.helpers import free_port, make_dataset, multipart, to_bytes
 
 SIDE = 2740  # 2740 * 2740 * 2 bytes = 15.0 MB per frame
 

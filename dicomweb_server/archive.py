@@ -102,7 +102,7 @@ class Archive:
         n = archive.blobs.clean_spool()
         if n:
             log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
-        archive.blobs.spool  # claim this process's spool folder now, not at the first STOW-RS
+        log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
         if settings.index == "memory":
             archive.rebuild()
         return archive

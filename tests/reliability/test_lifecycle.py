@@ -171,7 +171,7 @@ def test_traffic_through_start_up_worker_restarts_and_shutdown(tmp_path):
         for _ in range(3):  # a worker dies; the supervisor starts a new one while the others serve
             before = _workers(proc)
             assert len(before) == 3, before
-            os.kill(sorted(before)[0], signal.SIGKILL)
+            os.kill(min(before), signal.SIGKILL)
             deadline = time.monotonic() + 60
             while not ((now := _workers(proc)) - before and len(now) == 3):
                 assert time.monotonic() < deadline, "no replacement worker"

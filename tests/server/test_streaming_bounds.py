@@ -15,7 +15,7 @@ from dicomweb_server.app import create_app
 from dicomweb_server.archive import Archive
 from dicomweb_server.dicom.multipart import SpooledPart
 from dicomweb_server.settings import Settings
-from tests.helpers import make_dataset, multipart, to_bytes
+from tests.helpers import make_dataset, to_bytes
 
 SIDE = 800  # 800 x 800 x 2 bytes = 1.28 MB per frame, five pieces
 
