@@ -67,11 +67,12 @@ def can_decode(ts: str) -> bool:
     return ts in UNENCAPSULATED or pixels.is_supported_transfer_syntax(ts)
 
 
-#: files (and pixel data) larger than this are streamed from disk in CHUNK pieces
-#: instead of read whole, so that a slow reader holds at most one piece in the
-#: server (plus the transport's write buffer: each send waits for it to drain)
+#: files larger than LARGE_FILE are streamed from disk in CHUNK pieces as the client
+#: reads, so that a slow reader holds about one piece in the server (each send waits
+#: for the transport's write buffer to drain). Smaller files (typical CT/MR) are read
+#: whole in one thread hop: streaming a 512 KB file costs several hops.
 CHUNK = 256 * 1024
-LARGE_FILE = CHUNK
+LARGE_FILE = 4 * CHUNK
 #: native Pixel Data larger than this is streamed (smaller values can be ranged: RFC 9110 §14)
 LARGE_VALUE = 16 * 1024 * 1024
 

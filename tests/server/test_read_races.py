@@ -75,7 +75,7 @@ def _parts(r) -> list[bytes]:
     ("/rendered", {"Accept": "image/png"}, ExplicitVRLittleEndian),
     ("/thumbnail", {"Accept": "image/jpeg"}, ExplicitVRLittleEndian),
 ])
-@pytest.mark.parametrize("rows", [8, 400])  # 400x400x2 bytes: above retrieve.LARGE_FILE, streamed from disk
+@pytest.mark.parametrize("rows", [8, 800])  # 800x800x2 bytes: above retrieve.LARGE_FILE, streamed from disk
 def test_instance_read_racing_delete_is_404(archive, monkeypatch, path, headers, ts, rows):
     ds = make_dataset(rows=rows, columns=rows, transfer_syntax=ts)
     with _client(archive) as c:
@@ -89,7 +89,7 @@ def test_instance_read_racing_delete_is_404(archive, monkeypatch, path, headers,
 
 
 @pytest.mark.parametrize("level", ["study", "series"])
-@pytest.mark.parametrize("rows", [8, 400])
+@pytest.mark.parametrize("rows", [8, 800])
 def test_study_and_series_streams_skip_an_instance_deleted_meanwhile(archive, monkeypatch, level, rows):
     a = make_dataset(rows=rows, columns=rows)
     b, c3 = (make_dataset(study=a.StudyInstanceUID, series=a.SeriesInstanceUID, rows=rows, columns=rows)
