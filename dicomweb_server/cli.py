@@ -82,6 +82,10 @@ def _serve(args: argparse.Namespace) -> int:
         # cancel them (never acknowledged) and close the archive (Archive.close); with several
         # workers uvicorn's supervisor sends each worker SIGTERM and restarts dead ones
         timeout_graceful_shutdown=settings.shutdown_timeout,
+        # a starting worker imports pydicom, numpy and Pillow: on a loaded machine that takes
+        # longer than uvicorn's 5 s default, and the supervisor then aborts a rolling restart
+        # (SIGHUP) or kills a worker it takes for hung
+        timeout_worker_healthcheck=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
     return 0

@@ -161,6 +161,9 @@ def _workers(proc: subprocess.Popen) -> set[int]:
 
 
 def test_traffic_through_start_up_worker_restarts_and_shutdown(tmp_path):
+    """Three workers; traffic from before the first answer, through three SIGKILLed
+    workers (each replaced by uvicorn's supervisor) and SIGTERM. Every answer is a 200 naming all
+    its instances or a connection error; every acknowledged instance comes back."""
     data = tmp_path / "data"
     port = free_port()
     traffic = Traffic(f"http://127.0.0.1:{port}")
