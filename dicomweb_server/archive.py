@@ -75,7 +75,7 @@ class Archive:
         self.index = index
         self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
         self._busy = threading.Condition()
-        self._in_flight = 0  # store() calls running (worker threads)
+        self._in_flight = 0  # store() and delete() calls running (worker threads)
 
     @classmethod
     def open(cls, settings: Settings) -> "Archive":
@@ -109,7 +109,7 @@ class Archive:
 
     def close(self, timeout: float | None = None) -> None:
         """Wait (at most ``timeout`` seconds, default ``settings.shutdown_timeout``)
-        for the store transactions running in worker threads, then remove this
+        for the store and delete transactions running in worker threads, then remove this
         process's spool folder and close the index. A transaction still running
         after that was never acknowledged: its request was cancelled."""
         deadline = time.monotonic() + (self.settings.shutdown_timeout if timeout is None else timeout)
@@ -117,7 +117,7 @@ class Archive:
             while self._in_flight and self._busy.wait(max(0.0, deadline - time.monotonic())):
                 pass
             if self._in_flight:
-                log.error("closing with %d store transaction(s) still running", self._in_flight)
+                log.error("closing with %d store/delete transaction(s) still running", self._in_flight)
         self.blobs.release_spool()
         self.index.close()
 
