@@ -21,6 +21,8 @@ DICOMwebError and subclasses
 Part, iter_parts, aiter_parts, iter_part_streams, aiter_part_streams, stow_body
     Streaming multipart/related decoding and encoding.
 """
+import logging
+
 from .aio import AsyncDICOMwebClient
 from .client import DICOMwebClient
 from .errors import (
@@ -51,16 +53,19 @@ from .multipart import (
     Part,
     aiter_part_streams,
     aiter_parts,
-    encode_multipart,
     iter_part_streams,
     iter_parts,
     parse_media_type,
-    stow_body,
 )
+from .stow import encode_multipart, stow_body
 from .results import FAILURE_REASONS, FailedSOP, ReferencedSOP, StoreResult
 from .urls import DICOMwebURLs
 
 __version__ = "0.1.0"
+
+# A library never prints: warnings go to this logger, silent until the
+# application configures logging (Python logging HOWTO, "Configuring Logging for a Library").
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "DICOMwebClient",

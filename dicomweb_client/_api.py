@@ -1,5 +1,9 @@
 """The public DICOMweb methods, written once for both clients.
 
+QIDO-RS, STOW-RS and DELETE are here; WADO-RS retrieval is in
+:mod:`dicomweb_client._wado` and rendered resources in
+:mod:`dicomweb_client._rendered` (mixins of :class:`_DICOMwebAPI`).
+
 Each method builds its request(s) with :mod:`dicomweb_client.urls` /
 :mod:`dicomweb_client.media` and hands a plan or a stream description
 (:mod:`dicomweb_client._core`) to the client's driver:
@@ -20,22 +24,14 @@ one-line change of the import and constructor.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from . import _core, media, urls
+from . import _core, negotiation, urls
 from ._core import RequestSpec, StreamSpec
-from .multipart import DEFAULT_CHUNK_SIZE, _is_dataset, stow_body
+from ._rendered import _RenderedMixin
+from ._wado import _WADOMixin
+from .stow import DEFAULT_CHUNK_SIZE, _is_dataset, stow_body
 from .urls import DELETE, SEARCH, STORE
-
-#: Default Accept for study/series/instance retrieval: as stored, no transcoding.
-DEFAULT_DICOM_MEDIA_TYPES = ((media.DICOM, "*"),)
-#: Default Accept for frames and bulk data (the PyPI client's default).
-DEFAULT_BULK_MEDIA_TYPES = ("*/*",)
-#: Default Accept for multipart rendered answers.
-DEFAULT_RENDERED_MULTIPART = ("image/jpeg",)
-
-_DICOM_CATEGORY = (media.DICOM,)
-_RENDERED_CATEGORY = ("image/", "video/", "text/", "application/pdf", "*/")
 
 
 class _Unset:
@@ -48,7 +44,7 @@ DEFAULT_TIMEOUT = 30.0
 USER_AGENT = "dicomweb-archive-client/0.1"
 
 
-class _DICOMwebAPI:
+class _DICOMwebAPI(_WADOMixin, _RenderedMixin):
     """Shared implementation of every DICOMweb transaction (see module docstring)."""
 
     _urls: urls.DICOMwebURLs
@@ -99,6 +95,7 @@ class _DICOMwebAPI:
         self._retry = _core.RetryPolicy(retries=int(retries), backoff_factor=float(backoff_factor))
         self.set_chunk_size(chunk_size)
         self._headers = dict(headers or {})
+        self._plain_accept: set[str] = set()  # kinds whose default Accept the server refused
         if client is not None:
             if transport is not None:
                 raise ValueError("give either client= or transport=, not both")
@@ -161,6 +158,27 @@ class _DICOMwebAPI:
         if self._timeout is not UNSET:
             kwargs["timeout"] = self._timeout
         return kwargs
+
+    def _default_request(
+        self,
+        default: negotiation.AcceptDefault,
+        url: str,
+        params: tuple[tuple[str, str], ...] = (),
+        headers: dict | None = None,
+    ) -> RequestSpec:
+        """A GET with ``default``'s Accept (the plain form once the server refused the preferred one)."""
+        known = default.kind in self._plain_accept
+        return negotiation.default_request(default, url, params, headers, plain_known=known)
+
+    def _fell_back(self, spec: RequestSpec, refused: Any, response: Any) -> None:
+        """Note that ``spec``'s default Accept was refused (``refused``) and its fallback answered ``response``."""
+        _core.logger.debug(
+            "%s %s: HTTP %d for Accept %r (%r); sent %r instead (HTTP %d)",
+            spec.method, spec.url, refused.status_code, spec.headers.get("Accept"), refused.content[:200],
+            spec.fallback.headers.get("Accept"), response.status_code,
+        )
+        if response.status_code < 400:
+            self._plain_accept.add(spec.negotiation)
 
     # Drivers, implemented by the sync and async clients --------------------
     def _run(self, plan: _core.Plan) -> Any:  # pragma: no cover - abstract
@@ -407,584 +425,6 @@ class _DICOMwebAPI:
             search_filters,
             get_remaining,
         )
-
-    # ---------------------------------------------------------------- WADO-RS
-    def _dicom_spec(self, url: str, media_types: Any, raw: bool, what: str) -> StreamSpec:
-        if media_types is not None:
-            media.require_category(media_types, _DICOM_CATEGORY, f"retrieval of {what}s")
-        accept = media.multipart_accept(media_types, DEFAULT_DICOM_MEDIA_TYPES)
-        convert = _core.part_content if raw else _core.part_to_dataset
-        return StreamSpec(RequestSpec("GET", url, (), {"Accept": accept}), convert, what, offload=not raw)
-
-    def retrieve_study(
-        self,
-        study_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        *,
-        raw: bool = False,
-    ) -> list:
-        """Retrieve every instance of a study (``GET {root}/studies/{study}``).
-
-        Parameters
-        ----------
-        study_instance_uid : str
-            Study Instance UID.
-        media_types : sequence, optional
-            Acceptable media types with optional transfer syntax, e.g.
-            ``(("application/dicom", "1.2.840.10008.1.2.1"),)``. Default
-            ``(("application/dicom", "*"),)``: each instance as stored.
-        raw : bool
-            Return each instance's PS3.10 bytes instead of a Dataset.
-
-        Returns
-        -------
-        list of pydicom.Dataset, or list of bytes if ``raw``
-            One item per instance, in the server's order. Memory: all
-            instances; use :meth:`iter_study` to stream.
-
-        Raises
-        ------
-        NotFound
-            Unknown study.
-        NotAcceptable
-            The server cannot produce the requested transfer syntax.
-        ValueError
-            A media type other than ``application/dicom``.
-        HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4 (Retrieve Transaction), 8.7.3 (media types and transfer syntaxes).
-        """
-        return self._collect(self._dicom_spec(self._urls.study(study_instance_uid), media_types, raw, "instance"))
-
-    def iter_study(
-        self,
-        study_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        *,
-        raw: bool = False,
-    ) -> Iterator:
-        """Stream the instances of a study, one at a time (bounded memory).
-
-        Same parameters and errors as :meth:`retrieve_study`; yields one
-        ``pydicom.Dataset`` (or bytes if ``raw``) per instance as its part
-        arrives. Errors of the request are raised at the first iteration.
-        """
-        return self._stream(self._dicom_spec(self._urls.study(study_instance_uid), media_types, raw, "instance"))
-
-    def retrieve_series(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        *,
-        raw: bool = False,
-    ) -> list:
-        """Retrieve every instance of a series (``GET {root}/studies/{s}/series/{se}``).
-
-        Parameters
-        ----------
-        study_instance_uid, series_instance_uid : str
-            UIDs of the series.
-        media_types : sequence, optional
-            As in :meth:`retrieve_study`.
-        raw : bool
-            Return PS3.10 bytes instead of Datasets.
-
-        Returns
-        -------
-        list of pydicom.Dataset, or list of bytes if ``raw``
-
-        Raises
-        ------
-        NotFound, NotAcceptable, ValueError, HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4.
-        """
-        url = self._urls.one_series(study_instance_uid, series_instance_uid)
-        return self._collect(self._dicom_spec(url, media_types, raw, "instance"))
-
-    def iter_series(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        *,
-        raw: bool = False,
-    ) -> Iterator:
-        """Stream the instances of a series (see :meth:`retrieve_series`)."""
-        url = self._urls.one_series(study_instance_uid, series_instance_uid)
-        return self._stream(self._dicom_spec(url, media_types, raw, "instance"))
-
-    def retrieve_instance(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        *,
-        raw: bool = False,
-    ) -> Any:
-        """Retrieve one instance (``GET .../studies/{s}/series/{se}/instances/{i}``).
-
-        Parameters
-        ----------
-        study_instance_uid, series_instance_uid, sop_instance_uid : str
-            UIDs of the instance.
-        media_types : sequence, optional
-            As in :meth:`retrieve_study`.
-        raw : bool
-            Return the PS3.10 bytes instead of a Dataset.
-
-        Returns
-        -------
-        pydicom.Dataset, or bytes if ``raw``
-
-        Raises
-        ------
-        NotFound, NotAcceptable, ValueError, HTTPError, NetworkError
-        ResponseError
-            The answer holds no instance or more than one.
-
-        References
-        ----------
-        PS3.18 Section 10.4.
-        """
-        url = self._urls.instance(study_instance_uid, series_instance_uid, sop_instance_uid)
-        return self._collect(self._dicom_spec(url, media_types, raw, "instance"), one=True)
-
-    def retrieve_study_metadata(self, study_instance_uid: str) -> list[dict]:
-        """Metadata of every instance of a study (``GET .../studies/{s}/metadata``).
-
-        Returns
-        -------
-        list of dict
-            One DICOM JSON data set per instance; large values are
-            ``BulkDataURI`` references (fetch with :meth:`retrieve_bulkdata`).
-
-        Raises
-        ------
-        NotFound, HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4.1.1.2 (metadata resources), Annex F (DICOM JSON).
-        """
-        url = self._urls.study(study_instance_uid) + "/metadata"
-        return self._run(_core.json_plan(RequestSpec("GET", url, (), {"Accept": _core.ACCEPT_DICOM_JSON})))
-
-    def retrieve_series_metadata(self, study_instance_uid: str, series_instance_uid: str) -> list[dict]:
-        """Metadata of every instance of a series (``.../series/{se}/metadata``).
-
-        Returns
-        -------
-        list of dict
-            One DICOM JSON data set per instance.
-
-        Raises
-        ------
-        NotFound, HTTPError, NetworkError, ResponseError
-        """
-        url = self._urls.one_series(study_instance_uid, series_instance_uid) + "/metadata"
-        return self._run(_core.json_plan(RequestSpec("GET", url, (), {"Accept": _core.ACCEPT_DICOM_JSON})))
-
-    def retrieve_instance_metadata(
-        self, study_instance_uid: str, series_instance_uid: str, sop_instance_uid: str
-    ) -> dict:
-        """Metadata of one instance (``.../instances/{i}/metadata``).
-
-        Returns
-        -------
-        dict
-            The instance's DICOM JSON data set.
-
-        Raises
-        ------
-        NotFound, HTTPError, NetworkError
-        ResponseError
-            The answer does not hold exactly one data set.
-        """
-        url = self._urls.instance(study_instance_uid, series_instance_uid, sop_instance_uid) + "/metadata"
-        return self._run(
-            _core.json_plan(RequestSpec("GET", url, (), {"Accept": _core.ACCEPT_DICOM_JSON}), single=True)
-        )
-
-    def _frames_spec(self, url: str, media_types: Any) -> StreamSpec:
-        if media_types is not None:
-            for mt, _ts in media.normalize_media_types(media_types):
-                if mt == media.DICOM:
-                    raise ValueError("frames cannot be retrieved as application/dicom")
-        accept = media.multipart_accept(media_types, DEFAULT_BULK_MEDIA_TYPES)
-        return StreamSpec(RequestSpec("GET", url, (), {"Accept": accept}), _core.part_content, "frame")
-
-    def retrieve_instance_frames(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        frame_numbers: Sequence[int],
-        media_types: Sequence[Any] | None = None,
-    ) -> list[bytes]:
-        """Retrieve frames of an image instance (``.../instances/{i}/frames/{1,2,...}``).
-
-        Parameters
-        ----------
-        study_instance_uid, series_instance_uid, sop_instance_uid : str
-            UIDs of the instance.
-        frame_numbers : sequence of int
-            1-based frame numbers, answered in this order.
-        media_types : sequence, optional
-            e.g. ``("application/octet-stream",)`` for native pixels
-            (Rows*Columns*SamplesPerPixel*BitsAllocated/8 bytes per frame),
-            ``(("image/jpeg", "1.2.840.10008.1.2.4.50"),)`` for JPEG codestreams.
-            Default ``("*/*",)``: whatever the server stores.
-
-        Returns
-        -------
-        list of bytes
-            One item per requested frame.
-
-        Raises
-        ------
-        ValueError
-            Empty list or a frame number below 1; ``application/dicom``.
-        BadRequest, NotFound, NotAcceptable, HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4.1.1.6 (pixel data resources: frames), 8.7.3 (bulk data media types).
-        """
-        url = self._urls.frames(study_instance_uid, series_instance_uid, sop_instance_uid, frame_numbers)
-        return self._collect(self._frames_spec(url, media_types))
-
-    def iter_instance_frames(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        frame_numbers: Sequence[int],
-        media_types: Sequence[Any] | None = None,
-    ) -> Iterator[bytes]:
-        """Stream frames one at a time (see :meth:`retrieve_instance_frames`)."""
-        url = self._urls.frames(study_instance_uid, series_instance_uid, sop_instance_uid, frame_numbers)
-        return self._stream(self._frames_spec(url, media_types))
-
-    def _bulkdata_spec(self, url: str, media_types: Any, byte_range: tuple[int, int] | None) -> StreamSpec:
-        accept = media.multipart_accept(media_types, DEFAULT_BULK_MEDIA_TYPES)
-        headers = {"Accept": accept}
-        if byte_range is not None:
-            start, *rest = byte_range
-            end = rest[0] if rest and rest[0] is not None else ""
-            headers["Range"] = f"bytes={int(start)}-{end}"
-        return StreamSpec(RequestSpec("GET", self._urls.resolve(url), (), headers), _core.part_content, "bulk data item")
-
-    def retrieve_bulkdata(
-        self,
-        url: str,
-        media_types: Sequence[Any] | None = None,
-        byte_range: tuple[int, int] | None = None,
-    ) -> list[bytes]:
-        """Retrieve bulk data at a BulkDataURI from metadata.
-
-        Parameters
-        ----------
-        url : str
-            Absolute BulkDataURI, or relative to the service root.
-        media_types : sequence, optional
-            Default ``("*/*",)``.
-        byte_range : (int, int), optional
-            First and last byte (``Range: bytes=start-end``).
-
-        Returns
-        -------
-        list of bytes
-            Usually one item (several for encapsulated pixel data frames).
-
-        Raises
-        ------
-        NotFound, NotAcceptable, HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4.1.1.5 (bulk data), Annex F (BulkDataURI).
-        """
-        return self._collect(self._bulkdata_spec(url, media_types, byte_range))
-
-    def iter_bulkdata(
-        self,
-        url: str,
-        media_types: Sequence[Any] | None = None,
-        byte_range: tuple[int, int] | None = None,
-    ) -> Iterator[bytes]:
-        """Stream the bulk data items at ``url`` (see :meth:`retrieve_bulkdata`)."""
-        return self._stream(self._bulkdata_spec(url, media_types, byte_range))
-
-    # ------------------------------------------------- rendered and thumbnail
-    def _rendered_request(
-        self,
-        url: str,
-        media_types: Any,
-        params: Mapping[str, Any] | None,
-        window: Any,
-        viewport: Any,
-        quality: int | None,
-        multipart: bool,
-    ) -> RequestSpec:
-        if media_types is not None:
-            media.require_category(media_types, _RENDERED_CATEGORY, "rendered resources")
-        query = tuple(urls.rendering_params(params, window=window, viewport=viewport, quality=quality))
-        headers: dict[str, str] = {}
-        if multipart:
-            headers["Accept"] = media.multipart_accept(media_types, DEFAULT_RENDERED_MULTIPART)
-        else:
-            accept = media.plain_accept(media_types)
-            if accept:
-                headers["Accept"] = accept
-        return RequestSpec("GET", url, query, headers)
-
-    def _rendered(self, url, media_types, params, window, viewport, quality) -> Any:
-        spec = self._rendered_request(url, media_types, params, window, viewport, quality, False)
-        return self._run(_core.rendered_plan(spec))
-
-    def _iter_rendered(self, url, media_types, params, window, viewport, quality) -> Any:
-        spec = self._rendered_request(url, media_types, params, window, viewport, quality, True)
-        return self._stream(StreamSpec(spec, _core.part_content, "rendered image"))
-
-    def retrieve_study_rendered(
-        self,
-        study_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> bytes | list[bytes]:
-        """Rendered study (``GET .../studies/{s}/rendered``).
-
-        Parameters
-        ----------
-        study_instance_uid : str
-            Study Instance UID.
-        media_types : sequence, optional
-            e.g. ``("image/png",)``; by default the server's default (JPEG).
-        params : dict, optional
-            Raw query parameters, e.g. ``{"quality": 90}``.
-        window : (center, width[, function]) or str, optional
-            VOI window; function ``linear`` (default), ``linear_exact`` or ``sigmoid``.
-        viewport : (vw, vh[, sx, sy, sw, sh]) or str, optional
-            Output size and source region.
-        quality : int, optional
-            1-100, for lossy media types.
-
-        Returns
-        -------
-        bytes, or list of bytes
-            The image; a list when the server answers ``multipart/related``
-            with several images (use :meth:`iter_study_rendered` to ask for that).
-
-        Raises
-        ------
-        BadRequest
-            Invalid rendering parameter.
-        NotFound, NotAcceptable, HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4.1.1.3 (rendered resources), 8.3.5 (rendering parameters).
-        """
-        return self._rendered(self._urls.study(study_instance_uid) + "/rendered", media_types, params, window, viewport, quality)
-
-    def iter_study_rendered(
-        self,
-        study_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> Iterator[bytes]:
-        """Stream the rendered images of a study, asked as ``multipart/related``
-        (default ``type="image/jpeg"``); one bytes item per image."""
-        return self._iter_rendered(self._urls.study(study_instance_uid) + "/rendered", media_types, params, window, viewport, quality)
-
-    def retrieve_series_rendered(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> bytes | list[bytes]:
-        """Rendered series (``.../series/{se}/rendered``); see :meth:`retrieve_study_rendered`."""
-        url = self._urls.one_series(study_instance_uid, series_instance_uid) + "/rendered"
-        return self._rendered(url, media_types, params, window, viewport, quality)
-
-    def iter_series_rendered(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> Iterator[bytes]:
-        """Stream the rendered images of a series (multipart); see :meth:`iter_study_rendered`."""
-        url = self._urls.one_series(study_instance_uid, series_instance_uid) + "/rendered"
-        return self._iter_rendered(url, media_types, params, window, viewport, quality)
-
-    def retrieve_instance_rendered(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> bytes | list[bytes]:
-        """Rendered instance (``.../instances/{i}/rendered``); see :meth:`retrieve_study_rendered`."""
-        url = self._urls.instance(study_instance_uid, series_instance_uid, sop_instance_uid) + "/rendered"
-        return self._rendered(url, media_types, params, window, viewport, quality)
-
-    def iter_instance_rendered(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> Iterator[bytes]:
-        """Stream a rendered multi-frame instance as multipart, one image per frame."""
-        url = self._urls.instance(study_instance_uid, series_instance_uid, sop_instance_uid) + "/rendered"
-        return self._iter_rendered(url, media_types, params, window, viewport, quality)
-
-    def retrieve_instance_frames_rendered(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        frame_numbers: Sequence[int],
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> bytes | list[bytes]:
-        """Rendered frames (``.../frames/{list}/rendered``); see :meth:`retrieve_study_rendered`."""
-        url = self._urls.frames(study_instance_uid, series_instance_uid, sop_instance_uid, frame_numbers) + "/rendered"
-        return self._rendered(url, media_types, params, window, viewport, quality)
-
-    def iter_instance_frames_rendered(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        frame_numbers: Sequence[int],
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        window: Any = None,
-        viewport: Any = None,
-        quality: int | None = None,
-    ) -> Iterator[bytes]:
-        """Stream rendered frames as multipart, one image per frame."""
-        url = self._urls.frames(study_instance_uid, series_instance_uid, sop_instance_uid, frame_numbers) + "/rendered"
-        return self._iter_rendered(url, media_types, params, window, viewport, quality)
-
-    def retrieve_study_thumbnail(
-        self,
-        study_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        viewport: Any = None,
-    ) -> bytes | list[bytes]:
-        """Thumbnail of a study (``GET .../studies/{s}/thumbnail``).
-
-        Parameters
-        ----------
-        study_instance_uid : str
-            Study Instance UID.
-        media_types : sequence, optional
-            e.g. ``("image/png",)``.
-        params : dict, optional
-            Raw query parameters.
-        viewport : (vw, vh) or str, optional
-            Thumbnail size.
-
-        Returns
-        -------
-        bytes
-            The image.
-
-        Raises
-        ------
-        NotFound, NotAcceptable, HTTPError, NetworkError, ResponseError
-
-        References
-        ----------
-        PS3.18 Section 10.4.1.1.4 (thumbnail resources).
-        """
-        return self._rendered(self._urls.study(study_instance_uid) + "/thumbnail", media_types, params, None, viewport, None)
-
-    def retrieve_series_thumbnail(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        viewport: Any = None,
-    ) -> bytes | list[bytes]:
-        """Thumbnail of a series (``.../series/{se}/thumbnail``); see :meth:`retrieve_study_thumbnail`."""
-        url = self._urls.one_series(study_instance_uid, series_instance_uid) + "/thumbnail"
-        return self._rendered(url, media_types, params, None, viewport, None)
-
-    def retrieve_instance_thumbnail(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        viewport: Any = None,
-    ) -> bytes | list[bytes]:
-        """Thumbnail of an instance (``.../instances/{i}/thumbnail``); see :meth:`retrieve_study_thumbnail`."""
-        url = self._urls.instance(study_instance_uid, series_instance_uid, sop_instance_uid) + "/thumbnail"
-        return self._rendered(url, media_types, params, None, viewport, None)
-
-    def retrieve_instance_frames_thumbnail(
-        self,
-        study_instance_uid: str,
-        series_instance_uid: str,
-        sop_instance_uid: str,
-        frame_numbers: Sequence[int],
-        media_types: Sequence[Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-        *,
-        viewport: Any = None,
-    ) -> bytes | list[bytes]:
-        """Thumbnail of frames (``.../frames/{list}/thumbnail``); see :meth:`retrieve_study_thumbnail`."""
-        url = self._urls.frames(study_instance_uid, series_instance_uid, sop_instance_uid, frame_numbers) + "/thumbnail"
-        return self._rendered(url, media_types, params, None, viewport, None)
 
     # ---------------------------------------------------------------- STOW-RS
     def store_instances(

@@ -26,8 +26,9 @@ import httpx
 import orjson
 
 from .errors import NetworkError, RequestTimeout, ResponseError, StoreError, error_for_status
-from .multipart import Part, StowBody, aiter_parts, iter_parts, parse_media_type
+from .multipart import Part, aiter_parts, iter_parts, parse_media_type
 from .results import parse_store_response
+from .stow import StowBody
 
 logger = logging.getLogger("dicomweb_client")
 
@@ -55,6 +56,11 @@ class RequestSpec:
     raise_for_status : bool
         If true the driver raises :class:`~dicomweb_client.errors.HTTPError`
         for 4xx/5xx; if false the plan gets the error answer to interpret.
+    fallback : RequestSpec or None
+        Sent instead after a 400/406 answer (a default Accept the server
+        refused, see :mod:`dicomweb_client.negotiation`).
+    negotiation : str or None
+        Kind of resource whose default Accept this request carries.
     """
 
     method: str
@@ -63,6 +69,8 @@ class RequestSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: StowBody | bytes | None = None
     raise_for_status: bool = True
+    fallback: "RequestSpec | None" = None
+    negotiation: str | None = None
 
     @property
     def idempotent(self) -> bool:
@@ -118,7 +126,11 @@ def raise_for_response(response: Any, request: RequestSpec) -> None:
 
 
 def log_warnings(response: Any) -> list[str]:
-    """Return (and log) the ``Warning`` headers of an answer (e.g. truncated QIDO results, PS3.18 Section 8)."""
+    """Return (and log) the ``Warning`` headers of an answer (e.g. truncated QIDO results, PS3.18 Section 8).
+
+    Logged on the ``dicomweb_client`` logger, which has a ``NullHandler``:
+    nothing is printed unless the application configures logging.
+    """
     values = response.headers.get_list("warning") if hasattr(response.headers, "get_list") else (
         [response.headers["warning"]] if "warning" in response.headers else []
     )
@@ -351,6 +363,10 @@ def store_plan(spec: RequestSpec) -> Plan:
         if result.failed:
             reasons = sorted({f.reason for f in result.failed})
             message = f"{len(result.failed)} instance(s) failed: {'; '.join(reasons)}"
+        # the server's Warning belongs to the exception (a library does not print)
+        extra = [w for w in warnings if w not in message]
+        if extra:
+            message += "; server warning: " + "; ".join(extra)
         raise StoreError(
             response.status_code,
             message,

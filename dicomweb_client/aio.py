@@ -18,10 +18,10 @@ import anyio
 import anyio.to_thread
 import httpx
 
-from . import _core
+from . import _core, negotiation
 from ._api import UNSET, _DICOMwebAPI
 from ._core import RequestSpec, StreamSpec
-from .multipart import DEFAULT_CHUNK_SIZE, StowBody
+from .stow import DEFAULT_CHUNK_SIZE, StowBody
 
 __all__ = ["AsyncDICOMwebClient"]
 
@@ -109,6 +109,18 @@ class AsyncDICOMwebClient(_DICOMwebAPI):
 
     # I/O -------------------------------------------------------------------
     async def _send(self, spec: RequestSpec, *, stream: bool) -> httpx.Response:
+        """Send ``spec``; after a refused default Accept send ``spec.fallback`` once
+        (:mod:`dicomweb_client.negotiation`)."""
+        response = await self._send_with_retries(spec, stream=stream)
+        if not negotiation.falls_back(spec, response.status_code):
+            return response
+        await response.aread()
+        await response.aclose()
+        retried = await self._send_with_retries(spec.fallback, stream=stream)
+        self._fell_back(spec, response, retried)
+        return retried
+
+    async def _send_with_retries(self, spec: RequestSpec, *, stream: bool) -> httpx.Response:
         """Send ``spec``; retry idempotent requests on connection errors and retryable statuses."""
         attempt = 0
         auth = self._auth if self._auth is not None else httpx.USE_CLIENT_DEFAULT

@@ -2,8 +2,9 @@
 
 Examples::
 
-    dicomweb search http://127.0.0.1:8080 --filter PatientID=P1 --field StudyDescription
+    dicomweb search http://127.0.0.1:8080 --filter PatientID=P1          (a table of studies)
     dicomweb search http://127.0.0.1:8080 --level series --study 1.2.3 --limit 10
+    dicomweb search http://127.0.0.1:8080 --json --field StudyDescription   (DICOM JSON)
     dicomweb retrieve http://127.0.0.1:8080 --study 1.2.3 --out ./study
     dicomweb store http://127.0.0.1:8080 a.dcm b.dcm some/folder/
 
@@ -23,6 +24,7 @@ from typing import Iterator, Sequence
 
 import orjson
 
+from . import tables
 from .client import DICOMwebClient
 from .errors import DICOMwebError, StoreError
 
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("search", parents=[common], help="QIDO-RS search; prints DICOM JSON")
+    s = sub.add_parser("search", parents=[common], help="QIDO-RS search; prints a table (--json: DICOM JSON)")
     s.add_argument("--level", choices=("studies", "series", "instances"), default="studies")
     s.add_argument("--study", help="restrict to a study (series/instances level)")
     s.add_argument("--series", help="restrict to a series (instances level)")
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--offset", type=int)
     s.add_argument("--fuzzy", action="store_true", help="fuzzymatching=true")
     s.add_argument("--all", action="store_true", help="follow pages until every result is fetched")
+    s.add_argument("--json", action="store_true", help="print the server's DICOM JSON instead of a table")
 
     r = sub.add_parser("retrieve", parents=[common], help="WADO-RS retrieve; writes .dcm files")
     r.add_argument("--study", required=True)
@@ -64,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--instance")
     r.add_argument("--out", required=True, type=Path, help="output directory (created)")
     r.add_argument(
-        "--transfer-syntax", default="*", help="transfer syntax UID to ask for (default *: as stored)"
+        "--transfer-syntax",
+        help="transfer syntax UID to ask for (default: as stored, else Explicit VR Little Endian)",
     )
 
     st = sub.add_parser("store", parents=[common], help="STOW-RS store; prints the result")
@@ -123,11 +127,14 @@ def _safe_name(uid: str) -> str:
 
 
 def _search(client: DICOMwebClient, args: argparse.Namespace) -> int:
+    fields = list(args.field)
+    if not args.json:  # the table's columns, besides what servers return by default
+        fields += [f for f in tables.INCLUDE_FIELDS[args.level] if f not in fields]
     common = dict(
         fuzzymatching=True if args.fuzzy else None,
         limit=args.limit,
         offset=args.offset,
-        fields=args.field or None,
+        fields=fields or None,
         search_filters=dict(args.filter) or None,
         get_remaining=args.all,
     )
@@ -139,14 +146,18 @@ def _search(client: DICOMwebClient, args: argparse.Namespace) -> int:
         results = client.search_for_instances(
             study_instance_uid=args.study, series_instance_uid=args.series, **common
         )
-    _print_json(results)
+    if args.json:
+        _print_json(results)
+    else:
+        sys.stdout.write(tables.format_table(results, args.level, [f for f in args.field if f != "all"]))
     return 0
 
 
 def _retrieve(client: DICOMwebClient, args: argparse.Namespace) -> int:
     if args.instance and not args.series:
         raise SystemExit("dicomweb: --instance needs --series")
-    media_types = (("application/dicom", args.transfer_syntax),)
+    # no --transfer-syntax: the client's defaults, with their fallback (dicomweb_client.negotiation)
+    media_types = (("application/dicom", args.transfer_syntax),) if args.transfer_syntax else None
     args.out.mkdir(parents=True, exist_ok=True)
     if args.instance:
         items: Iterator[bytes] = iter(

@@ -80,7 +80,7 @@ def normalize_media_types(media_types: MediaTypes | str | None) -> list[tuple[st
     return out
 
 
-def multipart_accept(media_types: MediaTypes | str | None, default: MediaTypes) -> str:
+def multipart_accept(media_types: MediaTypes | str | None, default: MediaTypes = ()) -> str:
     """Accept value asking for ``multipart/related`` with each media type.
 
     Parameters

@@ -27,10 +27,17 @@ from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames
 
 from .dicom import pixels
-from .dicom.frames import PixelLayout, frame_spans, read_frame
+from .dicom.frames import PixelLayout, frame_spans, read_spans
 from .dicom.json_model import resolve_bulkdata
 from .dicom.media_types import (
-    EXPLICIT_VR_LE, MEDIA_TYPE_OF_TS, NATIVE_LE, OCTET_STREAM, UNENCAPSULATED, Choice,
+    EXPLICIT_VR_LE,
+    NATIVE_LE,
+    OCTET_STREAM,
+    UNENCAPSULATED,
+    Choice,
+    NotAcceptable,
+    is_video,
+    pixel_media_type,
 )
 from .store.base import InstanceLocation
 
@@ -166,26 +173,74 @@ def _unpad(frame: bytes, ts: str) -> bytes:
     return frame
 
 
-def _stored_frames(fp: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
-    n = _check_frames(loc, numbers)
+def pixel_tag(loc: InstanceLocation) -> str:
+    """Which pixel data element the instance has: ``7FE00010`` (Pixel Data), or
+    ``7FE00008``/``7FE00009`` (Float / Double Float Pixel Data), as recorded at store time."""
+    return str((loc.pixel or {}).get("tag", "7FE00010"))
+
+
+def _spans(loc: InstanceLocation, numbers: list[int]) -> list[list[tuple[int, int]]] | None:
+    """(file offset, length) pieces of each frame asked, from the layout computed at
+    store time; None when the frame boundaries are known only by parsing the file.
+
+    Raises
+    ------
+    NotFound
+        A frame number beyond the recorded layout.
+    """
+    if not _frames_addressable(loc):
+        return None
     pix = loc.pixel or {}
-    if "offset" in pix:
-        layout = PixelLayout.from_json(pix)
-        try:
-            return [_unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
-                    for k in numbers]
-        except IndexError as e:
-            raise NotFound(f"no frame {e}") from None
-        except LookupError:
-            pass  # frame boundaries unknown: parse below
-    fp.seek(0)
-    ds = pydicom.dcmread(fp)
-    data = ds.PixelData
-    if loc.transfer_syntax_uid in UNENCAPSULATED:
-        flen = pix.get("frame_length") or len(data) // n
-        return [bytes(data[(k - 1) * flen : k * flen]) for k in numbers]
+    layout = PixelLayout.from_json(pix)
+    try:
+        return [frame_spans(layout, k, pix.get("frame_length")) for k in numbers]
+    except IndexError as e:
+        raise NotFound(f"no frame {e}") from None
+
+
+def _stored_frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> Iterator[bytes]:
+    """Frames (1-based numbers, in the order asked) exactly as stored, read through
+    the open file ``f`` one whole frame at a time: native bytes in the stored byte
+    order, or each frame's compressed codestream. The frame numbers are checked
+    when the first frame is asked for.
+
+    Raises
+    ------
+    NotFound
+        No pixel data, or a frame number beyond NumberOfFrames.
+    """
+    n = _check_frames(loc, numbers)
+    ts = loc.transfer_syntax_uid
+    spans = _spans(loc, numbers)
+    if spans is not None:
+        for frame in spans:
+            yield _unpad(read_spans(f, frame), ts)
+        return
+    f.seek(0)
+    ds = pydicom.dcmread(f)  # deflated, bit-packed or ambiguous fragments: sizes checked at STOW
+    data = ds[int(pixel_tag(loc), 16)].value
+    if ts in UNENCAPSULATED:
+        flen = (loc.pixel or {}).get("frame_length") or len(data) // n
+        for k in numbers:
+            yield bytes(data[(k - 1) * flen : k * flen])
+        return
     frames = list(generate_frames(data, number_of_frames=n))
-    return [_unpad(frames[k - 1], loc.transfer_syntax_uid) for k in numbers]
+    for k in numbers:
+        yield _unpad(frames[k - 1], ts)
+
+
+def _started(f: BinaryIO, items: Iterator) -> Iterator:
+    """``items`` with its first item produced now, so that its errors (404/406) are
+    raised before an answer starts; ``f`` is closed when that fails."""
+    try:
+        first = next(items)
+    except StopIteration:
+        f.close()
+        return iter(())
+    except BaseException:
+        f.close()
+        raise
+    return itertools.chain([first], items)
 
 
 def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
@@ -201,13 +256,7 @@ def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice
     files whose frame boundaries need a parse) are produced one frame at a time.
     """
     f = open_stored(path, loc)
-    try:
-        frames = _frames(f, loc, numbers, choice)
-        first = next(frames)
-    except BaseException:
-        f.close()
-        raise
-    return itertools.chain([first], frames)
+    return _started(f, _frames(f, loc, numbers, choice))
 
 
 def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
@@ -216,26 +265,18 @@ def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choi
         ts = loc.transfer_syntax_uid
         decode = choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE \
             and ts not in NATIVE_LE
-        pix = loc.pixel or {}
-        if not decode and _frames_addressable(loc):
-            layout = PixelLayout.from_json(pix)
-            try:
-                spans = [frame_spans(layout, k, pix.get("frame_length")) for k in numbers]
-            except IndexError as e:
-                raise NotFound(f"no frame {e}") from None
+        spans = None if decode else _spans(loc, numbers)
+        if spans is not None:
             for frame in spans:
                 yield None
                 for off, ln in _unpadded(f, frame, ts):
                     yield from _read_span(f, off, ln)
             return
         hdr = _header(f) if decode else None
-        # boundaries known only by parsing the file: all frames at once, as the parse costs the same
-        batches = ([k] for k in numbers) if _frames_addressable(loc) else iter([numbers])
-        for batch in batches:
-            for raw in _stored_frames(f, loc, batch):
-                value = pixels.frame_to_native_bytes(hdr, raw, ts, pixel_vr=pix.get("vr"))[0] if decode else raw
-                yield None
-                yield value
+        vr = (loc.pixel or {}).get("vr")
+        for raw in _stored_frames(f, loc, numbers):
+            yield None
+            yield pixels.frame_to_native_bytes(hdr, raw, ts, pixel_vr=vr)[0] if decode else raw
 
 
 def _unpadded(f: BinaryIO, spans: list[tuple[int, int]], ts: str) -> list[tuple[int, int]]:
@@ -253,13 +294,15 @@ def frame_part_type(choice: Choice) -> str:
     return f"{choice.media_type}; transfer-syntax={choice.transfer_syntax}"
 
 
-def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str, bytes]]:
-    """The value behind a BulkDataURI as (content type, bytes) parts.
+def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> Iterator[tuple[str, bytes]]:
+    """The value behind a BulkDataURI as (content type, bytes) parts, one at a time.
 
-    Pixel Data of a native instance is one ``application/octet-stream`` part;
-    encapsulated Pixel Data is one part per frame in its compressed media type
-    (PS3.18 §8.7.3.3.2 / §10.4.1.1.5). Other elements are read from the file
-    (a read-time parse, only for bulk data other than pixels).
+    Pixel data (Pixel Data, Float or Double Float Pixel Data) of a native instance
+    is one ``application/octet-stream`` part; encapsulated Pixel Data is one part per
+    frame in its compressed media type (PS3.18 §8.7.3.3.2 / §10.4.1.1.5), or one part
+    holding the whole stream for video syntaxes. Other elements are read from the
+    file (a read-time parse, only for bulk data other than pixels). Errors are raised
+    before the first part.
 
     Raises
     ------
@@ -267,28 +310,42 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> list[tuple[str,
         Malformed tag path (HTTP 400).
     NotFound
         No such element, or the file is gone (HTTP 404).
+    NotAcceptable
+        Compressed pixel data in a syntax without a media type (HTTP 406).
     """
-    with open_stored(path, loc) as f:
-        return _bulkdata(f, loc, tagpath)
+    f = open_stored(path, loc)
+    return _started(f, _bulkdata(f, loc, tagpath))
 
 
-def _bulkdata(fp: BinaryIO, loc: InstanceLocation, tagpath: str) -> list[tuple[str, bytes]]:
-    if tagpath.upper() == "7FE00010" and loc.pixel is not None:
-        ts = loc.transfer_syntax_uid
-        n = int(loc.pixel.get("number_of_frames") or 1)
-        if ts not in UNENCAPSULATED:
-            media = MEDIA_TYPE_OF_TS.get(ts, OCTET_STREAM)
-            return [(f"{media}; transfer-syntax={ts}", f) for f in _stored_frames(fp, loc, list(range(1, n + 1)))]
-        pix = loc.pixel
-        if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
-            fp.seek(pix["offset"])
-            return [(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))]
-    fp.seek(0)
-    ds = pydicom.dcmread(fp)
-    try:
-        return [(OCTET_STREAM, resolve_bulkdata(ds, tagpath))]
-    except KeyError as e:
-        raise NotFound(f"no bulk data at {tagpath}: {e}") from None
+def _bulkdata(fp: BinaryIO, loc: InstanceLocation, tagpath: str) -> Iterator[tuple[str, bytes]]:
+    with fp:
+        if tagpath.upper() == pixel_tag(loc) and loc.pixel is not None:
+            ts = loc.transfer_syntax_uid
+            n = int(loc.pixel.get("number_of_frames") or 1)
+            if ts not in UNENCAPSULATED:
+                media = pixel_media_type(ts)
+                if media is None:
+                    raise NotAcceptable(f"pixel data stored as {ts}, a compressed syntax without a PS3.18 media type")
+                label = f"{media}; transfer-syntax={ts}"
+                if is_video(ts):  # all frames are one stream: every fragment in order (PS3.18 §8.7.3.3.2)
+                    spans = loc.pixel.get("fragments")
+                    yield label, read_spans(fp, spans) if spans else next(_stored_frames(fp, loc, [1]))
+                    return
+                for frame in _stored_frames(fp, loc, list(range(1, n + 1))):
+                    yield label, frame
+                return
+            pix = loc.pixel
+            if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
+                fp.seek(pix["offset"])
+                yield f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"])
+                return
+        fp.seek(0)
+        ds = pydicom.dcmread(fp)
+        try:
+            value = resolve_bulkdata(ds, tagpath)
+        except KeyError as e:
+            raise NotFound(f"no bulk data at {tagpath}: {e}") from None
+        yield OCTET_STREAM, value
 
 
 def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,
@@ -314,7 +371,7 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
         frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
     with open_stored(path, loc) as f:
         hdr = _header(f)
-        raw = _stored_frames(f, loc, frame_numbers)
+        raw = list(_stored_frames(f, loc, frame_numbers))
     vr = loc.pixel.get("vr")
     arrays = [pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr) for f in raw]
     return render.render(hdr, arrays, params, media_type, frame_numbers=frame_numbers)

@@ -4,7 +4,8 @@ retrieve.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -15,8 +16,14 @@ from ..dicom import pixels
 from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.json_model import bulkdata_tagpath_parse
 from ..dicom.media_types import (
-    DICOM, MULTIPART_RELATED, OCTET_STREAM, NotAcceptable, negotiate_frames, negotiate_instances,
-    negotiate_json, parse_accept,
+    DICOM,
+    OCTET_STREAM,
+    NotAcceptable,
+    negotiate_bulkdata,
+    negotiate_frames,
+    negotiate_instances,
+    negotiate_json,
+    parse_accept,
 )
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
@@ -36,20 +43,28 @@ def locate(archive, study: str, series: str | None, sop: str) -> InstanceLocatio
     return loc
 
 
+#: NumberOfFrames is an IS (PS3.5 §6.2): at most 2^31 - 1; a longer number names no frame
+_NO_FRAME = 2**31
+
+
 def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
     """``{frames}`` path segment: comma-separated 1-based frame numbers (PS3.18
-    §10.4.1.1.2), kept in the order given. Raises 400 on anything else."""
+    §10.4.1.1.2), kept in the order given. Raises 400 on anything else, checked
+    before any number is converted: a number of more than ten digits (e.g. 5000) is
+    not parsed but stands for a frame beyond any NumberOfFrames (404 later)."""
+    items = frames.split(",")
+    if len(items) > limit:
+        raise DICOMwebHTTPError(400, f"at most {limit} frames per request")
     numbers = []
-    for item in frames.split(","):
+    for item in items:
         item = item.strip()
         if not item.isdigit() or not item.isascii():
-            raise DICOMwebHTTPError(400, f"frame list {frames!r}: {item!r} is not a frame number")
-        k = int(item)
+            raise DICOMwebHTTPError(400, f"frame list: {item[:20]!r} is not a frame number")
+        digits = item.lstrip("0")
+        k = _NO_FRAME if len(digits) > 10 else int(digits or "0")
         if k < 1:
-            raise DICOMwebHTTPError(400, f"frame list {frames!r}: frame numbers start at 1")
+            raise DICOMwebHTTPError(400, "frame list: frame numbers start at 1")
         numbers.append(k)
-    if len(numbers) > limit:
-        raise DICOMwebHTTPError(400, f"at most {limit} frames per request")
     return numbers
 
 
@@ -204,17 +219,40 @@ async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID
 # --- frames and bulk data ------------------------------------------------------------------
 
 
+def _frame_marks(parts: Iterator[tuple[str, bytes]]) -> Iterator[bytes | None]:
+    """Whole parts as :func:`multipart_stream` items (``None`` where a part starts)."""
+    for _ctype, data in parts:
+        yield None
+        yield data
+
+
+async def _first_parts(parts: Iterator[tuple[str, bytes]], k: int) -> tuple[list[tuple[str, bytes]], bool]:
+    """The first ``k`` parts (read in a worker thread, so errors surface before the
+    answer starts) and whether more follow."""
+    def take() -> tuple[list[tuple[str, bytes]], bool]:
+        head = list(itertools.islice(parts, k))
+        return head, len(head) == k
+    return await run_in_threadpool(take)
+
+
 @router.get("/studies/{study}/series/{series}/instances/{instance}/frames/{frames}", summary="Retrieve frames")
 async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
                                    instance: SOPInstanceUID, frames: str) -> Response:
-    """Frames (1-based list, order kept) as ``multipart/related`` with
-    ``application/octet-stream`` native pixels (compressed sources decoded) or the
-    stored codestream in its media type (PS3.18 §10.4.1.1.2, Table 8.7.3-5).
-    400 bad list, 404 no such frame or no pixel data, 406 unproducible type."""
+    """Frames (1-based list, order kept, repeats allowed) as ``multipart/related``
+    with ``application/octet-stream`` native pixels (compressed sources decoded) or
+    the stored codestream in its media type (PS3.18 §10.4.1.1.2, Table 8.7.3-5),
+    streamed one frame at a time. 400 bad list or more items than the instance has
+    frames, 404 no such frame or no pixel data, 406 unproducible type."""
     numbers = parse_frame_list(frames)
     loc = locate(archive, study, series, instance)
     if loc.pixel is None:
         raise DICOMwebHTTPError(404, f"instance {instance} has no pixel data (SOP Class {loc.sop_class_uid})")
+    n = int(loc.pixel.get("number_of_frames") or 1)
+    if max(numbers) > n:
+        raise DICOMwebHTTPError(404, f"instance {instance} has {n} frame(s); no frame {max(numbers)}")
+    if len(numbers) > n:  # bounds the answer by the size of all frames, before any work
+        raise DICOMwebHTTPError(400, f"the frame list has {len(numbers)} items; instance {instance} has {n} "
+                                     f"frame(s), so at most {n} items may be asked in one request")
     choice = negotiate_frames(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
                               retrieve.can_decode)
     path = archive.blobs.resolve(loc.path)
@@ -234,39 +272,41 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     """The value behind a BulkDataURI handed out in metadata (PS3.18 §10.4.1.1.5),
     as ``multipart/related; type="application/octet-stream"`` (one part), or
     single-part ``application/octet-stream`` when that alone is accepted.
-    Encapsulated Pixel Data: one part per frame in its compressed media type."""
+    Encapsulated Pixel Data: one part per frame in its compressed media type,
+    streamed one frame at a time. The Accept header is checked before any read."""
     try:
         bulkdata_tagpath_parse(tagpath)
     except ValueError as e:
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
     loc = locate(archive, study, series, instance)
+    prefer_single = negotiate_bulkdata(parse_accept(request.headers.get("accept")))
     path = archive.blobs.resolve(loc.path)
-    accept = parse_accept(request.headers.get("accept"))
-    span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == "7FE00010" else None
+    span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:
         return await _stream_file(path, loc, span[0], span[1],
                                   f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
-                                  multipart=accept[0].type != OCTET_STREAM)
+                                  multipart=not prefer_single)
     try:
-        parts = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
+        gen = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
+        parts, more = await _first_parts(gen, 2)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
-    single = accept[0].type == OCTET_STREAM and len(parts) == 1
-    if not single and not any(r.type in ("*/*", "multipart/*", MULTIPART_RELATED, OCTET_STREAM) for r in accept):
-        raise NotAcceptable("bulk data is available as multipart/related; type=\"application/octet-stream\"")
+    if more:
+        # one label for every part (frames of one instance), produced one at a time in a worker thread
+        return multipart_stream(parts[0][0], _frame_marks(itertools.chain(parts, gen)), parts[0][0].split(";")[0])
     status, headers = 200, {}
     if len(parts) == 1 and request.headers.get("range"):
         # RFC 9110 §14: one byte range of a single value (the PyPI client's byte_range)
         ctype, data = parts[0]
         try:
-            span = parse_byte_range(request.headers["range"], len(data))
+            byte_span = parse_byte_range(request.headers["range"], len(data))
         except ValueError as e:
             return error_response(416, str(e), {"Content-Range": f"bytes */{len(data)}"})
-        if span is not None:
-            start, end = span
+        if byte_span is not None:
+            start, end = byte_span
             parts = [(ctype, data[start : end + 1])]
             status, headers = 206, {"Content-Range": f"bytes {start}-{end}/{len(data)}"}
-    if single:
+    if prefer_single and len(parts) == 1:
         return Response(parts[0][1], status_code=status, media_type=OCTET_STREAM, headers=headers)
     part_type = parts[0][0].split(";")[0] if parts else OCTET_STREAM
     response = multipart_response(parts, part_type, headers)

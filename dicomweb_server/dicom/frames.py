@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 PIXEL_DATA = 0x7FE00010
+FLOAT_PIXEL_DATA = 0x7FE00008
+DOUBLE_FLOAT_PIXEL_DATA = 0x7FE00009
+#: the three pixel data elements (PS3.3 C.7.6.3; PS3.18 §10.4.3.3.6 names all three)
+PIXEL_TAGS = frozenset({PIXEL_DATA, FLOAT_PIXEL_DATA, DOUBLE_FLOAT_PIXEL_DATA})
 _ITEM = 0xFFFEE000
 _SEQ_DELIM = 0xFFFEE0DD
 
@@ -27,7 +31,9 @@ class Truncated(ValueError):
 class PixelLayout:
     """Location of the pixel data of one file.
 
-    ``vr``: OB/OW; ``value_offset``/``value_length``: the Pixel Data value (native);
+    ``tag``: which pixel data element (7FE00010, or Float / Double Float Pixel Data
+    7FE00008 / 7FE00009, which are always native); ``vr``: OB/OW/OF/OD;
+    ``value_offset``/``value_length``: the pixel data value (native);
     ``end``: file offset just past the element; ``fragments``: (offset, length) of each
     encapsulated fragment (Basic Offset Table excluded); ``frames``: for
     encapsulated data, the fragment index range (first, count) of each frame, or
@@ -40,11 +46,17 @@ class PixelLayout:
     end: int
     fragments: tuple[tuple[int, int], ...] | None = None
     frames: tuple[tuple[int, int], ...] | None = None
+    tag: int = PIXEL_DATA
+
+    @property
+    def keyword_tag(self) -> str:
+        """The tag as DICOM JSON and BulkDataURIs write it, e.g. ``7FE00008``."""
+        return f"{self.tag:08X}"
 
     def to_json(self) -> dict:
         return {
-            "vr": self.vr, "offset": self.value_offset, "length": self.value_length, "end": self.end,
-            "fragments": self.fragments, "frames": self.frames,
+            "tag": self.keyword_tag, "vr": self.vr, "offset": self.value_offset, "length": self.value_length,
+            "end": self.end, "fragments": self.fragments, "frames": self.frames,
         }
 
     @classmethod
@@ -55,6 +67,7 @@ class PixelLayout:
             d["vr"], d["offset"], d["length"], d["end"],
             tuple(tuple(x) for x in frag) if frag is not None else None,  # type: ignore[misc]
             tuple(tuple(x) for x in frames) if frames is not None else None,  # type: ignore[misc]
+            int(d.get("tag", "7FE00010"), 16),
         )
 
 
@@ -68,8 +81,9 @@ def _read_exact(fp: BinaryIO, n: int) -> bytes:
 def scan_pixel_data(
     fp: BinaryIO, pos: int, file_size: int, *, implicit_vr: bool, little_endian: bool, number_of_frames: int
 ) -> PixelLayout | None:
-    """Describe the Pixel Data element that starts at ``pos`` (where pydicom's
-    ``stop_before_pixels`` left the file), or None when ``pos`` holds another element.
+    """Describe the pixel data element (Pixel Data, Float Pixel Data or Double Float
+    Pixel Data) that starts at ``pos`` (where pydicom's ``stop_before_pixels`` left the
+    file), or None when ``pos`` holds another element.
 
     Raises
     ------
@@ -82,12 +96,13 @@ def scan_pixel_data(
     if len(head) < 8:
         return None
     group, elem = struct.unpack(e + "HH", head[:4])
-    if (group << 16 | elem) != PIXEL_DATA:
+    tag = group << 16 | elem
+    if tag not in PIXEL_TAGS:
         return None
     if not implicit_vr and head[4:6] not in (b"OB", b"OW", b"UN", b"OV", b"OD", b"OF", b"OL"):
         implicit_vr = True  # some writers encode this element implicitly despite the transfer syntax
     if implicit_vr:
-        vr = "OW"
+        vr = {FLOAT_PIXEL_DATA: "OF", DOUBLE_FLOAT_PIXEL_DATA: "OD"}.get(tag, "OW")
         (length,) = struct.unpack(e + "L", head[4:8])
         value_offset = pos + 8
     else:
@@ -99,7 +114,10 @@ def scan_pixel_data(
             raise Truncated(
                 f"Pixel Data is {length} bytes but the file ends {file_size - value_offset} bytes into it"
             )
-        return PixelLayout(vr, value_offset, length, value_offset + length)
+        return PixelLayout(vr, value_offset, length, value_offset + length, tag=tag)
+    if tag != PIXEL_DATA:
+        raise Truncated(f"({tag >> 16:04X},{tag & 0xFFFF:04X}) has an undefined length; only Pixel Data "
+                        "may be encapsulated (PS3.5 A.4)")
     # encapsulated: a sequence of items, the first being the Basic Offset Table (PS3.5 A.4)
     fp.seek(value_offset)
     items: list[tuple[int, int]] = []
@@ -146,11 +164,49 @@ def native_frame_length(rows: int, columns: int, samples: int, bits_allocated: i
     return bits // 8 if bits % 8 == 0 and bits_allocated % 8 == 0 else None
 
 
-def read_frame(fp: BinaryIO, layout: PixelLayout, frame_number: int, frame_length: int | None) -> bytes:
-    """The stored bytes of frame ``frame_number`` (1-based): native pixels, or the
-    concatenated fragments of an encapsulated frame. Raises as :func:`frame_spans`."""
+def native_pixel_bytes(rows: int, columns: int, samples: int, bits_allocated: int, frames: int) -> int:
+    """Bytes the native pixel data of ``frames`` frames needs (PS3.5 §8.1.1; bit-packed
+    data is packed across frame boundaries, PS3.5 §8.1.1 Note)."""
+    return (rows * columns * samples * bits_allocated * frames + 7) // 8
+
+
+class FrameCountMismatch(ValueError):
+    """NumberOfFrames and the pixel data disagree (STOW failure 0xC000)."""
+
+
+def check_frame_count(layout: PixelLayout, number_of_frames: int, native_bytes: int, video: bool) -> None:
+    """Check at store time that the pixel data holds ``number_of_frames`` frames, so that
+    no read has to trust a declared count (PS3.5 §8.1.1, A.4: each frame of an
+    encapsulated non-video syntax is at least one fragment; video syntaxes hold all
+    frames in one stream).
+
+    Raises
+    ------
+    FrameCountMismatch
+        A NumberOfFrames below 1 or beyond what the pixel data holds.
+    """
+    if number_of_frames < 1:
+        raise FrameCountMismatch(f"NumberOfFrames is {number_of_frames}; it must be at least 1")
+    if layout.fragments is None:
+        if layout.value_length is not None and layout.value_length < native_bytes:
+            raise FrameCountMismatch(
+                f"{layout.keyword_tag} holds {layout.value_length} bytes; Rows x Columns x Samples x "
+                f"BitsAllocated x NumberOfFrames needs {native_bytes}")
+        return
+    have = len(layout.fragments)
+    if have == 0:
+        raise FrameCountMismatch("encapsulated Pixel Data without any fragment")
+    if not video and have < number_of_frames:
+        raise FrameCountMismatch(
+            f"NumberOfFrames is {number_of_frames} but the encapsulated Pixel Data has only {have} "
+            "fragment(s); each frame needs at least one (PS3.5 A.4)")
+
+
+def read_spans(fp: BinaryIO, spans: list[tuple[int, int]]) -> bytes:
+    """The (file offset, length) pieces of ``fp`` concatenated, e.g. a frame's
+    :func:`frame_spans`: native pixels, or the fragments of an encapsulated frame."""
     out = []
-    for off, ln in frame_spans(layout, frame_number, frame_length):
+    for off, ln in spans:
         fp.seek(off)
         out.append(fp.read(ln))
     return b"".join(out)

@@ -16,14 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
 from .attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute
-from .frames import PIXEL_DATA, PixelLayout, Truncated, native_frame_length, scan_pixel_data
+from .frames import (
+    FrameCountMismatch,
+    PixelLayout,
+    Truncated,
+    check_frame_count,
+    native_frame_length,
+    native_pixel_bytes,
+)
 from .json_model import dataset_to_json, level_attributes
 from .matching import normalize_stored
+from .media_types import DEFLATED_LE, is_video
+from .reading import Unacceptable, read_instance
 from .status import FailureReason, InstanceError
 from .uids import validate_uid
 
@@ -109,45 +117,15 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
     """
     size = os.path.getsize(path)
     try:
-        with open(path, "rb") as fp:
-            ds = pydicom.dcmread(fp, stop_before_pixels=True)
-            pos = fp.tell()
-            meta = ds.file_meta
-            ts = str(meta.get("TransferSyntaxUID", "") or "")
-            if not ts:
-                raise InstanceError(FailureReason.CANNOT_UNDERSTAND,
-                                    "no TransferSyntaxUID in the file meta information (PS3.10 §7.1)")
-            layout: PixelLayout | None = None
-            deflated = ts == "1.2.840.10008.1.2.1.99"
-            if not deflated and pos < size:
-                nframes = _int(ds.get("NumberOfFrames"), 1)
-                layout = scan_pixel_data(
-                    fp, pos, size, implicit_vr=ds.original_encoding[0] is True,
-                    little_endian=ds.original_encoding[1] is not False, number_of_frames=nframes,
-                )
-                trailing_at = layout.end if layout is not None else pos
-                if trailing_at < size:
-                    # elements after Pixel Data (e.g. padding): read them too, pixels stay on disk
-                    fp.seek(trailing_at)
-                    trailing = pydicom.filereader.read_dataset(
-                        fp, ds.original_encoding[0] is True, ds.original_encoding[1] is not False
-                    )
-                    for elem in trailing:
-                        if elem.tag != PIXEL_DATA:
-                            ds.add(elem)
-            elif deflated:
-                full = pydicom.dcmread(path, defer_size=bulk_threshold)
-                if PIXEL_DATA in full:
-                    ds = full
-    except InstanceError:
-        raise
-    except Truncated as e:
+        ds, ts, layout = read_instance(path)
+    except (Unacceptable, Truncated) as e:
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e)) from None
     except InvalidDicomError as e:
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND,
                             f"not a PS3.10 DICOM file (preamble and 'DICM' prefix required): {e}") from None
     except Exception as e:  # pydicom raises many types on garbage input
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot parse the DICOM file: {e}") from None
+    deflated = ts == DEFLATED_LE
 
     sop_class_raw = str(ds.get("SOPClassUID", "") or "") or None
     sop_uid_raw = str(ds.get("SOPInstanceUID", "") or "") or None
@@ -170,23 +148,11 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
                             sop_class, sop_uid) from None
     pixel = None
     if layout is not None:
-        vr = layout.vr if layout.vr in ("OB", "OW") else "OW"
-        meta_json["7FE00010"] = {"vr": vr, "BulkDataURI": prefix + "/7FE00010"}
-        pixel = layout.to_json()
-        pixel["number_of_frames"] = _int(ds.get("NumberOfFrames"), 1)
-        pixel["frame_length"] = native_frame_length(
-            _int(ds.get("Rows"), 0), _int(ds.get("Columns"), 0),
-            _int(ds.get("SamplesPerPixel"), 1), _int(ds.get("BitsAllocated"), 8),
-        )
-        if layout.fragments is None and pixel["frame_length"] and layout.value_length is not None:
-            need = pixel["frame_length"] * pixel["number_of_frames"]
-            if layout.value_length < need:
-                raise InstanceError(
-                    FailureReason.CANNOT_UNDERSTAND,
-                    f"Pixel Data holds {layout.value_length} bytes; Rows x Columns x Samples x "
-                    f"BitsAllocated x NumberOfFrames needs {need}", sop_class, sop_uid)
-    elif deflated and PIXEL_DATA in ds:
-        pixel = {"deflated": True, "number_of_frames": _int(ds.get("NumberOfFrames"), 1)}
+        pixel = _pixel_record(ds, ts, layout, sop_class, sop_uid)
+        vr = layout.vr if layout.vr in ("OB", "OW", "OF", "OD") else "OW"
+        meta_json[layout.keyword_tag] = {"vr": vr, "BulkDataURI": f"{prefix}/{layout.keyword_tag}"}
+        if deflated:  # offsets of the inflated stream mean nothing in the stored file
+            pixel = {k: pixel[k] for k in ("tag", "vr", "number_of_frames", "frame_length")} | {"deflated": True}
     meta_json = dict(sorted(meta_json.items()))
     return InstanceRecord(
         study_uid=study_uid,
@@ -204,6 +170,31 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
         size=size,
         path=instance_path(study_uid, series_uid, sop_uid),
     )
+
+
+def _pixel_record(ds: Dataset, ts: str, layout: PixelLayout, sop_class: str, sop_uid: str) -> dict:
+    """What reads need about the pixel data (``InstanceLocation.pixel``): the layout
+    (:meth:`PixelLayout.to_json`: ``tag``, ``vr``, ``offset``, ``length``, ``end``,
+    ``fragments``, ``frames``) plus ``number_of_frames`` and ``frame_length`` (bytes
+    of one native frame, None when bit-packed). The frame count is checked against
+    the pixel data here, so reads may trust it.
+
+    Raises
+    ------
+    InstanceError
+        0xC000: NumberOfFrames below 1 or more frames than the pixel data holds.
+    """
+    rows, columns = _int(ds.get("Rows"), 0), _int(ds.get("Columns"), 0)
+    samples, bits = _int(ds.get("SamplesPerPixel"), 1), _int(ds.get("BitsAllocated"), 8)
+    nframes = _int(ds.get("NumberOfFrames"), 1)
+    try:
+        check_frame_count(layout, nframes, native_pixel_bytes(rows, columns, samples, bits, nframes), is_video(ts))
+    except FrameCountMismatch as e:
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e), sop_class, sop_uid) from None
+    pixel = layout.to_json()
+    pixel["number_of_frames"] = nframes
+    pixel["frame_length"] = native_frame_length(rows, columns, samples, bits)
+    return pixel
 
 
 def dumps(obj: object) -> bytes:

@@ -25,23 +25,73 @@ DICOM_JSON = "application/dicom+json"
 OCTET_STREAM = "application/octet-stream"
 MULTIPART_RELATED = "multipart/related"
 
-#: PS3.18 Table 8.7.3-5: frame/bulk media types and the transfer syntaxes they carry
-#: (the first one of each is the media type's default).
-FRAME_MEDIA_TYPES: dict[str, tuple[str, ...]] = {
-    "image/jpeg": ("1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
-                   "1.2.840.10008.1.2.4.70"),
-    "image/jls": ("1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.81"),
-    "image/jp2": ("1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91"),
-    "image/jpx": ("1.2.840.10008.1.2.4.92", "1.2.840.10008.1.2.4.93"),
-    "image/x-dicom-rle": ("1.2.840.10008.1.2.5",),
-    "image/jxl": ("1.2.840.10008.1.2.4.110", "1.2.840.10008.1.2.4.111", "1.2.840.10008.1.2.4.112"),
-    "video/mpeg": ("1.2.840.10008.1.2.4.100", "1.2.840.10008.1.2.4.101"),
-    "video/mp4": ("1.2.840.10008.1.2.4.102", "1.2.840.10008.1.2.4.103", "1.2.840.10008.1.2.4.104",
-                  "1.2.840.10008.1.2.4.105", "1.2.840.10008.1.2.4.106"),
-    "video/H265": ("1.2.840.10008.1.2.4.107", "1.2.840.10008.1.2.4.108"),
+#: Encapsulated Uncompressed Explicit VR Little Endian: native pixels, one fragment per
+#: frame (PS3.5 A.4.11); as stored its frames are application/octet-stream.
+ENCAPSULATED_UNCOMPRESSED = "1.2.840.10008.1.2.1.98"
+
+
+@dataclass(frozen=True, slots=True)
+class PixelMediaType:
+    """One media type of PS3.18 Table 8.7.3-5 (compressed bulk data and frames).
+
+    ``transfer_syntaxes``: the syntaxes it carries, the table's default (D) first;
+    ``aliases``: names of earlier editions still sent by clients, accepted in Accept
+    headers but never used as a label; ``video``: all frames form one stream (bulk data
+    returns it as one part; single frames cannot be cut from it).
+    """
+
+    media_type: str
+    transfer_syntaxes: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+    video: bool = False
+
+
+#: PS3.18 Table 8.7.3-5 (2024d/2025): THE table. Negotiation (:func:`negotiate_frames`)
+#: and part labelling (:func:`pixel_media_type`) both read it, so a syntax is either
+#: served under its own media type or refused; it is never labelled octet-stream.
+PIXEL_MEDIA_TYPES: tuple[PixelMediaType, ...] = (
+    PixelMediaType("image/jpeg", ("1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.4.50",
+                                  "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57")),
+    PixelMediaType("image/dicom-rle", ("1.2.840.10008.1.2.5",), aliases=("image/x-dicom-rle",)),
+    PixelMediaType("image/jls", ("1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.81"), aliases=("image/x-jls",)),
+    PixelMediaType("image/jp2", ("1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91")),
+    PixelMediaType("image/jpx", ("1.2.840.10008.1.2.4.92", "1.2.840.10008.1.2.4.93")),
+    # High-Throughput JPEG 2000: the stored codestream without a JPH box is image/jphc;
+    # image/jph (with the box) is a rendered media type (PS3.18 §8.7.4), not offered here.
+    PixelMediaType("image/jphc", ("1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.4.202",
+                                  "1.2.840.10008.1.2.4.203")),
+    PixelMediaType("image/jxl", ("1.2.840.10008.1.2.4.110", "1.2.840.10008.1.2.4.111",
+                                 "1.2.840.10008.1.2.4.112")),
+    PixelMediaType("video/mpeg", ("1.2.840.10008.1.2.4.100", "1.2.840.10008.1.2.4.101",
+                                  "1.2.840.10008.1.2.4.100.1", "1.2.840.10008.1.2.4.101.1"), video=True),
+    PixelMediaType("video/mp4", ("1.2.840.10008.1.2.4.102", "1.2.840.10008.1.2.4.103",
+                                 "1.2.840.10008.1.2.4.104", "1.2.840.10008.1.2.4.105",
+                                 "1.2.840.10008.1.2.4.106", "1.2.840.10008.1.2.4.102.1",
+                                 "1.2.840.10008.1.2.4.103.1", "1.2.840.10008.1.2.4.104.1",
+                                 "1.2.840.10008.1.2.4.105.1", "1.2.840.10008.1.2.4.106.1"), video=True),
+    PixelMediaType("video/H265", ("1.2.840.10008.1.2.4.107", "1.2.840.10008.1.2.4.108"), video=True),
+)
+_BY_TS: dict[str, PixelMediaType] = {ts: m for m in PIXEL_MEDIA_TYPES for ts in m.transfer_syntaxes}
+_BY_NAME: dict[str, PixelMediaType] = {
+    name.lower(): m for m in PIXEL_MEDIA_TYPES for name in (m.media_type, *m.aliases)
 }
-MEDIA_TYPE_OF_TS: dict[str, str] = {ts: mt for mt, tss in FRAME_MEDIA_TYPES.items() for ts in tss}
-_FRAME_TYPES_LOWER = {k.lower(): (k, v) for k, v in FRAME_MEDIA_TYPES.items()}
+
+
+def pixel_media_type(ts: str) -> str | None:
+    """The media type that labels frames / pixel bulk data stored in ``ts`` as stored:
+    ``application/octet-stream`` for native (and encapsulated uncompressed) syntaxes,
+    the Table 8.7.3-5 type for compressed ones, None for a compressed syntax the table
+    does not name (such frames cannot be labelled honestly: 406)."""
+    if ts in UNENCAPSULATED or ts == ENCAPSULATED_UNCOMPRESSED:
+        return OCTET_STREAM
+    m = _BY_TS.get(ts)
+    return m.media_type if m is not None else None
+
+
+def is_video(ts: str) -> bool:
+    """Whether ``ts`` encodes all frames as one stream (MPEG-2, MPEG-4, HEVC)."""
+    m = _BY_TS.get(ts)
+    return m is not None and m.video
 
 
 class NotAcceptable(Exception):
@@ -221,51 +271,87 @@ def negotiate_instances(
 def negotiate_frames(
     accept: list[MediaRange], stored_ts: str, can_decode: Callable[[str], bool]
 ) -> Choice:
-    """Choose how to return frames or pixel bulk data (PS3.18 §8.7.3.3, Table 8.7.3-5).
+    """Choose how to return frames or pixel bulk data (PS3.18 §8.7.3.3, Tables
+    8.7.3-4 and 8.7.3-5, all through :data:`PIXEL_MEDIA_TYPES`).
 
     - ``application/octet-stream`` (default ``transfer-syntax`` Explicit VR Little
       Endian): native pixels; compressed sources are decoded (``transcode``). With
-      ``transfer-syntax=*`` frames are returned as stored, their part Content-Type
-      naming the real syntax.
-    - ``image/jpeg``, ``image/jls``, ``image/jp2``, ...: the stored codestream when the
-      stored syntax belongs to that media type (and equals the requested one, if named).
-    - ``*/*`` or no Accept: octet-stream for native or decodable sources, else the
-      stored compressed media type.
+      ``transfer-syntax=*`` frames are returned as stored, labelled with the stored
+      syntax's own media type (a compressed frame is never labelled octet-stream).
+    - ``image/jpeg``, ``image/jls``, ``image/jp2``, ``image/jphc``, ``image/dicom-rle``
+      (or its older name ``image/x-dicom-rle``), ``video/mp4``, ...: the stored
+      codestream when the stored syntax belongs to that media type (and equals the
+      requested one, if named). Without a ``transfer-syntax`` parameter the stored
+      syntax of that media type is returned, named in the part's Content-Type.
+    - ``*/*``, ``multipart/*``: octet-stream for native or decodable sources, else the
+      stored compressed media type; ``image/*``/``video/*``: the stored media type.
 
     Raises
     ------
     NotAcceptable
         e.g. ``image/jp2`` of a JPEG Baseline instance (no transcoding between
-        compressed syntaxes).
+        compressed syntaxes), an as-stored frame of a compressed syntax that
+        Table 8.7.3-5 does not name, or any frame of a video syntax.
     """
+    if is_video(stored_ts):
+        raise NotAcceptable(
+            f"pixel data stored as {stored_ts} is one video stream holding all frames; single frames cannot be "
+            "cut from it: retrieve the Pixel Data bulk data (its BulkDataURI) in its video media type")
     native = stored_ts in UNENCAPSULATED
-    stored_media = OCTET_STREAM if native else MEDIA_TYPE_OF_TS.get(stored_ts, OCTET_STREAM)
+    stored_media = pixel_media_type(stored_ts)
+    as_stored_ts = EXPLICIT_VR_LE if native else stored_ts
     for r in accept:
         mtype = r.type
         if mtype == MULTIPART_RELATED:
             mtype = r.params.get("type", OCTET_STREAM).lower()
         ts = r.params.get("transfer-syntax")
         if mtype in ("*/*", "multipart/*"):
-            if native or not can_decode(stored_ts):
-                return Choice(stored_media, stored_ts if not native else EXPLICIT_VR_LE, True,
-                              transcode=False, defaulted=True)
-            return Choice(OCTET_STREAM, EXPLICIT_VR_LE, True, transcode=True, defaulted=True)
+            if not native and can_decode(stored_ts):
+                return Choice(OCTET_STREAM, EXPLICIT_VR_LE, True, transcode=True, defaulted=True)
+            if stored_media is not None:
+                return Choice(stored_media, as_stored_ts, True, defaulted=True)
+            continue
         if mtype in (OCTET_STREAM, "application/*"):
-            if ts == "*":
-                return Choice(OCTET_STREAM if native else stored_media, stored_ts if not native else EXPLICIT_VR_LE, True)
+            if ts == "*" and stored_media is not None:
+                return Choice(stored_media, as_stored_ts, True)
             if ts in (None, EXPLICIT_VR_LE):
                 if native:
                     return Choice(OCTET_STREAM, EXPLICIT_VR_LE, True, defaulted=ts is None)
                 if can_decode(stored_ts):
                     return Choice(OCTET_STREAM, EXPLICIT_VR_LE, True, transcode=True, defaulted=ts is None)
+            elif ts == stored_ts and stored_media == OCTET_STREAM and not native:
+                return Choice(OCTET_STREAM, stored_ts, True)  # encapsulated uncompressed, as stored
             continue
-        found = _FRAME_TYPES_LOWER.get(mtype)
-        if found is None or native:
+        if mtype.endswith("/*") and mtype != "application/*":
+            if stored_media is not None and stored_media.lower().startswith(mtype[:-1]) and ts in (None, "*"):
+                return Choice(stored_media, stored_ts, True)
             continue
-        name, wanted = found
-        if stored_ts in wanted and (ts in (None, "*") or ts == stored_ts):
-            return Choice(name, stored_ts, True)
+        found = _BY_NAME.get(mtype)
+        if found is None or stored_ts not in found.transfer_syntaxes:
+            continue
+        if ts in (None, "*") or ts == stored_ts:
+            return Choice(found.media_type, stored_ts, True)
+    shown = stored_media or "a compressed syntax without a PS3.18 Table 8.7.3-5 media type"
     raise NotAcceptable(
-        f"frames are stored as {stored_ts} ({stored_media}); "
+        f"frames are stored as {stored_ts} ({shown}); "
         "no accepted media type and transfer syntax can be produced from it"
     )
+
+
+def negotiate_bulkdata(accept: list[MediaRange]) -> bool:
+    """Bulk data answers (PS3.18 §10.4.1.1.5, §8.7.3.3): ``multipart/related`` (the
+    parts in their own media types, see :func:`pixel_media_type`), or single-part
+    ``application/octet-stream`` when that is the client's first acceptable choice.
+    Returns whether a single-part answer is preferred (used when there is one part).
+
+    Raises
+    ------
+    NotAcceptable
+        Neither multipart/related, application/octet-stream nor a wildcard is
+        acceptable (checked before any bulk data is read).
+    """
+    for r in accept:
+        if r.type in ("*/*", "multipart/*", MULTIPART_RELATED, "application/*", OCTET_STREAM):
+            return r.type == OCTET_STREAM
+    raise NotAcceptable('bulk data is available as multipart/related; type="application/octet-stream" '
+                        "(or the pixel data's own media type) or as single-part application/octet-stream")

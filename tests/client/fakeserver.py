@@ -144,6 +144,9 @@ class FakeArchive:
         Server-side cap on QIDO answers (adds a Warning header when it truncates).
     chunk_size : int
         Chunk size of multipart answers.
+    single_accept : bool
+        Answer 400 to a GET whose Accept holds a list or ``type="*/*"``, as
+        Orthanc's DICOMweb plugin 1.7 does.
     """
 
     def __init__(self, base_url: str = FAKE_URL) -> None:
@@ -154,6 +157,7 @@ class FakeArchive:
         self.max_results: int | None = None
         self.chunk_size = 997
         self.single_part_instances = False
+        self.single_accept = False
         self.hooks: dict[str, Callable[[httpx.Request], httpx.Response | None]] = {}
 
     # ------------------------------------------------------------------ data
@@ -195,6 +199,9 @@ class FakeArchive:
         if prefix and path.startswith(prefix):
             path = path[len(prefix) :]
         segs = [unquote(s) for s in path.strip("/").split("/") if s]
+        accept = request.headers.get("accept", "")
+        if self.single_accept and "json" not in accept and ("," in accept or 'type="*/*"' in accept):
+            return _error(400, f"Transfer syntax is incompatible with media type: {accept}")
         for name, hook in self.hooks.items():
             if name in request.url.path:
                 r = hook(request)

@@ -43,14 +43,14 @@ def test_store_search_retrieve(run, archive, tmp_path):
 
     ds = pydicom.dcmread(ct)
     status, out, _ = run(
-        "search", FAKE_URL, "--filter", f"PatientID={ds.PatientID}", "--field", "StudyDescription", "--field", "00081030", "--limit", "5"
+        "search", FAKE_URL, "--filter", f"PatientID={ds.PatientID}", "--field", "StudyDescription", "--field", "00081030", "--limit", "5", "--json"
     )
     assert status == 0 and [s["0020000D"]["Value"][0] for s in out] == [ds.StudyInstanceUID]
     assert archive.last().url.params.get_list("includefield") == ["StudyDescription", "00081030"]
 
-    status, out, _ = run("search", FAKE_URL, "--level", "series", "--study", ds.StudyInstanceUID, "--all")
+    status, out, _ = run("search", FAKE_URL, "--level", "series", "--study", ds.StudyInstanceUID, "--all", "--json")
     assert status == 0 and len(out) == 1
-    status, out, _ = run("search", FAKE_URL, "--level", "instances", "--user", "u:p", "--header", "X-A: b")
+    status, out, _ = run("search", FAKE_URL, "--level", "instances", "--user", "u:p", "--header", "X-A: b", "--json")
     assert status == 0 and len(out) == 2
     assert archive.last().headers["authorization"].startswith("Basic ") and archive.last().headers["x-a"] == "b"
 
@@ -87,3 +87,47 @@ def test_errors_are_reported(run, archive, tmp_path):
         run("search", FAKE_URL, "--filter", "novalue")
     with pytest.raises(SystemExit):
         run("retrieve", FAKE_URL, "--study", "1", "--instance", "2", "--out", str(tmp_path))
+
+
+def test_search_prints_a_table_and_json_on_request(run, archive):
+    """Issue 15 item 8: a table of studies by default, the server's DICOM JSON with --json."""
+    from dicomweb_client.tables import format_table
+
+    ct = pydicom.dcmread(sample_path("CT_small.dcm"))
+    archive.add_file(str(sample_path("CT_small.dcm")))
+    status, out, _ = run("search", FAKE_URL)
+    assert status == 0
+    assert archive.last().url.params.get_list("includefield") == [
+        "StudyDescription", "NumberOfStudyRelatedSeries", "NumberOfStudyRelatedInstances"]
+    assert out.splitlines()[0].split() == ["Patient", "Date", "Modalities", "Description", "Series", "Instances",
+                                           "StudyInstanceUID"]
+    assert out.splitlines()[1].split() == ["CompressedSamples,", "CT1", "(1CT1)", "2004-01-19", "CT", "e+1", "1",
+                                           ct.StudyInstanceUID]
+    assert out.splitlines()[-1] == "1 study"
+    status, out, _ = run("search", FAKE_URL, "--json")
+    assert status == 0 and out[0]["0020000D"]["Value"] == [ct.StudyInstanceUID]
+    assert archive.last().url.params.get_list("includefield") == []
+
+    study = {
+        "00100010": {"vr": "PN", "Value": [{"Alphabetic": "Doe^Jane^M"}]}, "00100020": {"vr": "LO", "Value": ["P7"]},
+        "00080020": {"vr": "DA", "Value": ["20240229"]}, "00080061": {"vr": "CS", "Value": ["CT", "SR"]},
+        "00081030": {"vr": "LO", "Value": ["Chest\nwith contrast " + "x" * 40]},
+        "00201206": {"vr": "IS", "Value": [2]}, "00201208": {"vr": "IS", "Value": [31]},
+        "0020000D": {"vr": "UI", "Value": ["1.2.3"]},
+    }
+    assert format_table([study, {}], "studies") == (
+        "Patient           Date        Modalities  Description                       Series  Instances  StudyInstanceUID\n"
+        "Doe, Jane M (P7)  2024-02-29  CT/SR       Chest with contrast xxxxxxxxxxx…  2       31         1.2.3\n"
+        "\n"
+        "2 studies\n"
+    )
+    instance = {"00080016": {"vr": "UI", "Value": ["1.2.840.10008.5.1.4.1.1.2"]}, "00200013": {"vr": "IS", "Value": [4]},
+                "00280010": {"vr": "US", "Value": [8]}, "00280011": {"vr": "US", "Value": [6]},
+                "00280008": {"vr": "IS", "Value": [3]}, "00080018": {"vr": "UI", "Value": ["1.2.4"]}}
+    assert format_table([instance], "instances").splitlines()[1].split() == ["4", "CT", "Image", "Storage", "6x8", "x3", "1.2.4"]
+    # --field values become columns, by keyword or tag
+    status, out, _ = run("search", FAKE_URL, "--field", "PatientSex", "--field", "00200010")
+    assert archive.last().url.params.get_list("includefield")[:2] == ["PatientSex", "00200010"]
+    header, row = out.splitlines()[:2]
+    assert header.split()[-3:] == ["PatientSex", "00200010", "StudyInstanceUID"]
+    assert row.split()[-3:] == ["O", "1CT1", ct.StudyInstanceUID]

@@ -35,6 +35,7 @@ from dicomweb_client import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from dicomweb_client import negotiation
 from dicomweb_client.errors import Conflict, MethodNotAllowed, TooManyRequests
 
 from .conftest import SAMPLE_FILES, Runner, sample_path
@@ -190,7 +191,7 @@ async def test_search_bad_json_is_response_error(api, archive):
 
 
 # ------------------------------------------------------------------ WADO-RS
-DICOM_ANY = 'multipart/related; type="application/dicom"; transfer-syntax=*'
+DICOM_ANY = negotiation.INSTANCES.preferred
 
 
 async def test_retrieve_study_returns_datasets(api, archive, loaded):
@@ -324,7 +325,7 @@ async def test_frames(api, archive, loaded):
     frames = await api.retrieve_instance_frames(s, se, i, [3, 1])
     req = archive.last()
     assert req.url.path == f"/studies/{s}/series/{se}/instances/{i}/frames/3,1"
-    assert req.headers["accept"] == 'multipart/related; type="*/*"'
+    assert req.headers["accept"] == negotiation.FRAMES.preferred
     assert frames == [dose.PixelData[2 * frame_size : 3 * frame_size], dose.PixelData[:frame_size]]
     octet = await api.iter_instance_frames(s, se, i, [15], media_types=("application/octet-stream",))
     assert archive.last().headers["accept"] == 'multipart/related; type="application/octet-stream"'
@@ -361,7 +362,7 @@ async def test_bulkdata_from_metadata(api, archive, loaded):
     uri = meta["7FE00010"]["BulkDataURI"]
     data = await api.retrieve_bulkdata(uri)
     assert str(archive.last().url) == uri
-    assert archive.last().headers["accept"] == 'multipart/related; type="*/*"'
+    assert archive.last().headers["accept"] == negotiation.BULKDATA.preferred
     assert data == [ct.PixelData]
     part = await api.iter_bulkdata(uri, media_types=("application/octet-stream",), byte_range=(10, 19))
     assert archive.last().headers["range"] == "bytes=10-19"
@@ -386,7 +387,7 @@ async def test_rendered_and_thumbnails(api, archive, loaded):
     await api.retrieve_study_rendered(s, params={"quality": 75})
     assert archive.last().url.path == f"/studies/{s}/rendered"
     assert params_of(archive.last()) == [("quality", "75")]
-    assert archive.last().headers["accept"] == "*/*"  # server default
+    assert archive.last().headers["accept"] == negotiation.RENDERED.preferred
     await api.retrieve_series_rendered(s, se, window="1,2,sigmoid")
     assert archive.last().url.path == f"/studies/{s}/series/{se}/rendered"
     assert params_of(archive.last()) == [("window", "1,2,sigmoid")]
@@ -413,7 +414,7 @@ async def test_iter_rendered_multipart(api, archive, loaded):
     ct = loaded[CT]
     s, se, i = uids(ct)
     images = await api.iter_study_rendered(s)
-    assert archive.last().headers["accept"] == 'multipart/related; type="image/jpeg"'
+    assert archive.last().headers["accept"] == negotiation.RENDERED_MULTIPART.preferred
     assert images == [f"rendered {i} ".encode()]
     assert len(await api.iter_series_rendered(s, se, media_types=("image/png",))) == 1
     assert archive.last().headers["accept"] == 'multipart/related; type="image/png"'
@@ -494,6 +495,31 @@ async def test_store_all_failed_raises_store_error(api, archive):
     assert len(archive.requests) == 1
 
 
+_STORE_409_WITH_WARNING = """
+import httpx
+from dicomweb_client import DICOMwebClient, StoreError
+failed = {"00081198": {"vr": "SQ", "Value": [{"00081155": {"vr": "UI", "Value": ["1.2.3.4"]},
+                                              "00081197": {"vr": "US", "Value": [43264]}}]}}
+answer = httpx.Response(409, json=failed, headers={"Warning": '299 archive: "study 1.2.3 is locked"'})
+with DICOMwebClient("http://x", transport=httpx.MockTransport(lambda request: answer)) as client:
+    try:
+        client.store_instances([b"DICM"])
+    except StoreError as exc:
+        print(exc)
+"""
+
+
+def test_store_409_warning_is_in_the_exception_not_on_stderr():
+    """Issue 15 item 8: a library does not print; the Warning travels in the exception."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _STORE_409_WITH_WARNING], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert "1 instance(s) failed: 0xA900" in run.stdout and 'server warning: 299 archive: "study 1.2.3 is locked"' in run.stdout
+
+
 async def test_store_error_statuses(api, archive):
     archive.script.append(httpx.Response(415, json={"detail": "expected application/dicom"}))
     with pytest.raises(UnsupportedMediaType, match="expected application/dicom"):
@@ -568,9 +594,47 @@ async def test_error_mapping(api, archive, status, exc):
 
 
 async def test_error_on_streamed_retrieve(api, archive, loaded):
-    archive.script.append(httpx.Response(406, text="cannot transcode"))
-    with pytest.raises(NotAcceptable, match="cannot transcode"):
+    archive.script.extend([httpx.Response(406, text="no such syntax"), httpx.Response(406, text="cannot transcode")])
+    with pytest.raises(NotAcceptable, match="cannot transcode"):  # the plain form's answer
         await api.iter_study(loaded[CT].StudyInstanceUID)
+    assert [r.headers["accept"] for r in archive.requests[-2:]] == [DICOM_ANY, negotiation.INSTANCES.plain]
+    archive.script.append(httpx.Response(406, text="cannot transcode"))
+    with pytest.raises(NotAcceptable, match="cannot transcode"):  # a caller's media type: no retry
+        await api.iter_study(loaded[CT].StudyInstanceUID, media_types=(("application/dicom", "1.2.3"),))
+    assert not archive.script
+
+
+async def test_default_accept_falls_back_once_and_is_remembered(api, archive, loaded):
+    """A server that refuses Accept lists (Orthanc DICOMweb 1.7: 400 'incompatible with
+    media type') gets the plain PS3.18 form once, then directly (issue 16)."""
+    archive.single_accept = True
+    dose, ct = loaded[DOSE], loaded[CT]
+    s, se, i = uids(dose)
+    frame_size = dose.Rows * dose.Columns * dose.BitsAllocated // 8
+    n = len(archive.requests)
+    assert await api.retrieve_instance_frames(s, se, i, [2]) == [dose.PixelData[frame_size : 2 * frame_size]]
+    sent = [r.headers["accept"] for r in archive.requests[n:]]
+    assert sent == [negotiation.FRAMES.preferred, 'multipart/related; type="application/octet-stream"']
+    n = len(archive.requests)
+    assert await api.iter_instance_frames(s, se, i, [1]) == [dose.PixelData[:frame_size]]
+    assert [r.headers["accept"] for r in archive.requests[n:]] == [negotiation.FRAMES.plain]
+    # each kind of resource is negotiated on its own
+    for call, args, plain in [
+        ("retrieve_instance", uids(ct), 'multipart/related; type="application/dicom"'),
+        ("retrieve_instance_rendered", uids(ct), "image/jpeg"),
+    ]:
+        n = len(archive.requests)
+        await getattr(api, call)(*args)
+        assert [r.headers["accept"] for r in archive.requests[n:]][-1] == plain
+        assert len(archive.requests) - n == 2
+    meta = await api.retrieve_instance_metadata(*uids(ct))
+    assert await api.retrieve_bulkdata(meta["7FE00010"]["BulkDataURI"]) == [ct.PixelData]
+    # a 400 for another reason: the plain form's error is raised, nothing remembered wrongly
+    archive.single_accept = False
+    n = len(archive.requests)
+    with pytest.raises(NotFound, match="no such frame"):
+        await api.retrieve_instance_frames(s, se, i, [99])
+    assert len(archive.requests) - n == 1
 
 
 async def test_error_message_sources(api, archive):

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from dicomweb_server.dicom.media_types import (
-    NotAcceptable, negotiate_frames, negotiate_instances, negotiate_json, parse_accept,
+    NotAcceptable,
+    negotiate_frames,
+    negotiate_instances,
+    negotiate_json,
+    parse_accept,
 )
 
 ELE, JPEG = "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.4.50"
@@ -57,3 +61,40 @@ def test_json():
     assert negotiate_json(parse_accept("application/json")) == "application/dicom+json"
     with pytest.raises(NotAcceptable):
         negotiate_json(parse_accept("application/dicom+xml"))
+
+
+def test_one_table_labels_and_negotiates():
+    """PS3.18 Table 8.7.3-5: HTJ2K is image/jphc, RLE image/dicom-rle (the x- names
+    accepted, never used as labels), unknown compressed syntaxes are never octet-stream."""
+    from dicomweb_server.dicom.media_types import pixel_media_type
+
+    htj2k, rle, unknown = "1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.5", "1.2.3.4.5"
+    assert pixel_media_type(htj2k) == "image/jphc"
+    assert pixel_media_type(rle) == "image/dicom-rle"
+    assert pixel_media_type(ELE) == "application/octet-stream"
+    assert pixel_media_type(unknown) is None
+    star = parse_accept("multipart/related; type=application/octet-stream; transfer-syntax=*")
+    c = negotiate_frames(star, htj2k, no)
+    assert (c.media_type, c.transfer_syntax) == ("image/jphc", htj2k)
+    c = negotiate_frames(parse_accept("multipart/related; type=image/x-dicom-rle"), rle, no)
+    assert (c.media_type, c.transfer_syntax) == ("image/dicom-rle", rle)
+    c = negotiate_frames(parse_accept("image/*"), htj2k, yes)
+    assert c.media_type == "image/jphc"
+    for accept in (star, parse_accept("*/*")):
+        with pytest.raises(NotAcceptable):
+            negotiate_frames(accept, unknown, no)
+    with pytest.raises(NotAcceptable):
+        negotiate_frames(parse_accept("multipart/related; type=image/jph"), htj2k, yes)
+    with pytest.raises(NotAcceptable, match="video"):
+        negotiate_frames(parse_accept("*/*"), "1.2.840.10008.1.2.4.102", yes)
+
+
+def test_bulkdata_negotiation():
+    from dicomweb_server.dicom.media_types import negotiate_bulkdata
+
+    assert negotiate_bulkdata(parse_accept("application/octet-stream")) is True
+    assert negotiate_bulkdata(parse_accept(None)) is False
+    assert negotiate_bulkdata(parse_accept("text/html, multipart/related; type=application/octet-stream")) is False
+    for bad in ("text/html", "*/*;q=0", "foo"):
+        with pytest.raises(NotAcceptable):
+            negotiate_bulkdata(parse_accept(bad))

@@ -143,3 +143,58 @@ def test_render_cache_sees_a_delete_and_restore_made_by_another_process(tmp_path
     finally:
         one.close()
         two.close()
+
+
+def _pixel_instances():
+    """Two-frame instances whose reads go through the merged media/lifecycle paths:
+    Float Pixel Data (7FE00008, OF), JPEG Baseline fragments (one per frame, odd
+    codestreams padded with 0x00) and an MPEG-4 video stream (one fragment)."""
+    from pydicom.encaps import encapsulate
+
+    flt = make_dataset(pixels=False, modality="OT", sop_class="1.2.840.10008.5.1.4.1.1.30")
+    flt.Rows, flt.Columns, flt.SamplesPerPixel, flt.NumberOfFrames, flt.BitsAllocated = 3, 4, 1, 2, 32
+    flt.PhotometricInterpretation = "MONOCHROME2"
+    values = (np.arange(24, dtype=np.float32) - 10.5).tobytes()
+    flt.FloatPixelData = values
+    frames = {"float": ("7FE00008", [values[:48], values[48:]])}
+    streams = [b"\xff\xd8" + bytes([k]) * 5 + b"\xff\xd9" for k in (1, 2)]  # 9 bytes: padded when stored
+    video = [b"\x00\x00\x00\x18ftypmp42" + bytes(range(40))]
+    out = [flt]
+    for name, ts, values in (("jpeg", "1.2.840.10008.1.2.4.50", streams), ("video", "1.2.840.10008.1.2.4.102", video)):
+        ds = make_dataset(pixels=False, transfer_syntax=ts, modality="OT")
+        ds.Rows = ds.Columns = 16
+        ds.SamplesPerPixel, ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 1, 8, 8, 7, 0
+        ds.PhotometricInterpretation = "MONOCHROME2"
+        ds.NumberOfFrames = 2
+        ds.PixelData = encapsulate(values)
+        ds["PixelData"].VR = "OB"
+        frames[name] = ("7FE00010", values)
+        out.append(ds)
+    return dict(zip(frames, out)), frames
+
+
+@pytest.mark.parametrize("name", ["float", "jpeg", "video"])
+def test_pixel_reads_by_recorded_tag_and_media_type_racing_delete(archive, monkeypatch, name):
+    """Merge of the media and lifecycle branches: the pixel tag recorded at store
+    time, the media-type labels and video as one stream are read through the file
+    opened once; a DELETE between look-up and read is 404 for frames and bulk data."""
+    datasets, expected = _pixel_instances()
+    ds, (tag, values) = datasets[name], expected[name]
+    octet = {"Accept": "multipart/related; type=\"application/octet-stream\"; transfer-syntax=*"}
+    with _client(archive) as c:
+        _store(c, ds)
+        url = f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
+        r = c.get(url + "/bulkdata/" + tag, headers={"Accept": "multipart/related; type=\"*/*\""}
+                  if name != "float" else {})
+        assert r.status_code == 200, r.text[:200]
+        assert _parts(r) == ([b"".join(values)] if name != "jpeg" else values)
+        if name != "video":  # a video's frames cannot be cut from the stream (406)
+            r = c.get(url + "/frames/2,1", headers=octet)
+            assert r.status_code == 200 and _parts(r) == [values[1], values[0]]
+        for path, headers in [("/bulkdata/" + tag, {})] + ([("/frames/1", octet)] if name != "video" else []):
+            armed = _delete_after_lookup(monkeypatch, archive, ds.StudyInstanceUID, ds.SeriesInstanceUID,
+                                         ds.SOPInstanceUID)
+            r = c.get(url + path, headers=headers)
+            assert not armed[0] and r.status_code == 404, (path, r.status_code, r.text[:200])
+            monkeypatch.undo()
+            _store(c, ds)

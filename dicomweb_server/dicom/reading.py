@@ -1,0 +1,181 @@
+"""Read a received PS3.10 file without trusting it: the data set up to its pixel
+data (pixels stay on disk), where the pixel data lies, with bounded inflation of a
+Deflated data set, no truncated element anywhere, and bounded sequence nesting.
+
+pydicom parses; this module adds the bounds pydicom does not have: it inflates a
+Deflated Explicit VR Little Endian data set whole into memory (a 1 MB part can hold
+1 GiB), it keeps an element whose declared length runs past the end of the file
+with whatever bytes were there, and it nests sequences as deep as the file does.
+
+References
+----------
+PS3.10 §7.1 (file meta information), PS3.5 §7.1 (element lengths), §7.5 (sequences),
+§A.5 (Deflated Explicit VR Little Endian: the data set after the file meta is one
+raw deflate stream, RFC 1951), PS3.4 B.2.3 (0xC000 cannot understand).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO
+
+import pydicom
+from pydicom.dataelem import RawDataElement
+from pydicom.dataset import Dataset
+from pydicom.filereader import _read_file_meta_info, read_dataset, read_preamble
+from pydicom.filewriter import write_file_meta_info
+
+from .frames import PIXEL_TAGS, PixelLayout, scan_pixel_data
+
+DEFLATED_LE = "1.2.840.10008.1.2.1.99"
+EXPLICIT_VR_LE = "1.2.840.10008.1.2.1"
+#: the inflated data set of a Deflated file may be at most this large (0xC000 beyond)
+MAX_INFLATED_BYTES = 256 * 1024 * 1024
+#: sequences may nest at most this deep (0xC000 beyond): DICOM JSON nests three JSON
+#: levels per sequence and common JSON parsers (orjson) stop at 255 levels
+MAX_SEQUENCE_DEPTH = 64
+_UNDEFINED = 0xFFFFFFFF
+_CHUNK = 1024 * 1024
+
+
+class Unacceptable(ValueError):
+    """The file cannot be understood or breaks a documented bound (STOW 0xC000)."""
+
+
+def read_instance(path: Path) -> tuple[Dataset, str, PixelLayout | None]:
+    """The data set without pixel values, its transfer syntax, and the pixel data
+    layout (None for no pixel data, or for a Deflated file whose offsets only exist
+    in the inflated stream: the layout returned then describes that stream and is
+    for checks only).
+
+    Raises
+    ------
+    Unacceptable
+        No transfer syntax, an inflated data set over :data:`MAX_INFLATED_BYTES`, a
+        truncated element, sequences deeper than :data:`MAX_SEQUENCE_DEPTH`.
+    Truncated
+        The file ends inside its pixel data.
+    pydicom.errors.InvalidDicomError, other exceptions
+        Not parseable (the caller maps them to 0xC000).
+    """
+    with open(path, "rb") as fp:
+        read_preamble(fp, False)
+        meta = _read_file_meta_info(fp)
+        ts = str(meta.get("TransferSyntaxUID", "") or "")
+        if not ts:
+            raise Unacceptable("no TransferSyntaxUID in the file meta information (PS3.10 §7.1)")
+        if ts == DEFLATED_LE:
+            with _inflated_copy(fp, meta, path.parent) as tmp:
+                ds, layout = _read(tmp, os.fstat(tmp.fileno()).st_size)
+            return ds, ts, layout
+        fp.seek(0)
+        ds, layout = _read(fp, os.fstat(fp.fileno()).st_size)
+        return ds, ts, layout
+
+
+def _read(fp: BinaryIO, size: int) -> tuple[Dataset, PixelLayout | None]:
+    try:
+        ds = pydicom.dcmread(fp, stop_before_pixels=True)
+    except RecursionError:
+        raise Unacceptable(f"sequences nested deeper than {MAX_SEQUENCE_DEPTH} levels") from None
+    pos = fp.tell()
+    implicit, little = ds.original_encoding[0] is True, ds.original_encoding[1] is not False
+    check_complete(ds)
+    layout = None
+    if pos < size:
+        layout = scan_pixel_data(fp, pos, size, implicit_vr=implicit, little_endian=little,
+                                 number_of_frames=_int(ds.get("NumberOfFrames"), 1))
+        trailing_at = layout.end if layout is not None else pos
+        if trailing_at < size:
+            # elements after the pixel data (e.g. padding): read them too, pixels stay on disk
+            fp.seek(trailing_at)
+            trailing = read_dataset(fp, implicit, little)
+            check_complete(trailing)
+            for elem in trailing.elements():
+                if elem.tag not in PIXEL_TAGS:
+                    ds[elem.tag] = trailing[elem.tag]
+    return ds, layout
+
+
+def check_complete(ds: Dataset) -> None:
+    """Refuse a data set holding an element whose value is shorter than its declared
+    length (the file ended inside it: pydicom keeps the bytes that were there), at any
+    depth, and sequences nested deeper than :data:`MAX_SEQUENCE_DEPTH`. Iterative, so
+    depth never costs Python stack.
+
+    Raises
+    ------
+    Unacceptable
+    """
+    stack: list[tuple[Dataset, int, str]] = [(ds, 0, "")]
+    while stack:
+        current, depth, where = stack.pop()
+        for elem in list(current.elements()):
+            if isinstance(elem, RawDataElement):
+                if elem.length != _UNDEFINED and elem.value is not None and len(elem.value) < elem.length:
+                    raise Unacceptable(
+                        f"element {where}({elem.tag.group:04X},{elem.tag.element:04X}) declares {elem.length} "
+                        f"bytes but the file ends {len(elem.value)} bytes into it (truncated)")
+                if elem.VR not in ("SQ", None) and not (elem.VR == "UN" and elem.length == _UNDEFINED):
+                    continue
+                elem = current[elem.tag]  # converts: items are parsed now
+            if elem.VR != "SQ":
+                continue
+            if depth + 1 > MAX_SEQUENCE_DEPTH:
+                raise Unacceptable(f"sequences nested deeper than {MAX_SEQUENCE_DEPTH} levels")
+            for i, item in enumerate(elem.value or ()):
+                stack.append((item, depth + 1, f"{where}({elem.tag.group:04X},{elem.tag.element:04X})[{i}]/"))
+
+
+class _inflated_copy:
+    """A PS3.10 file (unnamed temporary file next to ``folder``'s other files) holding
+    the file meta with Explicit VR Little Endian and the inflated data set, inflated in
+    1 MiB pieces and refused past :data:`MAX_INFLATED_BYTES` (a deflate bomb never
+    reaches memory or a full disk)."""
+
+    def __init__(self, fp: BinaryIO, meta: Dataset, folder: Path) -> None:
+        self.fp, self.meta, self.folder = fp, meta, folder
+        self.tmp: BinaryIO | None = None
+
+    def __enter__(self) -> BinaryIO:
+        try:
+            self.tmp = tempfile.TemporaryFile(dir=self.folder)  # O_TMPFILE: nothing is left behind
+        except OSError:  # e.g. a read-only archive being checked
+            self.tmp = tempfile.TemporaryFile()
+        meta = Dataset(self.meta)
+        meta.TransferSyntaxUID = EXPLICIT_VR_LE
+        self.tmp.write(b"\0" * 128 + b"DICM")
+        write_file_meta_info(self.tmp, meta, enforce_standard=False)  # type: ignore[arg-type]
+        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        written = 0
+        while True:
+            data = self.fp.read(_CHUNK)
+            if not data:
+                break
+            while data:
+                out = inflater.decompress(data, _CHUNK)
+                written += len(out)
+                if written > MAX_INFLATED_BYTES:
+                    raise Unacceptable(
+                        f"the Deflated data set inflates to more than {MAX_INFLATED_BYTES} bytes (deflate bomb)")
+                self.tmp.write(out)
+                data = inflater.unconsumed_tail
+            if inflater.eof:
+                break
+        self.tmp.write(inflater.flush())  # at most what one bounded call left behind
+        self.tmp.seek(0)
+        return self.tmp
+
+    def __exit__(self, *exc) -> None:
+        if self.tmp is not None:
+            self.tmp.close()
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return default
