@@ -16,7 +16,12 @@ indexes it at start-up).
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,40 +75,78 @@ class Archive:
         self.blobs = BlobStore(Path(settings.data_dir))
         self.index = index
         self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
+        self._busy = threading.Condition()
+        self._in_flight = 0  # store() and delete() calls running (worker threads)
 
     @classmethod
     def open(cls, settings: Settings) -> "Archive":
-        """Open (creating if needed) the archive in ``settings.data_dir``."""
+        """Open (creating if needed) the archive in ``settings.data_dir``.
+
+        Safe while other worker processes serve the same folder (case P6): the
+        index is opened (schema created, WAL switched on) under the index writer
+        ``flock`` that every commit takes, so starting workers never race each
+        other's schema creation nor a running commit; the spool sweep removes only
+        folders of processes that are gone (:meth:`BlobStore.clean_spool`).
+        """
         data = Path(settings.data_dir)
         data.mkdir(parents=True, exist_ok=True)
-        if settings.index == "sqlite":
-            from .store.sqlite import SQLiteIndex
+        with _flocked(data / "index.lock"):
+            if settings.index == "sqlite":
+                from .store.sqlite import SQLiteIndex
 
-            index: Index = SQLiteIndex(data / "index.sqlite")
-        else:
-            from .store.memory import MemoryIndex
+                index: Index = SQLiteIndex(data / "index.sqlite")
+            else:
+                from .store.memory import MemoryIndex
 
-            index = MemoryIndex()
+                index = MemoryIndex()
         archive = cls(settings, index)
-        archive.blobs.clean_spool()
+        n = archive.blobs.clean_spool()
+        if n:
+            log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
+        log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
         if settings.index == "memory":
             archive.rebuild()
         return archive
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Wait (at most ``timeout`` seconds, default ``settings.shutdown_timeout``)
+        for the store and delete transactions running in worker threads, then remove this
+        process's spool folder and close the index. A transaction still running
+        after that was never acknowledged: its request was cancelled."""
+        deadline = time.monotonic() + (self.settings.shutdown_timeout if timeout is None else timeout)
+        with self._busy:
+            while self._in_flight and self._busy.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            if self._in_flight:
+                log.error("closing with %d store/delete transaction(s) still running", self._in_flight)
+        self.blobs.release_spool()
         self.index.close()
+
+    @contextmanager
+    def _tracked(self):
+        with self._busy:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._busy:
+                self._in_flight -= 1
+                self._busy.notify_all()
 
     def rebuild(self) -> int:
         """Index every file under ``blobs/`` (start-up of the in-memory index), in
         the order the files were written, so that search order survives restarts."""
         batch: list[InstanceRecord] = []
         n = 0
-        files = sorted(self.blobs.walk(), key=lambda rel: (self.blobs.resolve(rel).stat().st_mtime_ns, rel))
-        for rel in files:
+        files = sorted((mtime, rel) for rel in self.blobs.walk()
+                       if (mtime := _mtime_ns(self.blobs.resolve(rel))) is not None)
+        for _mtime, rel in files:
             try:
                 rec = describe_instance(self.blobs.resolve(rel), bulk_threshold=self.settings.bulk_threshold)
             except InstanceError as e:
                 log.warning("not indexed: %s: %s", rel, e.message)
+                continue
+            except FileNotFoundError:  # removed meanwhile (e.g. by `check --repair`)
                 continue
             if rec.path != rel:
                 log.warning("not indexed: %s is filed under the wrong name (expected %s)", rel, rec.path)
@@ -126,6 +169,10 @@ class Archive:
         byte-identical content is a success (nothing rewritten); with different
         content it fails with 0x0111 and the stored instance is kept.
         """
+        with self._tracked():
+            return self._store(parts, expected_study_uid)
+
+    def _store(self, parts: list[SpooledPart], expected_study_uid: str | None) -> StoreOutcome:
         outcome = StoreOutcome()
         faults.point("spooled")
         described: list[tuple[InstanceRecord, Path]] = []
@@ -230,18 +277,37 @@ class Archive:
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> int:
         """Remove index rows (one durable commit: readers never see half of it),
         then the files. Returns the number of instances removed."""
-        with self.committer.writer():
-            paths = self.index.delete(study_uid, series_uid, sop_uid)
-        uids = {Path(rel).stem: rel for rel in paths}
-        with self.blobs.locked(uids):
-            for uid, rel in uids.items():
-                if self.index.locate(uid) is not None:
-                    continue  # stored again since the rows were deleted: keep its file
-                try:
-                    self.blobs.remove(rel)
-                except OSError as e:  # left for `check` to collect
-                    log.warning("could not remove %s: %s", rel, e)
-        return len(paths)
+        with self._tracked():
+            with self.committer.writer():
+                paths = self.index.delete(study_uid, series_uid, sop_uid)
+            uids = {Path(rel).stem: rel for rel in paths}
+            with self.blobs.locked(uids):
+                for uid, rel in uids.items():
+                    if self.index.locate(uid) is not None:
+                        continue  # stored again since the rows were deleted: keep its file
+                    try:
+                        self.blobs.remove(rel)
+                    except OSError as e:  # left for `check` to collect
+                        log.warning("could not remove %s: %s", rel, e)
+            return len(paths)
+
+
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+@contextmanager
+def _flocked(path: Path):
+    """An exclusive ``flock`` on ``path`` (across worker processes)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def retrieve_url(base_url: str, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> str:

@@ -85,6 +85,14 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         timeout_keep_alive=30,
         **uvicorn_options(settings),  # request-head timeout and size bound (api/limits.py)
+        # SIGTERM: stop accepting, let requests in flight finish for at most this long, then
+        # cancel them (never acknowledged) and close the archive (Archive.close); with several
+        # workers uvicorn's supervisor sends each worker SIGTERM and restarts dead ones
+        timeout_graceful_shutdown=settings.shutdown_timeout,
+        # a starting worker imports pydicom, numpy and Pillow: on a loaded machine that takes
+        # longer than uvicorn's 5 s default, and the supervisor then aborts a rolling restart
+        # (SIGHUP) or kills a worker it takes for hung
+        timeout_worker_healthcheck=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
     return 0

@@ -1,12 +1,34 @@
-"""A bounded LRU cache of rendered pictures, keyed by instance, frames,
-parameters and media type, so that a repeated rendered request costs a look-up.
-One per worker process; the cap (bytes of cached pictures) is a setting."""
+"""A bounded LRU cache of rendered pictures, keyed by instance, the version of its
+stored file, frames, parameters and media type, so that a repeated rendered request
+costs a look-up. One per worker process; the cap (bytes of cached pictures) is a
+setting.
+
+No worker is ever told about a DELETE or a new store in another worker, so the key
+holds :func:`file_version`: an instance deleted and stored again under the same SOP
+Instance UID is a new file (new inode, mtime, usually size), hence a new key, in
+every process. Pictures of old versions are never asked for again and age out.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
+from pathlib import Path
+
+
+def file_version(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns) of a stored file: changes whenever the
+    file at that name is replaced (stored files are never rewritten in place).
+
+    Raises
+    ------
+    FileNotFoundError
+        The file was deleted.
+    """
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class RenderCache:
@@ -39,12 +61,6 @@ class RenderCache:
             while self._bytes > self.max_bytes:
                 _k, v = self._items.popitem(last=False)
                 self._bytes -= len(v)
-
-    def evict_instance(self, sop_uid: str) -> None:
-        """Forget every picture of an instance (after DELETE)."""
-        with self._lock:
-            for k in [k for k in self._items if isinstance(k, tuple) and k and k[0] == sop_uid]:
-                self._bytes -= len(self._items.pop(k))
 
     @property
     def size(self) -> int:

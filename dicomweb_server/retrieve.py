@@ -4,20 +4,30 @@ instances. Blocking functions; the web layer runs them in worker threads.
 Frames are read with the layout computed at store time (a seek and a read);
 only files whose frame boundaries are unknown (deflated, bit-packed, ambiguous
 fragments) are parsed with pydicom at read time.
+
+Reads racing DELETE: the index look-up and the file read are not one transaction,
+so each function opens the file once, up front, and works on that open file (a
+file removed afterwards stays readable through it). A file already gone, or
+replaced by a new store of the same SOP Instance UID (another size than the row
+looked up), raises :class:`Gone`: 404 for a single resource; multi-instance
+streams skip the instance (it is no longer part of the study).
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pydicom
 from pydicom.dataset import Dataset
 from pydicom.encaps import generate_frames
 
 from .dicom import pixels
-from .dicom.frames import PixelLayout, read_frame
+from .dicom.frames import PixelLayout, frame_spans, read_spans
 from .dicom.json_model import resolve_bulkdata
 from .dicom.media_types import (
     EXPLICIT_VR_LE,
@@ -36,47 +46,80 @@ class NotFound(LookupError):
     """A frame, bulk data element or pixel data that does not exist (HTTP 404)."""
 
 
+class Gone(NotFound):
+    """The instance's file was removed (or replaced) after its index look-up: a
+    DELETE raced this read (HTTP 404)."""
+
+
+def open_stored(path: Path, loc: InstanceLocation) -> BinaryIO:
+    """The stored file of ``loc``, opened for reading.
+
+    Raises
+    ------
+    Gone
+        The file is missing, or is not the file the index row describes.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise Gone(f"instance {loc.sop_uid} was deleted") from None
+    if os.fstat(f.fileno()).st_size != loc.size:
+        f.close()
+        raise Gone(f"instance {loc.sop_uid} was replaced while being read")
+    return f
+
+
 def can_decode(ts: str) -> bool:
     """Whether pixel data in ``ts`` can be decoded to native pixels here."""
     return ts in UNENCAPSULATED or pixels.is_supported_transfer_syntax(ts)
 
 
-#: files larger than this are streamed in CHUNK pieces instead of read whole
-LARGE_FILE = 16 * 1024 * 1024
-CHUNK = 1024 * 1024
+#: files larger than LARGE_FILE are streamed from disk in CHUNK pieces as the client
+#: reads, so that a slow reader holds about one piece in the server (each send waits
+#: for the transport's write buffer to drain). Smaller files (typical CT/MR) are read
+#: whole in one thread hop: streaming a 512 KB file costs several hops.
+CHUNK = 256 * 1024
+LARGE_FILE = 4 * CHUNK
+#: native Pixel Data larger than this is streamed (smaller values can be ranged: RFC 9110 §14)
+LARGE_VALUE = 16 * 1024 * 1024
 
 
-def file_chunks(path: Path, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
-    """The file (or ``length`` bytes from ``offset``) in 1 MiB pieces (bounded
-    memory for multi-GB instances)."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        left = length if length is not None else -1
-        while left != 0:
-            chunk = f.read(CHUNK if left < 0 else min(CHUNK, left))
-            if not chunk:
-                break
-            left -= len(chunk) if left > 0 else 0
-            yield chunk
+def file_chunks(path: Path, loc: InstanceLocation, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
+    """The stored file of ``loc`` (or ``length`` bytes from ``offset``) in CHUNK
+    pieces. The file is opened now (so :class:`Gone` is raised here, before an
+    answer starts); the pieces are read as the iterator is consumed."""
+    return _chunks(open_stored(path, loc), offset, length)
+
+
+def _chunks(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
+    with f:
+        yield from _read_span(f, offset, length)
+
+
+def _read_span(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
+    f.seek(offset)
+    left = length if length is not None else -1
+    while left != 0:
+        chunk = f.read(CHUNK if left < 0 else min(CHUNK, left))
+        if not chunk:
+            break
+        left -= len(chunk) if left > 0 else 0
+        yield chunk
 
 
 def large_native_pixel_data(loc: InstanceLocation) -> tuple[int, int] | None:
     """(offset, length) of Pixel Data to stream, when it is native little endian
-    and larger than LARGE_FILE; else None."""
+    and larger than LARGE_VALUE; else None."""
     pix = loc.pixel or {}
-    if loc.transfer_syntax_uid in NATIVE_LE and pix.get("length") and pix["length"] > LARGE_FILE:
+    if loc.transfer_syntax_uid in NATIVE_LE and pix.get("length") and pix["length"] > LARGE_VALUE:
         return pix["offset"], pix["length"]
     return None
 
 
-def read_file(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def header(path: Path) -> Dataset:
+def _header(f: BinaryIO) -> Dataset:
     """The dataset without pixel data (for decoding and rendering)."""
-    return pydicom.dcmread(path, stop_before_pixels=True)
+    f.seek(0)
+    return pydicom.dcmread(f, stop_before_pixels=True)
 
 
 def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes:
@@ -87,15 +130,25 @@ def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes
     pixels.UnsupportedTransferSyntax
         The stored pixel data cannot be decoded (HTTP 406).
     """
-    if not choice.transcode:
-        return read_file(path)
-    ds = pydicom.dcmread(path)
+    with open_stored(path, loc) as f:
+        if not choice.transcode:
+            return f.read()
+        ds = pydicom.dcmread(f)
     if "PixelData" in ds or loc.transfer_syntax_uid not in NATIVE_LE:
         ds = pixels.transcode_to_explicit_le(ds)
     ds.file_meta.TransferSyntaxUID = EXPLICIT_VR_LE
     buf = io.BytesIO()
     ds.save_as(buf, implicit_vr=False, little_endian=True, enforce_file_format=True)
     return buf.getvalue()
+
+
+def _frames_addressable(loc: InstanceLocation) -> bool:
+    """Whether each frame can be read with a seek (the layout computed at store time)."""
+    pix = loc.pixel or {}
+    if "offset" not in pix:
+        return False
+    layout = PixelLayout.from_json(pix)
+    return layout.frames is not None if layout.fragments is not None else pix.get("frame_length") is not None
 
 
 def _check_frames(loc: InstanceLocation, numbers: list[int]) -> int:
@@ -126,61 +179,114 @@ def pixel_tag(loc: InstanceLocation) -> str:
     return str((loc.pixel or {}).get("tag", "7FE00010"))
 
 
-def stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> list[bytes]:
-    """Frames (1-based numbers, in the order asked) exactly as stored: native
-    bytes in the stored byte order, or each frame's compressed codestream.
+def _spans(loc: InstanceLocation, numbers: list[int]) -> list[list[tuple[int, int]]] | None:
+    """(file offset, length) pieces of each frame asked, from the layout computed at
+    store time; None when the frame boundaries are known only by parsing the file.
+
+    Raises
+    ------
+    NotFound
+        A frame number beyond the recorded layout.
+    """
+    if not _frames_addressable(loc):
+        return None
+    pix = loc.pixel or {}
+    layout = PixelLayout.from_json(pix)
+    try:
+        return [frame_spans(layout, k, pix.get("frame_length")) for k in numbers]
+    except IndexError as e:
+        raise NotFound(f"no frame {e}") from None
+
+
+def _stored_frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> Iterator[bytes]:
+    """Frames (1-based numbers, in the order asked) exactly as stored, read through
+    the open file ``f`` one whole frame at a time: native bytes in the stored byte
+    order, or each frame's compressed codestream. The frame numbers are checked
+    when the first frame is asked for.
 
     Raises
     ------
     NotFound
         No pixel data, or a frame number beyond NumberOfFrames.
     """
-    return list(iter_stored_frames(path, loc, numbers))
-
-
-def iter_stored_frames(path: Path, loc: InstanceLocation, numbers: list[int]) -> Iterator[bytes]:
-    """:func:`stored_frames` one frame at a time (memory: one frame). The frame
-    numbers are checked before the first frame is read."""
     n = _check_frames(loc, numbers)
-    return _iter_stored_frames(path, loc, numbers, n)
-
-
-def _iter_stored_frames(path: Path, loc: InstanceLocation, numbers: list[int], n: int) -> Iterator[bytes]:
-    pix = loc.pixel or {}
-    if "offset" in pix:
-        layout = PixelLayout.from_json(pix)
-        try:
-            with open(path, "rb") as fp:
-                for k in numbers:
-                    yield _unpad(read_frame(fp, layout, k, pix.get("frame_length")), loc.transfer_syntax_uid)
-            return
-        except IndexError as e:
-            raise NotFound(f"no frame {e}") from None
-        except LookupError:
-            pass  # frame boundaries unknown: parse below
-    ds = pydicom.dcmread(path)  # deflated, bit-packed or ambiguous fragments: sizes checked at STOW
+    ts = loc.transfer_syntax_uid
+    spans = _spans(loc, numbers)
+    if spans is not None:
+        for frame in spans:
+            yield _unpad(read_spans(f, frame), ts)
+        return
+    f.seek(0)
+    ds = pydicom.dcmread(f)  # deflated, bit-packed or ambiguous fragments: sizes checked at STOW
     data = ds[int(pixel_tag(loc), 16)].value
-    if loc.transfer_syntax_uid in UNENCAPSULATED:
-        flen = pix.get("frame_length") or len(data) // n
+    if ts in UNENCAPSULATED:
+        flen = (loc.pixel or {}).get("frame_length") or len(data) // n
         for k in numbers:
             yield bytes(data[(k - 1) * flen : k * flen])
         return
     frames = list(generate_frames(data, number_of_frames=n))
     for k in numbers:
-        yield _unpad(frames[k - 1], loc.transfer_syntax_uid)
+        yield _unpad(frames[k - 1], ts)
 
 
-def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes]:
-    """Frames in the negotiated representation (PS3.18 §10.4.1.1.2), one at a time: as
-    stored, or decoded to native little-endian bytes for application/octet-stream.
-    Frame numbers are checked before the first frame is read (NotFound)."""
-    raw = iter_stored_frames(path, loc, numbers)
-    ts = loc.transfer_syntax_uid
-    if choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE and ts not in NATIVE_LE:
-        hdr = header(path)
+def _started(f: BinaryIO, items: Iterator) -> Iterator:
+    """``items`` with its first item produced now, so that its errors (404/406) are
+    raised before an answer starts; ``f`` is closed when that fails."""
+    try:
+        first = next(items)
+    except StopIteration:
+        f.close()
+        return iter(())
+    except BaseException:
+        f.close()
+        raise
+    return itertools.chain([first], items)
+
+
+def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
+    """Frames in the negotiated representation (PS3.18 §10.4.1.1.2): as stored,
+    or decoded to native little-endian bytes for application/octet-stream; as a
+    stream of ``None`` (a frame starts) and byte pieces
+    (:func:`api.responses.multipart_stream`).
+
+    The file is opened and every frame number checked now, so that a missing
+    frame, a deleted file or undecodable pixel data raise here (404/406) before
+    an answer starts. Frames stored with a known layout and sent as stored are
+    read from disk in CHUNK pieces as the client reads; decoded frames (and
+    files whose frame boundaries need a parse) are produced one frame at a time.
+    """
+    f = open_stored(path, loc)
+    return _started(f, _frames(f, loc, numbers, choice))
+
+
+def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
+    with f:
+        _check_frames(loc, numbers)  # every number, before the first frame is sent
+        ts = loc.transfer_syntax_uid
+        decode = choice.media_type == OCTET_STREAM and choice.transfer_syntax == EXPLICIT_VR_LE \
+            and ts not in NATIVE_LE
+        spans = None if decode else _spans(loc, numbers)
+        if spans is not None:
+            for frame in spans:
+                yield None
+                for off, ln in _unpadded(f, frame, ts):
+                    yield from _read_span(f, off, ln)
+            return
+        hdr = _header(f) if decode else None
         vr = (loc.pixel or {}).get("vr")
-        return (pixels.frame_to_native_bytes(hdr, f, ts, pixel_vr=vr)[0] for f in raw)
-    return raw
+        for raw in _stored_frames(f, loc, numbers):
+            yield None
+            yield pixels.frame_to_native_bytes(hdr, raw, ts, pixel_vr=vr)[0] if decode else raw
+
+
+def _unpadded(f: BinaryIO, spans: list[tuple[int, int]], ts: str) -> list[tuple[int, int]]:
+    """The spans of a frame without the 0x00 that encapsulation adds after an
+    odd-length codestream (see :func:`_unpad`)."""
+    if ts == _RLE or ts in UNENCAPSULATED or not spans or spans[-1][1] < 3:
+        return spans
+    off, ln = spans[-1]
+    f.seek(off + ln - 3)
+    return spans[:-1] + [(off, ln - 1)] if f.read(3) == b"\xff\xd9\x00" else spans
 
 
 def frame_part_type(choice: Choice) -> str:
@@ -203,31 +309,43 @@ def bulkdata(path: Path, loc: InstanceLocation, tagpath: str) -> Iterator[tuple[
     ValueError
         Malformed tag path (HTTP 400).
     NotFound
-        No such element (HTTP 404).
+        No such element, or the file is gone (HTTP 404).
     NotAcceptable
         Compressed pixel data in a syntax without a media type (HTTP 406).
     """
-    if tagpath.upper() == pixel_tag(loc) and loc.pixel is not None:
-        ts = loc.transfer_syntax_uid
-        n = int(loc.pixel.get("number_of_frames") or 1)
-        if ts not in UNENCAPSULATED:
-            media = pixel_media_type(ts)
-            if media is None:
-                raise NotAcceptable(f"pixel data stored as {ts}, a compressed syntax without a PS3.18 media type")
-            label = f"{media}; transfer-syntax={ts}"
-            if is_video(ts):  # all frames are one stream (PS3.18 §8.7.3.3.2)
-                return iter([(label, b"".join(iter_stored_frames(path, loc, [1])))])
-            return ((label, f) for f in iter_stored_frames(path, loc, list(range(1, n + 1))))
-        pix = loc.pixel
-        if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
-            with open(path, "rb") as fp:
+    f = open_stored(path, loc)
+    return _started(f, _bulkdata(f, loc, tagpath))
+
+
+def _bulkdata(fp: BinaryIO, loc: InstanceLocation, tagpath: str) -> Iterator[tuple[str, bytes]]:
+    with fp:
+        if tagpath.upper() == pixel_tag(loc) and loc.pixel is not None:
+            ts = loc.transfer_syntax_uid
+            n = int(loc.pixel.get("number_of_frames") or 1)
+            if ts not in UNENCAPSULATED:
+                media = pixel_media_type(ts)
+                if media is None:
+                    raise NotAcceptable(f"pixel data stored as {ts}, a compressed syntax without a PS3.18 media type")
+                label = f"{media}; transfer-syntax={ts}"
+                if is_video(ts):  # all frames are one stream: every fragment in order (PS3.18 §8.7.3.3.2)
+                    spans = loc.pixel.get("fragments")
+                    yield label, read_spans(fp, spans) if spans else next(_stored_frames(fp, loc, [1]))
+                    return
+                for frame in _stored_frames(fp, loc, list(range(1, n + 1))):
+                    yield label, frame
+                return
+            pix = loc.pixel
+            if ts in NATIVE_LE and "offset" in pix and pix.get("length") is not None:
                 fp.seek(pix["offset"])
-                return iter([(f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"]))])
-    ds = pydicom.dcmread(path)
-    try:
-        return iter([(OCTET_STREAM, resolve_bulkdata(ds, tagpath))])
-    except KeyError as e:
-        raise NotFound(f"no bulk data at {tagpath}: {e}") from None
+                yield f"{OCTET_STREAM}; transfer-syntax={ts}", fp.read(pix["length"])
+                return
+        fp.seek(0)
+        ds = pydicom.dcmread(fp)
+        try:
+            value = resolve_bulkdata(ds, tagpath)
+        except KeyError as e:
+            raise NotFound(f"no bulk data at {tagpath}: {e}") from None
+        yield OCTET_STREAM, value
 
 
 def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,
@@ -249,27 +367,27 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     """
     from .dicom import render
 
-    hdr = header(path)
-    if loc.pixel is None:
-        # Float / Double Float Pixel Data (PS3.3 C.7.6.24) the record has no layout for:
-        # the whole file is read, once the header shows a 32/64-bit image
-        if pixels.image_info(hdr).bits_allocated not in (32, 64):
-            raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) has no pixel data")
-        hdr = pydicom.dcmread(path)
-    n = int((loc.pixel or {}).get("number_of_frames") or pixels.image_info(hdr).number_of_frames)
-    if frame_numbers is None:
-        frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
-    render.check_size(hdr, len(frame_numbers), params, media_type, pictures)  # 413 before any frame is read
-    if loc.pixel is None:
-        if any(k > n for k in frame_numbers):
-            raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frame_numbers)}")
-        return render.render(hdr, pixels.float_frames(hdr, frame_numbers), params, media_type,
-                             frame_numbers=frame_numbers)
-    vr = loc.pixel.get("vr")
-
-    def decoded() -> Iterator:  # frames read 16 at a time, each decoded only when rendered
-        for i in range(0, len(frame_numbers), 16):
-            for f in stored_frames(path, loc, frame_numbers[i : i + 16]):
-                yield pixels.decode_frame(hdr, f, loc.transfer_syntax_uid, pixel_vr=vr)
-
-    return render.render(hdr, decoded(), params, media_type, frame_numbers=frame_numbers)
+    with open_stored(path, loc) as f:  # open once: a DELETE meanwhile is NotFound, not a 500
+        hdr = _header(f)
+        if loc.pixel is None:
+            # Float / Double Float Pixel Data (PS3.3 C.7.6.24) of a record with no pixel layout
+            # (stored before such records existed): the whole file is read, once the header
+            # shows a 32/64-bit image
+            if pixels.image_info(hdr).bits_allocated not in (32, 64):
+                raise pixels.NotAnImage(f"instance {loc.sop_uid} (SOP Class {loc.sop_class_uid}) has no pixel data")
+            f.seek(0)
+            hdr = pydicom.dcmread(f)
+        n = int((loc.pixel or {}).get("number_of_frames") or pixels.image_info(hdr).number_of_frames)
+        if frame_numbers is None:
+            frame_numbers = render.frames_for_thumbnail(n) if thumbnail else render.frames_for_rendered(n, media_type)
+        render.check_size(hdr, len(frame_numbers), params, media_type, pictures)  # 413 before any frame is read
+        if loc.pixel is None:
+            if any(k > n for k in frame_numbers):
+                raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frame_numbers)}")
+            return render.render(hdr, pixels.float_frames(hdr, frame_numbers), params, media_type,
+                                 frame_numbers=frame_numbers)
+        vr = loc.pixel.get("vr")
+        # frames read one at a time as the renderer asks, each decoded only when rendered
+        decoded = (pixels.decode_frame(hdr, raw, loc.transfer_syntax_uid, pixel_vr=vr)
+                   for raw in _stored_frames(f, loc, frame_numbers))
+        return render.render(hdr, decoded, params, media_type, frame_numbers=frame_numbers)

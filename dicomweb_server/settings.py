@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-image cache cap per worker")
     decode_processes: int = Field(2, ge=1, description="isolated decoder processes per worker (compressed pixels)")
     decode_timeout: float = Field(60.0, gt=0, description="seconds one compressed frame may take to decode")
+    shutdown_timeout: float = Field(30.0, gt=0, description="seconds a stopping worker lets requests in flight finish")
     access_log: bool = False
     log_level: str = "info"
     cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; ['*'] for any")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import socket
 import threading
 import time
@@ -101,6 +102,14 @@ def multipart(parts: list[bytes | tuple[str, bytes]], boundary: str = "test-boun
         out.append(f"--{boundary}\r\nContent-Type: {ctype}\r\n\r\n".encode() + data + b"\r\n")
     out.append(f"--{boundary}--\r\n".encode())
     return b"".join(out), f'multipart/related; type="application/dicom"; boundary="{boundary}"'
+
+
+def spool_files(data_dir: Path) -> list[str]:
+    """Spool files under ``data_dir/tmp`` (received parts), without the per-process
+    folders and their lock files, which live as long as their process."""
+    root = Path(data_dir) / "tmp"
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _s, fs in os.walk(root)
+                  for f in fs if not f.endswith(".lock"))
 
 
 def free_port() -> int:

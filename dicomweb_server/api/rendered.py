@@ -14,7 +14,7 @@ from .. import retrieve
 from ..dicom import pixels, render
 from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, parse_accept
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
-from ..render_cache import RenderCache
+from ..render_cache import RenderCache, file_version
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError
@@ -87,11 +87,15 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
     """One rendered picture (cached); ``pictures``: how many such pictures the answer
     holds, for the size bound (413)."""
     cache = _cache(request)
-    key = (loc.sop_uid, tuple(frames) if frames else None, params, media_type, thumbnail)
+    path = archive.blobs.resolve(loc.path)
+    try:  # the file's version is in the key: a deleted and re-stored instance is a new picture
+        version = await run_in_threadpool(file_version, path)
+    except FileNotFoundError:
+        raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} was deleted") from None
+    key = (loc.sop_uid, version, tuple(frames) if frames else None, params, media_type, thumbnail)
     hit = cache.get(key)
     if hit is not None:
         return hit
-    path = archive.blobs.resolve(loc.path)
     try:
         data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail,
                                        pictures)

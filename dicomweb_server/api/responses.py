@@ -1,16 +1,35 @@
 """Response classes for the web layer: pre-encoded DICOM JSON, and bodies sent as
-a list of chunks (multipart framing around file bytes without concatenating them)."""
+a list of chunks (multipart framing around file bytes without concatenating them).
+
+Back-pressure: uvicorn's ``send`` waits until the transport's write buffer has
+drained below its high-water mark before it writes, but whatever one ``send``
+hands over is buffered whole. Bodies are therefore sent in pieces of at most
+``SEND_PIECE`` bytes, so a client that reads slowly costs the server at most one
+piece in the transport beyond the answer's own data (case "slow readers")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 from starlette.background import BackgroundTask
-from starlette.responses import Response
+from starlette.concurrency import iterate_in_threadpool
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..dicom.media_types import DICOM_JSON
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
+
+#: largest body piece handed to the server's transport at once
+SEND_PIECE = 256 * 1024
+
+
+def pieces(data: bytes) -> Iterator[bytes]:
+    """``data`` in slices of at most SEND_PIECE bytes (itself when smaller)."""
+    if len(data) <= SEND_PIECE:
+        yield data
+        return
+    for i in range(0, len(data), SEND_PIECE):
+        yield data[i : i + SEND_PIECE]
 
 
 class DicomJSONResponse(Response):
@@ -34,11 +53,10 @@ class ChunksResponse(Response):
         if scope.get("method") == "HEAD":
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
-            last = len(self.chunks) - 1
-            if last < 0:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            for i, chunk in enumerate(self.chunks):
-                await send({"type": "http.response.body", "body": chunk, "more_body": i < last})
+            for chunk in self.chunks:
+                for piece in pieces(chunk):
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self.background is not None:
             await self.background()
 
@@ -54,6 +72,27 @@ def multipart_response(parts: list[tuple[str, bytes]], part_type: str,
         chunks.append(data)
     chunks.append(closing(boundary))
     return ChunksResponse(chunks, media_type=content_type(boundary, part_type), headers=headers)
+
+
+def multipart_stream(part_ctype: str, items: Iterator[bytes | None], part_type: str) -> StreamingResponse:
+    """``multipart/related; type=part_type`` of parts produced in a worker thread
+    as the client reads: ``items`` yields ``None`` where a part starts, then that
+    part's bytes in pieces (e.g. frames read from disk or decoded one at a time).
+    Each piece is sent in SEND_PIECE slices, so one answer holds about one piece."""
+    boundary = new_boundary()
+
+    async def body() -> AsyncIterator[bytes]:
+        first = True
+        async for item in iterate_in_threadpool(items):
+            if item is None:
+                yield (b"" if first else b"\r\n") + part_header(boundary, part_ctype)
+                first = False
+                continue
+            for piece in pieces(item):
+                yield piece
+        yield closing(boundary)
+
+    return StreamingResponse(body(), media_type=content_type(boundary, part_type))
 
 
 def parse_byte_range(header: str, size: int) -> tuple[int, int] | None:

@@ -30,7 +30,7 @@ from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError, error_response, warning_header
-from .responses import DicomJSONResponse, multipart_response, parse_byte_range
+from .responses import DicomJSONResponse, multipart_response, multipart_stream, parse_byte_range, pieces
 
 router = APIRouter(tags=["WADO-RS"])
 
@@ -120,16 +120,21 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.resolve(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
-        return _stream_file(path, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
+        return await _stream_file(path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
     try:
         data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+    except retrieve.NotFound as e:  # deleted since the look-up
+        raise DICOMwebHTTPError(404, str(e)) from None
     except pixels.UnsupportedTransferSyntax as e:
         if not choice.defaulted:
             raise NotAcceptable(str(e)) from None
         # no syntax asked and the stored pixels cannot be decoded (e.g. a corrupt codestream):
         # the file as stored with the Warning, as when no decoder exists for its syntax
         choice = replace(choice, transfer_syntax=loc.transfer_syntax_uid, transcode=False)
-        data = await run_in_threadpool(retrieve.read_file, path)
+        try:
+            data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+        except retrieve.NotFound as e:  # deleted since the look-up
+            raise DICOMwebHTTPError(404, str(e)) from None
     headers = {}
     if choice.defaulted and choice.transfer_syntax != "1.2.840.10008.1.2.1":
         headers["Warning"] = warning_header(_DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax))
@@ -138,10 +143,14 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
 
 
-def _stream_file(path, offset: int, length: int, part_ctype: str, multipart: bool) -> Response:
-    """``length`` bytes of a file from ``offset``, streamed from disk in 1 MiB pieces
-    (bounded memory), single part or as the one part of a multipart/related body."""
-    chunks = iterate_in_threadpool(retrieve.file_chunks(path, offset, length))
+async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
+                       multipart: bool) -> Response:
+    """``length`` bytes of a file from ``offset``, streamed from disk in bounded pieces
+    (retrieve.CHUNK), single part or as the one part of a multipart/related body."""
+    try:
+        chunks = iterate_in_threadpool(await run_in_threadpool(retrieve.file_chunks, path, loc, offset, length))
+    except retrieve.NotFound as e:  # deleted since the look-up
+        raise DICOMwebHTTPError(404, str(e)) from None
     if not multipart:
         return StreamingResponse(chunks, media_type=part_ctype, headers={"Content-Length": str(length)})
     boundary = new_boundary()
@@ -164,15 +173,19 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
             choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
             path = archive.blobs.resolve(loc.path)
             large = not choice.transcode and loc.size > retrieve.LARGE_FILE
-            data = b"" if large else await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
-        except (NotAcceptable, pixels.UnsupportedTransferSyntax, FileNotFoundError):
-            continue  # checked before the answer started; a file deleted meanwhile is skipped
+            if large:  # opened before its part starts; read in bounded pieces as the client reads
+                chunks = await run_in_threadpool(retrieve.file_chunks, path, loc)
+            else:
+                data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+        except (NotAcceptable, pixels.UnsupportedTransferSyntax, retrieve.NotFound):
+            continue  # checked before the answer started; an instance deleted meanwhile is skipped
         yield (b"" if first else b"\r\n") + part_header(boundary, _dicom_part_type(choice.transfer_syntax))
         if large:
-            async for chunk in iterate_in_threadpool(retrieve.file_chunks(path)):
+            async for chunk in iterate_in_threadpool(chunks):
                 yield chunk
         else:
-            yield data
+            for piece in pieces(data):
+                yield piece
         first = False
     yield closing(boundary)
 
@@ -215,21 +228,11 @@ async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID
 # --- frames and bulk data ------------------------------------------------------------------
 
 
-def _stream_parts(parts: Iterator[tuple[str, bytes]], part_type: str, headers: dict[str, str] | None = None
-                  ) -> StreamingResponse:
-    """``multipart/related; type=part_type`` made of parts produced one at a time in a
-    worker thread (memory: one part; PS3.18 §8.6.1.2)."""
-    boundary = new_boundary()
-
-    async def body() -> AsyncIterator[bytes]:
-        first = True
-        async for ctype, data in iterate_in_threadpool(parts):
-            yield (b"" if first else b"\r\n") + part_header(boundary, ctype)
-            yield data
-            first = False
-        yield closing(boundary)
-
-    return StreamingResponse(body(), media_type=content_type(boundary, part_type), headers=headers)
+def _frame_marks(parts: Iterator[tuple[str, bytes]]) -> Iterator[bytes | None]:
+    """Whole parts as :func:`multipart_stream` items (``None`` where a part starts)."""
+    for _ctype, data in parts:
+        yield None
+        yield data
 
 
 async def _first_parts(parts: Iterator[tuple[str, bytes]], k: int) -> tuple[list[tuple[str, bytes]], bool]:
@@ -262,18 +265,13 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     choice = negotiate_frames(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
                               retrieve.can_decode)
     path = archive.blobs.resolve(loc.path)
-    ptype = retrieve.frame_part_type(choice)
     try:
-        data = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
-        parts = ((ptype, d) for d in data)
-        head, _ = await _first_parts(parts, 1)
+        frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
-    if len(numbers) == 1:
-        return multipart_response(head, choice.media_type)
-    return _stream_parts(itertools.chain(head, parts), choice.media_type)
+    return multipart_stream(retrieve.frame_part_type(choice), frames, choice.media_type)
 
 
 @router.get("/studies/{study}/series/{series}/instances/{instance}/bulkdata/{tagpath:path}",
@@ -294,15 +292,17 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     path = archive.blobs.resolve(loc.path)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:
-        return _stream_file(path, span[0], span[1], f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
-                            multipart=not prefer_single)
+        return await _stream_file(path, loc, span[0], span[1],
+                                  f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
+                                  multipart=not prefer_single)
     try:
         gen = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
         parts, more = await _first_parts(gen, 2)
     except retrieve.NotFound as e:
         raise DICOMwebHTTPError(404, str(e)) from None
     if more:
-        return _stream_parts(itertools.chain(parts, gen), parts[0][0].split(";")[0])
+        # one label for every part (frames of one instance), produced one at a time in a worker thread
+        return multipart_stream(parts[0][0], _frame_marks(itertools.chain(parts, gen)), parts[0][0].split(";")[0])
     status, headers = 200, {}
     if len(parts) == 1 and request.headers.get("range"):
         # RFC 9110 §14: one byte range of a single value (the PyPI client's byte_range)

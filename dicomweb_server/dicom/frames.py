@@ -202,9 +202,19 @@ def check_frame_count(layout: PixelLayout, number_of_frames: int, native_bytes: 
             "fragment(s); each frame needs at least one (PS3.5 A.4)")
 
 
-def read_frame(fp: BinaryIO, layout: PixelLayout, frame_number: int, frame_length: int | None) -> bytes:
-    """The stored bytes of frame ``frame_number`` (1-based): native pixels, or the
-    concatenated fragments of an encapsulated frame.
+def read_spans(fp: BinaryIO, spans: list[tuple[int, int]]) -> bytes:
+    """The (file offset, length) pieces of ``fp`` concatenated, e.g. a frame's
+    :func:`frame_spans`: native pixels, or the fragments of an encapsulated frame."""
+    out = []
+    for off, ln in spans:
+        fp.seek(off)
+        out.append(fp.read(ln))
+    return b"".join(out)
+
+
+def frame_spans(layout: PixelLayout, frame_number: int, frame_length: int | None) -> list[tuple[int, int]]:
+    """(file offset, length) of the stored bytes of frame ``frame_number`` (1-based):
+    one span of native pixels, or the fragments of an encapsulated frame.
 
     Raises
     ------
@@ -219,15 +229,10 @@ def read_frame(fp: BinaryIO, layout: PixelLayout, frame_number: int, frame_lengt
         start = layout.value_offset + (frame_number - 1) * frame_length
         if frame_number < 1 or start + frame_length > layout.value_offset + (layout.value_length or 0):
             raise IndexError(frame_number)
-        fp.seek(start)
-        return fp.read(frame_length)
+        return [(start, frame_length)]
     if layout.frames is None:
         raise LookupError("frame boundaries not known")
     if not 1 <= frame_number <= len(layout.frames):
         raise IndexError(frame_number)
     first, count = layout.frames[frame_number - 1]
-    out = []
-    for off, ln in layout.fragments[first : first + count]:
-        fp.seek(off)
-        out.append(fp.read(ln))
-    return b"".join(out)
+    return list(layout.fragments[first : first + count])

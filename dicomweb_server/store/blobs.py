@@ -7,6 +7,12 @@ name exists, so two writers of one SOP Instance UID never overwrite each other),
 the final directory is fsynced, and the spool name is removed. Paths are built
 from validated UIDs only (``dicom.uids.validate_uid``); :meth:`BlobStore.resolve`
 refuses anything that would leave the blob root.
+
+Spool: every process spools into its own folder ``tmp/{pid}-{token}/`` and holds an
+``flock`` on ``tmp/{pid}-{token}.lock`` while it lives (the kernel drops the lock
+when the process dies, however it dies). Start-up sweeps only the folders whose
+lock it can take, so a worker that starts, restarts or stops never touches the
+parts another worker is receiving (case P6).
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import errno
 import fcntl
 import filecmp
 import os
+import secrets
+import shutil
+import threading
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -39,17 +48,103 @@ def fsync_dir(path: Path) -> None:
 
 
 class BlobStore:
-    """Files under ``root/blobs``; spool files under ``root/tmp``."""
+    """Files under ``root/blobs``; spool files under ``root/tmp/{pid}-{token}/``."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.blobs = root / "blobs"
-        self.spool = root / "tmp"
+        self.spool_root = root / "tmp"
         self.blobs.mkdir(parents=True, exist_ok=True)
-        self.spool.mkdir(parents=True, exist_ok=True)
+        self.spool_root.mkdir(parents=True, exist_ok=True)
         self._blobs_abs = self.blobs.resolve()
         self.locks = root / "locks"
         self.locks.mkdir(parents=True, exist_ok=True)
+        self._spool: Path | None = None
+        self._spool_fd = -1
+        self._spool_pid = 0
+        self._spool_mutex = threading.Lock()
+
+    # --- spool ------------------------------------------------------------------------
+
+    @property
+    def spool(self) -> Path:
+        """This process's spool folder, claimed (folder made, lock taken) on first use
+        and again in a forked child, which must not share its parent's folder."""
+        if self._spool is None or self._spool_pid != os.getpid():
+            with self._spool_mutex:
+                if self._spool is None or self._spool_pid != os.getpid():
+                    self._spool, self._spool_fd = self._claim_spool()
+                    self._spool_pid = os.getpid()
+        return self._spool
+
+    def _claim_spool(self) -> tuple[Path, int]:
+        while True:
+            name = f"{os.getpid()}-{secrets.token_hex(4)}"
+            lock = self.spool_root / f"{name}.lock"
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # a sweeper may have taken the fresh lock and removed its file before
+                # our flock: keep it only if the name still holds the file we locked
+                if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                    folder = self.spool_root / name
+                    folder.mkdir()
+                    return folder, fd
+            except (BlockingIOError, FileNotFoundError):
+                pass
+            os.close(fd)
+
+    def clean_spool(self) -> int:
+        """Remove what crashed or stopped processes left in ``tmp/`` (never
+        acknowledged): the folders whose lock can be taken, folders without a lock
+        file and loose files (the layout before per-process folders). Folders of
+        live processes are skipped. Returns the number of files removed."""
+        n = 0
+        own = self._spool.name if self._spool is not None and self._spool_pid == os.getpid() else None
+        for p in list(self.spool_root.iterdir()):
+            if p.suffix == ".lock":
+                if p.stem != own:
+                    n += self._sweep(p)
+            elif p.is_dir() and not p.is_symlink():
+                if p.name != own and not p.with_name(p.name + ".lock").exists():
+                    n += _rmtree(p)
+            else:
+                try:
+                    p.unlink()
+                    n += 1
+                except OSError:
+                    pass
+        return n
+
+    def _sweep(self, lock: Path) -> int:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return 0  # a live process owns it
+        try:
+            n = _rmtree(lock.with_suffix(""))
+            lock.unlink(missing_ok=True)
+            return n
+        finally:
+            os.close(fd)
+
+    def release_spool(self) -> None:
+        """Remove this process's spool folder and drop its lock (at shutdown, after
+        the requests in flight have finished)."""
+        with self._spool_mutex:
+            if self._spool is None or self._spool_pid != os.getpid():
+                return
+            _rmtree(self._spool)
+            self._spool.with_name(self._spool.name + ".lock").unlink(missing_ok=True)
+            os.close(self._spool_fd)
+            self._spool, self._spool_fd = None, -1
+
+    # --- stored files -----------------------------------------------------------------
 
     @contextmanager
     def locked(self, sop_uids: Iterable[str]) -> Iterator[None]:
@@ -69,17 +164,6 @@ class BlobStore:
         finally:
             for fd in fds:
                 os.close(fd)  # closing releases the flock
-
-    def clean_spool(self) -> int:
-        """Remove spool files left by a crash (never acknowledged). Returns the count."""
-        n = 0
-        for p in self.spool.iterdir():
-            try:
-                p.unlink()
-                n += 1
-            except OSError:
-                pass
-        return n
 
     def resolve(self, relpath: str) -> Path:
         """Absolute path of a stored file.
@@ -169,6 +253,16 @@ class BlobStore:
             for f in files:
                 if f.endswith(".dcm"):
                     yield os.path.relpath(os.path.join(dirpath, f), self.blobs)
+
+
+def _rmtree(folder: Path) -> int:
+    """Remove a spool folder; returns the number of files it held."""
+    try:
+        n = sum(len(files) for _d, _s, files in os.walk(folder))
+    except OSError:
+        n = 0
+    shutil.rmtree(folder, ignore_errors=True)
+    return n
 
 
 def is_out_of_resources(err: OSError) -> bool:

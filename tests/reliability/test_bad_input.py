@@ -8,7 +8,7 @@ import os
 import httpx
 import pytest
 
-from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.helpers import LiveServer, make_dataset, multipart, to_bytes, spool_files
 
 GOOD = make_dataset(rows=16, columns=16, frames=2, PatientID="corpus")
 GOOD_BYTES = to_bytes(GOOD)
@@ -31,7 +31,7 @@ def _snapshot(srv, c) -> tuple:
     root = srv.settings.data_dir
     files = sorted(os.path.join(d, f) for d, _s, fs in os.walk(root / "blobs") for f in fs)
     return (c.get("/instances", params={"includefield": "all"}).content, tuple(files),
-            tuple(os.listdir(root / "tmp")))
+            tuple(spool_files(root)))
 
 
 def _body(*parts: bytes) -> bytes:

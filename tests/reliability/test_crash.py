@@ -18,7 +18,7 @@ import httpx
 import pydicom
 import pytest
 
-from tests.helpers import free_port, make_dataset, multipart, to_bytes
+from tests.helpers import free_port, make_dataset, multipart, to_bytes, spool_files
 
 CLIENTS = 4
 
@@ -88,7 +88,7 @@ def _verify(data: Path, index: str, acked: dict[str, bytes]) -> None:
                 (hit,) = [x for x in listed if x["00080018"]["Value"][0] == sop]
                 r = c.get(hit["00081190"]["Value"][0], headers={"Accept": "application/dicom; transfer-syntax=*"})
                 assert r.content == original, f"acknowledged instance {sop} changed"
-        assert os.listdir(data / "tmp") == []  # spool files of the crash were removed at start-up
+        assert spool_files(data) == []  # spool files of the crash were removed at start-up
         # every visible file is a complete instance (orphans of unacknowledged requests included)
         for path in (data / "blobs").rglob("*"):
             assert path.is_dir() or path.suffix == ".dcm", path

@@ -18,7 +18,7 @@ import psutil
 import pydicom
 import pytest
 
-from tests.helpers import free_port, make_dataset, to_bytes
+from tests.helpers import free_port, make_dataset, to_bytes, spool_files
 
 ROWS = COLS = 1024
 FRAMES = 300
@@ -161,7 +161,7 @@ def test_s4_size_cap(tmp_path):
                        headers={"Content-Type": f'multipart/related; type="application/dicom"; boundary={BOUNDARY}'})
         assert r.status_code == 413
         assert "52428800" in r.json()["detail"]
-        assert os.listdir(tmp_path / "data" / "tmp") == []
+        assert spool_files(tmp_path / "data") == []
     finally:
         proc.terminate()
         proc.wait(10)

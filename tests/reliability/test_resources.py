@@ -17,7 +17,7 @@ import httpx
 import pydicom
 import pytest
 
-from tests.helpers import LiveServer, free_port, make_dataset, multipart, to_bytes
+from tests.helpers import LiveServer, free_port, make_dataset, multipart, to_bytes, spool_files
 
 FAILED, REFERENCED = "00081198", "00081199"
 OUT_OF_RESOURCES = 0xA700
@@ -106,7 +106,7 @@ def test_read_only_storage_fails_with_out_of_resources(tmp_path, monkeypatch, wh
             assert "Read-only" in r.headers["warning"]
             monkeypatch.undo()
             assert [x["00080018"]["Value"][0] for x in c.get("/instances").json()] == [kept.SOPInstanceUID]
-            assert os.listdir(srv.settings.data_dir / "tmp") == []
+            assert spool_files(srv.settings.data_dir) == []
     finally:
         srv.stop()
 
@@ -166,6 +166,6 @@ def test_stalled_upload_times_out(tmp_path):
             s.sendall(head + body[:300])  # then nothing
             answer = s.recv(65536).decode("latin-1")
         assert answer.startswith("HTTP/1.1 408"), answer[:200]
-        assert os.listdir(srv.settings.data_dir / "tmp") == []
+        assert spool_files(srv.settings.data_dir) == []
     finally:
         srv.stop()

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from tests.helpers import make_dataset, multipart, to_bytes
+from tests.helpers import spool_files as helpers_spool_files
 
 FAILED, REFERENCED = "00081198", "00081199"
 
@@ -22,7 +23,7 @@ def blob_files(server) -> list[str]:
 
 
 def spool_files(server) -> list[str]:
-    return os.listdir(server.settings.data_dir / "tmp")
+    return helpers_spool_files(server.settings.data_dir)
 
 
 def test_s1_study_mismatch(http, server):
@@ -188,7 +189,7 @@ def test_size_and_part_caps(tmp_path):
             body, ctype = multipart([to_bytes(make_dataset()) for _ in range(3)])
             r = c.post("/studies", content=body, headers={"Content-Type": ctype})
             assert r.status_code == 413 and "parts" in r.json()["detail"]
-            assert os.listdir(srv.settings.data_dir / "tmp") == []
+            assert helpers_spool_files(srv.settings.data_dir) == []
     finally:
         srv.stop()
 
