@@ -275,8 +275,10 @@ def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choi
         hdr = _header(f) if decode else None
         vr = (loc.pixel or {}).get("vr")
         for raw in _stored_frames(f, loc, numbers):
+            # decoded before its part starts: an undecodable first frame is a 406, not a cut answer
+            value = pixels.frame_to_native_bytes(hdr, raw, ts, pixel_vr=vr)[0] if decode else raw
             yield None
-            yield pixels.frame_to_native_bytes(hdr, raw, ts, pixel_vr=vr)[0] if decode else raw
+            yield value
 
 
 def _unpadded(f: BinaryIO, spans: list[tuple[int, int]], ts: str) -> list[tuple[int, int]]:
