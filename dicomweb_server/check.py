@@ -56,7 +56,7 @@ def reconcile(archive: Archive, repair: bool = False) -> Report:
         if rec.path != rel:
             report.unreadable.append(rel)
             continue
-        report.reindexed += sum(archive.index.add([rec]))
+        report.reindexed += sum(r is True for r in archive.index.add([rec]))
     for uid, _p in report.missing:
         loc = archive.index.locate(uid)
         if loc is not None:

@@ -31,12 +31,21 @@ _COMPUTED_LEVEL = {
     "NumberOfSeriesRelatedInstances": "series",
 }
 _BULK_KEYS = ("BulkDataURI", "InlineBinary")
+#: InstanceAvailability (0008,0056), Tables 10.6.3-3 and -5: everything indexed is on line.
+_AVAILABILITY = ("00080056", {"vr": "CS", "Value": ["ONLINE"]})
 
 
-def _computed_json(keyword: str, value: object) -> dict[str, Any]:
+def _computed_json(keyword: str, value: object) -> dict[str, Any] | None:
+    """A computed attribute as DICOM JSON; None for a list with no values.
+
+    ModalitiesInStudy of a study whose instances have no Modality (and so on) is
+    left out of the answer rather than sent as an element without ``Value``: both
+    are valid JSON (PS3.18 F.2.5), but OHIF 3.13's study list reads
+    ``ModalitiesInStudy.Value.length`` whenever the element is present, and fails.
+    """
     vr = _VR[keyword]
     if isinstance(value, list):
-        return {"vr": vr, "Value": value} if value else {"vr": vr}
+        return {"vr": vr, "Value": value} if value else None
     return {"vr": vr, "Value": [value]}
 
 
@@ -82,7 +91,13 @@ def build_result(
     for kw, value in computed.items():
         if _COMPUTED_LEVEL[kw] == "study" or level != "study":
             tag = BY_KEYWORD[kw].tag
-            available[tag] = _computed_json(kw, value)
+            element = _computed_json(kw, value)
+            if element is None:
+                available.pop(tag, None)  # never a stored copy of a derived attribute
+            else:
+                available[tag] = element
+    if level != "series":
+        available[_AVAILABILITY[0]] = _AVAILABILITY[1]
 
     if query.include_all:  # bulk data is never part of a QIDO-RS answer
         out = _without_bulk(available)
