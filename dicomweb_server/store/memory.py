@@ -108,7 +108,7 @@ class MemoryIndex(Index):
                     r, (old.series.study.uid, old.series.uid) if old is not None else None,
                     old_series.study.uid if old_series is not None else None)
                 if refused is not None or old is not None:
-                    out.append(refused or False)
+                    out.append(refused if refused is not None else False)
                     continue
                 study = self._studies.get(r.study_uid)
                 if study is None:

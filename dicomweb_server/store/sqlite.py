@@ -194,7 +194,7 @@ class SQLiteIndex(Index):
                     "WHERE se.SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
                 refused = hierarchy_conflict(r, tuple(old) if old else None, old_series[0] if old_series else None)
                 if refused is not None or old is not None:
-                    added.append(refused or False)
+                    added.append(refused if refused is not None else False)
                     continue
                 con.execute(
                     f"INSERT OR IGNORE INTO study ({','.join(scols)}, _json) VALUES ({','.join('?' * (len(scols) + 1))})",
