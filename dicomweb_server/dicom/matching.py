@@ -18,7 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .attributes import BY_KEYWORD, BY_TAG, LEVELS, STORED, Attribute, Kind, Level, resolve_attribute
+from .attributes import (
+    BY_KEYWORD, BY_TAG, LEVELS, SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute, Kind, Level,
+    resolve_attribute,
+)
 from .json_model import level_attributes
 from .uids import validate_uid
 
@@ -70,7 +73,7 @@ _STUDY_ALIASES = {"Modality": "ModalitiesInStudy", "SOPClassUID": "SOPClassesInS
 #: PN of three 64-character component groups (PS3.5 §6.2); 256 leaves room for ranges
 #: and wildcards. It bounds the work of every wildcard (see :func:`wildcard_regex`).
 MAX_VALUE_CHARS = 256
-#: Most UIDs in one list-of-UID match (PS3.4 C.2.2.2.2).
+#: Most UIDs (or ModalitiesInStudy/SOPClassesInStudy values) in one list match (PS3.4 C.2.2.2.2).
 MAX_UIDS = 1000
 #: IS and US values (PS3.5 §6.2): what an integer key can hold.
 _INT_MIN, _INT_MAX = -(2**31), 2**32 - 1
@@ -165,11 +168,12 @@ def column_value(meta: dict, attribute: Attribute) -> object:
         return None
 
 
-def level_record(meta: dict, level: Level, tags: frozenset[str]) -> tuple[dict[str, object], dict]:
-    """What an instance says about its study or series: the index columns of
-    ``level`` and the DICOM JSON of the attributes in ``tags`` (the level's modules).
-    The index keeps this for the instance that speaks for the study/series (the
-    earliest received still stored), and computes it again when that one is deleted."""
+def level_record(meta: dict, level: Level) -> tuple[dict[str, object], dict]:
+    """What an instance (its DICOM JSON) says about its study or series: the index
+    columns of ``level`` and the DICOM JSON of the level's modules. The index keeps
+    this for the instance that speaks for the study/series (the earliest received
+    still stored), and computes it again when that one is deleted."""
+    tags = STUDY_LEVEL_TAGS if level == "study" else SERIES_LEVEL_TAGS
     return {a.keyword: column_value(meta, a) for a in STORED[level]}, level_attributes(meta, tags)
 
 
@@ -193,7 +197,7 @@ def _parse_match(attribute: Attribute, raw: str) -> Match:
     kind = attribute.kind
     if "\x00" in raw:
         raise QueryError(f"{attribute.keyword}: a NUL character is not allowed in a value")
-    if kind is not Kind.UID and len(raw) > MAX_VALUE_CHARS:
+    if kind not in (Kind.UID, Kind.MULTI) and len(raw) > MAX_VALUE_CHARS:
         raise QueryError(f"{attribute.keyword}: value longer than {MAX_VALUE_CHARS} characters")
     value = _collapse_stars(raw.strip() if kind is not Kind.TEXT else raw)
     if value == "" or value == "*":
@@ -211,6 +215,8 @@ def _parse_match(attribute: Attribute, raw: str) -> Match:
         return Match(attribute, "single" if len(uids) == 1 else "list", tuple(uids))
     if kind is Kind.MULTI:
         values = tuple(_split_list(value))
+        if len(values) > MAX_UIDS or any(len(v) > 64 for v in values):  # CS 16, UI 64 (PS3.5 §6.2)
+            raise QueryError(f"{attribute.keyword}: more than {MAX_UIDS} values or a value over 64 characters")
         return Match(attribute, "list", values) if values else Match(attribute, "universal", ())
     if kind is Kind.INT:
         n = parse_int(value)

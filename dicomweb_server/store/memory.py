@@ -17,7 +17,7 @@ from itertools import islice
 
 import orjson
 
-from ..dicom.attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Kind
+from ..dicom.attributes import STORED, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import Query, level_record, match_value
 from .base import Index, InstanceLocation, Refused, SearchHit, hierarchy_conflict
@@ -152,8 +152,7 @@ class MemoryIndex(Index):
     @staticmethod
     def _record(inst: _Instance, level: str) -> tuple[tuple, bytes]:
         """The study or series record ``inst`` gives (as describe_instance made it)."""
-        tags = STUDY_LEVEL_TAGS if level == "study" else SERIES_LEVEL_TAGS
-        cols, json = level_record(orjson.loads(inst.json), level, tags)  # type: ignore[arg-type]
+        cols, json = level_record(orjson.loads(inst.json), level)  # type: ignore[arg-type]
         names = _STUDY_COLS if level == "study" else _SERIES_COLS
         return tuple(cols[c] for c in names), dumps(json)
 

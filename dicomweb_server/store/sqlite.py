@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from ..dicom.attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute, Kind
+from ..dicom.attributes import STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record
 from .base import Index, InstanceLocation, Refused, SearchHit, hierarchy_conflict
@@ -242,8 +242,7 @@ class SQLiteIndex(Index):
                           f"WHERE {where} = ? ORDER BY i.pk LIMIT 1", (pk,)).fetchone()
         if row is None:
             return  # empty: the row is about to be deleted
-        tags = STUDY_LEVEL_TAGS if level == "study" else SERIES_LEVEL_TAGS
-        cols, json = level_record(orjson.loads(row[0]), level, tags)  # type: ignore[arg-type]
+        cols, json = level_record(orjson.loads(row[0]), level)  # type: ignore[arg-type]
         names = [c for c in _cols(level) if c not in ("StudyInstanceUID", "SeriesInstanceUID")]
         con.execute(f"UPDATE {level} SET {', '.join(f'{c} = ?' for c in names)}, _json = ? WHERE pk = ?",
                     [cols[c] for c in names] + [dumps(json), pk])

@@ -81,18 +81,23 @@ def test_series_of_another_study_is_refused_at_stow(http, server):
     assert http.get("/studies").json() == []
 
 
+def send_together(url: str, bodies: list[list]) -> list[httpx.Response]:
+    """One STOW-RS request per body, all released at the same moment."""
+    barrier = threading.Barrier(len(bodies))
+
+    def send(datasets):
+        barrier.wait()
+        return post(url, datasets)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(send, bodies))
+
+
 def test_two_concurrent_stores_of_one_series_in_two_studies(server):
     for _ in range(3):
         se = generate_uid()
         bodies = [[make_dataset(study=st, series=se) for _ in range(3)] for st in (generate_uid(), generate_uid())]
-        barrier = threading.Barrier(2)
-
-        def send(datasets):
-            barrier.wait()
-            return post(server.url, datasets)
-
-        with ThreadPoolExecutor(2) as pool:
-            codes = sorted(r.status_code for r in pool.map(send, bodies))
+        codes = sorted(r.status_code for r in send_together(server.url, bodies))
         assert codes == [200, 409]
         (s,) = httpx.get(server.url + "/series", params={"SeriesInstanceUID": se}).json()
         assert value(s, "00201209") == [3]
