@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .attributes import DEFAULT_RETURN, RETRIEVE_URL, BY_KEYWORD, Level
+from .attributes import BY_KEYWORD, DEFAULT_RETURN, RETRIEVE_URL, SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS, Level
 from .matching import Query
 
 _VR = {
@@ -31,6 +31,7 @@ _COMPUTED_LEVEL = {
     "NumberOfSeriesRelatedInstances": "series",
 }
 _BULK_KEYS = ("BulkDataURI", "InlineBinary")
+_UPPER_LEVEL_TAGS = STUDY_LEVEL_TAGS | SERIES_LEVEL_TAGS
 #: InstanceAvailability (0008,0056), Tables 10.6.3-3 and -5: everything indexed is on line.
 _AVAILABILITY = ("00080056", {"vr": "CS", "Value": ["ONLINE"]})
 
@@ -80,14 +81,16 @@ def build_result(
         ``/studies/{s}/series``, ``("study", "series")`` for ``/series``.
     """
     level = query.level
-    # every attribute available for this hit: the stored JSON of its levels, then computed
+    # every attribute available for this hit: the stored JSON of its levels, then computed.
+    # Study- and series-level attributes always come from the study and series records
+    # (the instance that speaks for them), also in instance answers: what is returned is
+    # what was matched.
     available: dict[str, Any] = {}
     if instance_json is not None:
-        available.update(orjson.loads(instance_json))
-    else:
-        available.update(orjson.loads(study_json))
-        if series_json is not None:
-            available.update(orjson.loads(series_json))
+        available.update((k, v) for k, v in orjson.loads(instance_json).items() if k not in _UPPER_LEVEL_TAGS)
+    available.update(orjson.loads(study_json))
+    if series_json is not None:
+        available.update(orjson.loads(series_json))
     for kw, value in computed.items():
         if _COMPUTED_LEVEL[kw] == "study" or level != "study":
             tag = BY_KEYWORD[kw].tag

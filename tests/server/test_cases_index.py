@@ -58,6 +58,23 @@ def test_p3_delete_ct_series_leaves_the_mr_study(http):
     assert [value(x, "0020000E") for x in r.json()] == [[mr]]
 
 
+def test_p3_instance_answers_show_the_study_record(http):
+    """What an instance search returns at the study level is what it matched on: the
+    study record (the earliest instance still stored), not each instance's own copy."""
+    st, se = generate_uid(), generate_uid()
+    first = make_dataset(study=st, series=se, StudyDescription="FIRST", SeriesDescription="S1")
+    later = make_dataset(study=st, series=se, StudyDescription="LATER", SeriesDescription="S2")
+    assert post(http, [first]).status_code == 200 and post(http, [later]).status_code == 200
+    for params in ({"includefield": "StudyDescription,SeriesDescription"}, {"includefield": "all"},
+                   {"StudyDescription": "FIRST", "SeriesDescription": "S1"}):
+        r = http.get("/instances", params={"StudyInstanceUID": st, **params})
+        assert [(value(x, "00081030"), value(x, "0008103E")) for x in r.json()] == [(["FIRST"], ["S1"])] * 2
+    assert http.get("/instances", params={"StudyInstanceUID": st, "StudyDescription": "LATER"}).json() == []
+    assert http.delete(f"/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}").status_code in (200, 204)
+    r = http.get(f"/studies/{st}/instances", params={"includefield": "all"})
+    assert [(value(x, "00081030"), value(x, "0008103E")) for x in r.json()] == [(["LATER"], ["S2"])]
+
+
 def test_series_of_another_study_is_refused_at_stow(http, server):
     a, b, se = generate_uid(), generate_uid(), generate_uid()
     assert post(http, [make_dataset(study=a, series=se, PatientID="PA")]).status_code == 200
