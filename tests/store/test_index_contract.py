@@ -3,6 +3,7 @@ SQLite indexes must give the same answers to the same calls."""
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 import threading
 from pathlib import Path
@@ -328,3 +329,36 @@ def test_two_concurrent_stores_cannot_both_file_one_series(kind, tmp_path):
         assert writers[0].index.count() == writers[1].index.count() == 1
         for w in writers:
             w.index.close()
+
+
+def _commit_in_process(db: Path, lock: Path, rec, barrier, out) -> None:
+    index = SQLiteIndex(db)
+    committer = GroupCommitter(index, lock)
+    barrier.wait()
+    res = committer.commit([rec], {db.parent})[0]
+    out.put((rec.study_uid, res if isinstance(res, bool) else int(res.reason)))
+    index.close()
+
+
+def test_two_worker_processes_cannot_both_file_one_series(tmp_path):
+    """As two uvicorn workers do: separate processes, one SQLite file, one lock file."""
+    ctx = multiprocessing.get_context("fork")
+    db, lock = tmp_path / "index.sqlite", tmp_path / "index.lock"
+    SQLiteIndex(db).close()
+    for _round in range(4):
+        se = generate_uid()
+        recs = [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_commit_in_process, args=(db, lock, r, barrier, out)) for r in recs]
+        for p in procs:
+            p.start()
+        results = dict(out.get(timeout=60) for _ in procs)
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert sorted(results.values(), key=str) == [0xA900, True], results
+        winner = next(st for st, res in results.items() if res is True)
+        idx = SQLiteIndex(db)
+        assert [x.study_uid for x in idx.instances(winner, se)] == [winner]
+        assert idx.search(q("series", {"SeriesInstanceUID": se}))[0].study_uid == winner
+        idx.close()
