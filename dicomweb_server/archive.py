@@ -30,7 +30,7 @@ from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
 from .settings import Settings
-from .store.base import Index
+from .store.base import Index, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
 from .store.commit import GroupCommitter
 
@@ -153,11 +153,18 @@ class Archive:
                 continue
             batch.append(rec)
             if len(batch) >= 500:
-                n += sum(self.index.add(batch))
+                n += self._add_rebuilt(batch)
                 batch = []
         if batch:
-            n += sum(self.index.add(batch))
+            n += self._add_rebuilt(batch)
         return n
+
+    def _add_rebuilt(self, batch: list[InstanceRecord]) -> int:
+        results = self.index.add(batch)
+        for rec, res in zip(batch, results):
+            if isinstance(res, Refused):
+                log.warning("not indexed: %s: %s", rec.path, res.message)
+        return sum(res is True for res in results)
 
     # --- STOW-RS ------------------------------------------------------------------------
 
@@ -269,6 +276,13 @@ class Archive:
             return
         faults.point("indexed")
         for rec, new in zip(pending, added):
+            if isinstance(new, Refused):  # its file was placed under its own UIDs: no one else's
+                try:
+                    self.blobs.remove(rec.path)
+                except OSError as err:
+                    log.error("could not remove %s after the index refused it: %s", rec.path, err)
+                outcome.failed.append(Failed(new.reason, new.message, rec.sop_class_uid, rec.sop_uid))
+                continue
             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
                                          duplicate=not new))
 

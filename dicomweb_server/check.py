@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .archive import Archive
 from .dicom.instance import describe_instance
 from .dicom.status import InstanceError
+from .store.base import Refused
 from .store.blobs import fsync_dir
 
 LOST_AND_FOUND = "lost+found"
@@ -96,8 +97,9 @@ def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
                                          "(never acknowledged: a stop between writing and indexing)")
         if repair:
             with blobs.locked([rec.sop_uid]):
-                archive.index.add([rec])
-            problem.action = "indexed"
+                refused = _index(archive, rec)
+            problem.action = "indexed" if refused is None else \
+                f"not indexed ({refused.message}): moved to {_to_lost_and_found(archive, rel)}"
         return problem
     target = blobs.resolve(rec.path)
     if not target.exists():
@@ -107,10 +109,14 @@ def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.link(blobs.resolve(rel), target)
                 fsync_dir(target.parent)
-                if archive.index.locate(rec.sop_uid) is None:
-                    archive.index.add([rec])
+                refused = _index(archive, rec) if archive.index.locate(rec.sop_uid) is None else None
+                if refused is not None:  # its UIDs contradict what is indexed: keep it aside
+                    blobs.remove(rec.path)
+            if refused is None:
                 blobs.remove(rel)
-            problem.action = f"moved to {rec.path} and indexed"
+                problem.action = f"moved to {rec.path} and indexed"
+            else:
+                problem.action = f"not indexed ({refused.message}): moved to {_to_lost_and_found(archive, rel)}"
         return problem
     if filecmp.cmp(blobs.resolve(rel), target, shallow=False):
         problem = Problem("misfiled", rel, f"a byte-identical copy of SOP Instance {rec.sop_uid}, "
@@ -124,6 +130,13 @@ def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
     if repair:
         problem.action = f"moved to {_to_lost_and_found(archive, rel)} (the stored version is kept)"
     return problem
+
+
+def _index(archive: Archive, rec) -> Refused | None:
+    """Index one record; the refusal when its place in the study/series hierarchy
+    contradicts what the index holds (store.base.hierarchy_conflict)."""
+    added = archive.index.add([rec])[0]
+    return added if isinstance(added, Refused) else None
 
 
 def _to_lost_and_found(archive: Archive, rel: str) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import orjson
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..archive import retrieve_url
 from ..dicom.attributes import Level
-from ..dicom.matching import parse_query
+from ..dicom.matching import Query, parse_query
 from ..dicom.media_types import negotiate_json, parse_accept
 from ..dicom.search_results import build_result
 from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID
@@ -18,11 +19,19 @@ from .responses import DicomJSONResponse
 router = APIRouter(tags=["QIDO-RS"])
 
 
-def _search(request: Request, archive, base: str, level: Level, own_levels: tuple,
-            study_uid: str | None = None, series_uid: str | None = None) -> Response:
+async def _search(request: Request, archive, base: str, level: Level, own_levels: tuple,
+                  study_uid: str | None = None, series_uid: str | None = None) -> Response:
+    """Parse on the event loop (microseconds; errors are 400s), then search and build
+    the answer in a worker thread: a search can scan the whole index, and the
+    in-memory index holds its lock meanwhile, so it never runs on the event loop."""
     negotiate_json(parse_accept(request.headers.get("accept")))
     query = parse_query(level, request.query_params.multi_items(), study_uid=study_uid,
                         series_uid=series_uid, max_results=archive.settings.max_results)
+    return await run_in_threadpool(_answer, archive, base, query, own_levels)
+
+
+def _answer(archive, base: str, query: Query, own_levels: tuple) -> Response:
+    level = query.level
     hits = archive.index.search(query)
     results = []
     for h in hits:
@@ -40,30 +49,30 @@ def _search(request: Request, archive, base: str, level: Level, own_levels: tupl
 @router.get("/studies", summary="Search for studies")
 async def search_for_studies(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
     """Study search: matching keys of the study level (PS3.18 Table 10.6.1-5)."""
-    return _search(request, archive, base, "study", ("study",))
+    return await _search(request, archive, base, "study", ("study",))
 
 
 @router.get("/series", summary="Search for series (all studies)")
 async def search_for_series(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
-    return _search(request, archive, base, "series", ("study", "series"))
+    return await _search(request, archive, base, "series", ("study", "series"))
 
 
 @router.get("/studies/{study}/series", summary="Search for series of a study")
 async def search_for_study_series(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID) -> Response:
-    return _search(request, archive, base, "series", ("series",), study_uid=study)
+    return await _search(request, archive, base, "series", ("series",), study_uid=study)
 
 
 @router.get("/instances", summary="Search for instances (all studies)")
 async def search_for_instances(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
-    return _search(request, archive, base, "instance", ("study", "series", "instance"))
+    return await _search(request, archive, base, "instance", ("study", "series", "instance"))
 
 
 @router.get("/studies/{study}/instances", summary="Search for instances of a study")
 async def search_for_study_instances(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID) -> Response:
-    return _search(request, archive, base, "instance", ("series", "instance"), study_uid=study)
+    return await _search(request, archive, base, "instance", ("series", "instance"), study_uid=study)
 
 
 @router.get("/studies/{study}/series/{series}/instances", summary="Search for instances of a series")
 async def search_for_series_instances(request: Request, archive: ArchiveDep, base: BaseURL, study: StudyUID,
                                 series: SeriesUID) -> Response:
-    return _search(request, archive, base, "instance", ("instance",), study_uid=study, series_uid=series)
+    return await _search(request, archive, base, "instance", ("instance",), study_uid=study, series_uid=series)

@@ -12,12 +12,17 @@ universal, wildcard and range matching).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .attributes import BY_KEYWORD, BY_TAG, LEVELS, Attribute, Kind, Level, resolve_attribute
+from .attributes import (
+    BY_KEYWORD, BY_TAG, LEVELS, SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute, Kind, Level,
+    resolve_attribute,
+)
+from .json_model import level_attributes
 from .uids import validate_uid
 
 
@@ -64,6 +69,19 @@ _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(?:\.(\d{1
 # mean "any series/instance of the study has this value" (documented in the README).
 _STUDY_ALIASES = {"Modality": "ModalitiesInStudy", "SOPClassUID": "SOPClassesInStudy"}
 
+#: Longest matching value accepted (HTTP 400 beyond). The longest VR a key can hold is a
+#: PN of three 64-character component groups (PS3.5 §6.2); 256 leaves room for ranges
+#: and wildcards. It bounds the work of every wildcard (see :func:`wildcard_regex`).
+MAX_VALUE_CHARS = 256
+#: Most UIDs (or ModalitiesInStudy/SOPClassesInStudy values) in one list match (PS3.4 C.2.2.2.2).
+MAX_UIDS = 1000
+#: IS and US values (PS3.5 §6.2): what an integer key can hold.
+_INT_MIN, _INT_MAX = -(2**31), 2**32 - 1
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+#: Characters that separate the words of a person name for fuzzy matching.
+PN_WORD_SEPARATORS = "^=, "
+_PN_SPLIT = re.compile("[" + re.escape(PN_WORD_SEPARATORS) + "]+")
+
 
 # --- normalisation (shared with the indexes, which store normalised values) ---------------
 
@@ -102,26 +120,61 @@ def normalize_pn(value: str) -> str:
     return value.strip().upper()
 
 
+def parse_int(text: str) -> int | None:
+    """An IS/US value (ASCII digits, in range) or None."""
+    text = text.strip()
+    if not _INT_RE.fullmatch(text):
+        return None
+    n = int(text)
+    return n if _INT_MIN <= n <= _INT_MAX else None
+
+
 def normalize_stored(attribute: Attribute, value: object) -> object:
-    """The value an index keeps for ``attribute`` (None when absent/empty)."""
+    """The value an index keeps for ``attribute`` (None when absent, empty or not in
+    the format of its VR: such a value is returned but never matched; both indexes
+    keep exactly this, so they answer alike)."""
     if value is None or value == "":
         return None
     kind = attribute.kind
-    if kind is Kind.INT:
-        try:
-            return int(str(value).strip())
-        except ValueError:
-            return None
     text = str(value)
+    if kind is Kind.INT:
+        return parse_int(text)
     if kind is Kind.DATE:
-        return normalize_date(text) or text.strip()
+        return normalize_date(text)
     if kind is Kind.TIME:
-        return normalize_time(text) or text.strip()
+        return normalize_time(text)
     if kind is Kind.DATETIME:
-        return normalize_datetime(text) or text.strip()
+        return normalize_datetime(text)
     if kind is Kind.PN:
         return normalize_pn(text)
     return text.strip()
+
+
+def column_value(meta: dict, attribute: Attribute) -> object:
+    """The index value of an attribute, read from an instance's DICOM JSON (already
+    converted once; reading the pydicom Dataset again costs ~10% of a STOW)."""
+    values = meta.get(attribute.tag, {}).get("Value")
+    if not values:
+        return None
+    texts = []
+    for v in values:
+        if isinstance(v, dict):  # PN: the alphabetic group is what is matched
+            v = v.get("Alphabetic", "")
+        texts.append("" if v is None else v)
+    value = texts[0] if len(texts) == 1 else "\\".join(str(t) for t in texts)
+    try:
+        return normalize_stored(attribute, value if isinstance(value, (int, float)) else str(value))
+    except Exception:  # an unusable value is not indexed; it never fails the instance
+        return None
+
+
+def level_record(meta: dict, level: Level) -> tuple[dict[str, object], dict]:
+    """What an instance (its DICOM JSON) says about its study or series: the index
+    columns of ``level`` and the DICOM JSON of the level's modules. The index keeps
+    this for the instance that speaks for the study/series (the earliest received
+    still stored), and computes it again when that one is deleted."""
+    tags = STUDY_LEVEL_TAGS if level == "study" else SERIES_LEVEL_TAGS
+    return {a.keyword: column_value(meta, a) for a in STORED[level]}, level_attributes(meta, tags)
 
 
 # --- parsing -----------------------------------------------------------------------------
@@ -135,15 +188,26 @@ def _split_list(value: str) -> list[str]:
     return [v for v in re.split(r"[\\,]", value) if v != ""]
 
 
+def _collapse_stars(value: str) -> str:
+    """``**`` means what ``*`` means; a run of them is one (bounds wildcard work)."""
+    return re.sub(r"\*{2,}", "*", value) if "**" in value else value
+
+
 def _parse_match(attribute: Attribute, raw: str) -> Match:
     kind = attribute.kind
-    value = raw.strip() if kind is not Kind.TEXT else raw
+    if "\x00" in raw:
+        raise QueryError(f"{attribute.keyword}: a NUL character is not allowed in a value")
+    if kind not in (Kind.UID, Kind.MULTI) and len(raw) > MAX_VALUE_CHARS:
+        raise QueryError(f"{attribute.keyword}: value longer than {MAX_VALUE_CHARS} characters")
+    value = _collapse_stars(raw.strip() if kind is not Kind.TEXT else raw)
     if value == "" or value == "*":
         return Match(attribute, "universal", ())
     if kind is Kind.UID:
         uids = _split_list(value)
         if not uids:
             raise QueryError(f"{attribute.keyword}: {raw!r} holds no UID")
+        if len(uids) > MAX_UIDS:
+            raise QueryError(f"{attribute.keyword}: more than {MAX_UIDS} UIDs in one list")
         try:
             uids = [validate_uid(u) for u in uids]
         except ValueError as e:
@@ -151,12 +215,14 @@ def _parse_match(attribute: Attribute, raw: str) -> Match:
         return Match(attribute, "single" if len(uids) == 1 else "list", tuple(uids))
     if kind is Kind.MULTI:
         values = tuple(_split_list(value))
+        if len(values) > MAX_UIDS or any(len(v) > 64 for v in values):  # CS 16, UI 64 (PS3.5 §6.2)
+            raise QueryError(f"{attribute.keyword}: more than {MAX_UIDS} values or a value over 64 characters")
         return Match(attribute, "list", values) if values else Match(attribute, "universal", ())
     if kind is Kind.INT:
-        try:
-            return Match(attribute, "single", (int(value),))
-        except ValueError:
-            raise QueryError(f"{attribute.keyword}: {raw!r} is not an integer") from None
+        n = parse_int(value)
+        if n is None:
+            raise QueryError(f"{attribute.keyword}: {raw!r} is not an integer of the IS/US range")
+        return Match(attribute, "single", (n,))
     if kind in (Kind.DATE, Kind.TIME, Kind.DATETIME):
         return _parse_temporal(attribute, value, raw)
     if kind is Kind.PN:
@@ -319,20 +385,27 @@ def parse_query(
 
 @lru_cache(maxsize=1024)
 def wildcard_regex(pattern: str) -> re.Pattern[str]:
-    """DICOM wildcard (``*`` any run, ``?`` one character) as an anchored regex."""
-    out = []
-    for ch in pattern:
-        out.append(".*" if ch == "*" else "." if ch == "?" else re.escape(ch))
-    return re.compile("".join(out) + r"\Z", re.DOTALL)
+    """DICOM wildcard (``*`` any run, ``?`` one character, PS3.4 C.2.2.2.4) as an
+    anchored regex that cannot backtrack catastrophically.
+
+    The standard library's :func:`fnmatch.translate` (``[`` escaped, since DICOM
+    has no character sets) puts every ``*segment`` but the last in an atomic group,
+    ``(?>.*?segment)``: each segment is taken at its leftmost place and never
+    retried, which is exact for globs. Matching is O(len(pattern) x len(value)),
+    bounded by :data:`MAX_VALUE_CHARS` (a naive ``.*`` translation took ~30 s for
+    ``*?*?*?*?*?*?*?*?*#``).
+    """
+    return re.compile(fnmatch.translate(pattern.replace("[", "[[]")))
 
 
 def fuzzy_tokens(value: str) -> list[str]:
-    """Words of a fuzzy PN query: each must start some component of the name."""
-    return [t for t in re.split(r"[\^= ,]+", value.replace("*", "").replace("?", "")) if t]
+    """Words of a fuzzy PN query: each must start some word of the name."""
+    return [t for t in _PN_SPLIT.split(value.replace("*", "").replace("?", "")) if t]
 
 
 def fuzzy_pn_match(tokens: list[str], stored: str) -> bool:
-    words = re.split(r"[\^= ]+", stored)
+    """Each token starts some word of ``stored`` (words split at :data:`PN_WORD_SEPARATORS`)."""
+    words = _PN_SPLIT.split(stored)
     return all(any(w.startswith(t) for w in words) for t in tokens)
 
 
@@ -363,7 +436,7 @@ def match_value(match: Match, stored: object, fuzzy: bool = False) -> bool:
     if t == "range":
         lo, hi = match.values
         s = stored
-        if not isinstance(s, str) or not s[:1].isdigit():
+        if not isinstance(s, str) or not "0" <= s[:1] <= "9":  # as SQL's BETWEEN '0' AND '9'
             return False
         return (lo is None or s >= lo) and (hi is None or s <= hi)
     raise AssertionError(t)

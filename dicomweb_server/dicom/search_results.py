@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .attributes import DEFAULT_RETURN, RETRIEVE_URL, BY_KEYWORD, Level
+from .attributes import BY_KEYWORD, DEFAULT_RETURN, RETRIEVE_URL, SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS, Level
 from .matching import Query
 
 _VR = {
@@ -31,12 +31,22 @@ _COMPUTED_LEVEL = {
     "NumberOfSeriesRelatedInstances": "series",
 }
 _BULK_KEYS = ("BulkDataURI", "InlineBinary")
+_UPPER_LEVEL_TAGS = STUDY_LEVEL_TAGS | SERIES_LEVEL_TAGS
+#: InstanceAvailability (0008,0056), Tables 10.6.3-3 and -5: everything indexed is on line.
+_AVAILABILITY = ("00080056", {"vr": "CS", "Value": ["ONLINE"]})
 
 
-def _computed_json(keyword: str, value: object) -> dict[str, Any]:
+def _computed_json(keyword: str, value: object) -> dict[str, Any] | None:
+    """A computed attribute as DICOM JSON; None for a list with no values.
+
+    ModalitiesInStudy of a study whose instances have no Modality (and so on) is
+    left out of the answer rather than sent as an element without ``Value``: both
+    are valid JSON (PS3.18 F.2.5), but OHIF 3.13's study list reads
+    ``ModalitiesInStudy.Value.length`` whenever the element is present, and fails.
+    """
     vr = _VR[keyword]
     if isinstance(value, list):
-        return {"vr": vr, "Value": value} if value else {"vr": vr}
+        return {"vr": vr, "Value": value} if value else None
     return {"vr": vr, "Value": [value]}
 
 
@@ -71,18 +81,26 @@ def build_result(
         ``/studies/{s}/series``, ``("study", "series")`` for ``/series``.
     """
     level = query.level
-    # every attribute available for this hit: the stored JSON of its levels, then computed
+    # every attribute available for this hit: the stored JSON of its levels, then computed.
+    # Study- and series-level attributes always come from the study and series records
+    # (the instance that speaks for them), also in instance answers: what is returned is
+    # what was matched.
     available: dict[str, Any] = {}
     if instance_json is not None:
-        available.update(orjson.loads(instance_json))
-    else:
-        available.update(orjson.loads(study_json))
-        if series_json is not None:
-            available.update(orjson.loads(series_json))
+        available.update((k, v) for k, v in orjson.loads(instance_json).items() if k not in _UPPER_LEVEL_TAGS)
+    available.update(orjson.loads(study_json))
+    if series_json is not None:
+        available.update(orjson.loads(series_json))
     for kw, value in computed.items():
         if _COMPUTED_LEVEL[kw] == "study" or level != "study":
             tag = BY_KEYWORD[kw].tag
-            available[tag] = _computed_json(kw, value)
+            element = _computed_json(kw, value)
+            if element is None:
+                available.pop(tag, None)  # never a stored copy of a derived attribute
+            else:
+                available[tag] = element
+    if level != "series":
+        available[_AVAILABILITY[0]] = _AVAILABILITY[1]
 
     if query.include_all:  # bulk data is never part of a QIDO-RS answer
         out = _without_bulk(available)

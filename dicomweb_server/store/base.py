@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query
+from ..dicom.status import FailureReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,40 @@ class IndexCounts:
     studies: int
     series: int
     instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Index.add's answer for a record the index cannot hold: its place in the
+    study/series hierarchy contradicts what is indexed (falsy, like "not added")."""
+
+    reason: FailureReason
+    message: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def hierarchy_conflict(record: InstanceRecord, sop_place: tuple[str, str] | None,
+                       series_study: str | None) -> Refused | None:
+    """The rule both indexes enforce inside their commit (PS3.3 §A.1.2: a series
+    belongs to one study, an instance to one series).
+
+    ``sop_place`` is the (study, series) under which ``record``'s SOP Instance UID is
+    already indexed, ``series_study`` the study its Series Instance UID is indexed
+    under (None when new). A series of another study: 0xA900 (the data set does not
+    match what the archive holds for its UIDs); a SOP Instance UID already stored in
+    another series or study: 0x0111 (a duplicate SOP Instance with other content).
+    """
+    if sop_place is not None and sop_place != (record.study_uid, record.series_uid):
+        return Refused(FailureReason.DUPLICATE_SOP_INSTANCE,
+                       f"SOP Instance {record.sop_uid} is already stored in study {sop_place[0]}, "
+                       f"series {sop_place[1]}")
+    if series_study is not None and series_study != record.study_uid:
+        return Refused(FailureReason.DATASET_MISMATCH,
+                       f"Series {record.series_uid} belongs to study {series_study}, "
+                       f"not to this instance's study {record.study_uid}")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +95,12 @@ class Index(ABC):
     worker threads; ``add`` and ``delete`` are durable when they return."""
 
     @abstractmethod
-    def add(self, records: list[InstanceRecord]) -> list[bool]:
+    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
         """Index new instances in one durable commit. Returns, per record, True
-        when it was added and False when that SOP Instance UID was already indexed
-        (the existing row is kept unchanged)."""
+        when it was added, False when that SOP Instance UID was already indexed in
+        the same series (the existing row is kept unchanged), and :class:`Refused`
+        when the record contradicts the hierarchy (:func:`hierarchy_conflict`,
+        checked inside the commit, against the records before it too)."""
 
     @abstractmethod
     def locate(self, sop_uid: str) -> InstanceLocation | None:
@@ -83,7 +120,11 @@ class Index(ABC):
     @abstractmethod
     def search(self, query: Query) -> list[SearchHit]:
         """QIDO-RS matches of ``query`` in a stable order (arrival order of the
-        entity searched), after ``offset``, at most ``limit`` (PS3.18 §10.6)."""
+        entity searched), after ``offset``, at most ``limit`` (PS3.18 §10.6).
+
+        The study's (series') record, for matching and returning, is that of its
+        earliest received instance still stored; computed attributes count only
+        instances still stored."""
 
     @abstractmethod
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None

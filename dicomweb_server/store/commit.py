@@ -7,6 +7,11 @@ sleep-and-retry busy handler (which gave STOW-RS p99 latencies of seconds) with 
 blocking lock: a ``threading.Lock`` inside the process and an ``flock`` on
 ``data/index.lock`` across worker processes. A request returns only after its own
 records are durable; an error fails every request of that group.
+
+Because every index write runs under this lock, checks made inside ``Index.add``
+(a series filed under one study only, a SOP Instance UID in one series only) are
+atomic across threads and worker processes: of two requests that conflict, the
+one committed second is refused (store/base.py ``hierarchy_conflict``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
-from .base import Index
+from .base import Index, Refused
 from .blobs import fsync_dir
 
 
@@ -30,7 +35,7 @@ class _Entry:
         self.records = records
         self.dirs = dirs
         self.done = False
-        self.result: list[bool] = []
+        self.result: list[bool | Refused] = []
         self.error: BaseException | None = None
 
 
@@ -56,7 +61,7 @@ class GroupCommitter:
             finally:
                 os.close(fd)
 
-    def commit(self, records: list[InstanceRecord], dirs: set[Path]) -> list[bool]:
+    def commit(self, records: list[InstanceRecord], dirs: set[Path]) -> list[bool | Refused]:
         """Make ``dirs`` (the folders the records' files were linked into) and the
         records' index rows durable; returns Index.add's answer for ``records``.
 

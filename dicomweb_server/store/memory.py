@@ -9,15 +9,18 @@ the README for the measured bytes per instance.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import zlib
 from collections.abc import Iterator
 from itertools import islice
 
+import orjson
+
 from ..dicom.attributes import STORED, Kind
-from ..dicom.instance import InstanceRecord
-from ..dicom.matching import Query, match_value
-from .base import Index, IndexCounts, InstanceLocation, SearchHit
+from ..dicom.instance import InstanceRecord, dumps
+from ..dicom.matching import Query, level_record, match_value
+from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 
 _STUDY_COLS = tuple(a.keyword for a in STORED["study"])
 _SERIES_COLS = tuple(a.keyword for a in STORED["series"])
@@ -37,7 +40,13 @@ class _Study:
         self.series: dict[str, _Series] = {}
 
     def modalities(self) -> list[str]:
-        return sorted({s.cols[_COL_INDEX["series"]["Modality"]] for s in self.series.values()} - {None})
+        """Every value of every series' Modality (a multi-valued one counts each)."""
+        mods = (s.cols[_COL_INDEX["series"]["Modality"]] for s in self.series.values())
+        return sorted({v for m in mods if m for v in m.split("\\") if v})
+
+    def first(self) -> _Instance:
+        """The earliest received instance still stored: it speaks for the study."""
+        return min((next(iter(se.instances.values())) for se in self.series.values()), key=lambda i: i.seq)
 
     def sop_classes(self) -> list[str]:
         return sorted({i.sop_class for s in self.series.values() for i in s.instances.values()})
@@ -55,10 +64,11 @@ class _Series:
 
 
 class _Instance:
-    __slots__ = ("uid", "series", "cols", "sop_class", "ts", "path", "size", "pixel", "metadata")
+    __slots__ = ("uid", "seq", "series", "cols", "sop_class", "ts", "path", "size", "pixel", "metadata")
 
-    def __init__(self, r: InstanceRecord, series: _Series) -> None:
+    def __init__(self, r: InstanceRecord, series: _Series, seq: int) -> None:
         self.uid = r.sop_uid
+        self.seq = seq  # arrival order across the whole index
         self.series = series
         self.cols = tuple(r.instance[c] for c in _INSTANCE_COLS)
         self.sop_class = r.sop_class_uid
@@ -86,13 +96,19 @@ class MemoryIndex(Index):
         self._studies: dict[str, _Study] = {}
         self._series: dict[str, _Series] = {}
         self._instances: dict[str, _Instance] = {}
+        self._seq = itertools.count()
 
-    def add(self, records: list[InstanceRecord]) -> list[bool]:
-        out = []
+    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
+        out: list[bool | Refused] = []
         with self._lock:
             for r in records:
-                if r.sop_uid in self._instances:
-                    out.append(False)
+                old = self._instances.get(r.sop_uid)
+                old_series = self._series.get(r.series_uid)
+                refused = hierarchy_conflict(
+                    r, (old.series.study.uid, old.series.uid) if old is not None else None,
+                    old_series.study.uid if old_series is not None else None)
+                if refused is not None or old is not None:
+                    out.append(refused if refused is not None else False)
                     continue
                 study = self._studies.get(r.study_uid)
                 if study is None:
@@ -103,7 +119,7 @@ class MemoryIndex(Index):
                     series = self._series[r.series_uid] = _Series(
                         r.series_uid, study, tuple(r.series[c] for c in _SERIES_COLS), r.series_json)
                     study.series[r.series_uid] = series
-                inst = _Instance(r, series)
+                inst = _Instance(r, series, next(self._seq))
                 series.instances[r.sop_uid] = inst
                 self._instances[r.sop_uid] = inst
                 out.append(True)
@@ -115,16 +131,30 @@ class MemoryIndex(Index):
             if study is None:
                 return []
             victims = [i for i in self._iter_instances(study, series_uid) if sop_uid is None or i.uid == sop_uid]
+            touched: dict[str, _Series] = {}
             for inst in victims:
                 se = inst.series
                 del se.instances[inst.uid]
                 del self._instances[inst.uid]
+                touched[se.uid] = se
                 if not se.instances:
                     del se.study.series[se.uid]
                     del self._series[se.uid]
             if not study.series:
                 del self._studies[study_uid]
+            elif victims:  # what the deleted instances said is said again by those left
+                for se in touched.values():
+                    if se.instances:
+                        se.cols, se.json = self._record(next(iter(se.instances.values())), "series")
+                study.cols, study.json = self._record(study.first(), "study")
             return [i.path for i in victims]
+
+    @staticmethod
+    def _record(inst: _Instance, level: str) -> tuple[tuple, bytes]:
+        """The study or series record ``inst`` gives (as describe_instance made it)."""
+        cols, json = level_record(orjson.loads(inst.json), level)  # type: ignore[arg-type]
+        names = _STUDY_COLS if level == "study" else _SERIES_COLS
+        return tuple(cols[c] for c in names), dumps(json)
 
     def _iter_instances(self, study: _Study, series_uid: str | None) -> list[_Instance]:
         if series_uid is not None:
@@ -206,7 +236,8 @@ class MemoryIndex(Index):
                                     self._computed(se.study, se))
             return
         insts = (i for i in self._instances.values()) if query.study_uid is None else \
-            (i for st in studies for se in st.series.values() for i in se.instances.values())
+            iter(sorted((i for st in studies for se in st.series.values() for i in se.instances.values()),
+                        key=lambda i: i.seq))
         ok_study: dict[str, bool] = {}
         ok_series: dict[str, bool] = {}
         for inst in insts:

@@ -16,9 +16,9 @@ from pathlib import Path
 import orjson
 
 from ..dicom.attributes import STORED, Attribute, Kind
-from ..dicom.instance import InstanceRecord
-from ..dicom.matching import Match, Query, fuzzy_tokens
-from .base import Index, IndexCounts, InstanceLocation, SearchHit
+from ..dicom.instance import InstanceRecord, dumps
+from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record
+from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 
 _ALIAS = {"study": "s", "series": "se", "instance": "i"}
 _COLTYPE = {Kind.INT: "INTEGER"}
@@ -68,6 +68,17 @@ CREATE INDEX IF NOT EXISTS study_accession ON study(AccessionNumber);
 CREATE INDEX IF NOT EXISTS series_study ON series(study_pk);
 CREATE INDEX IF NOT EXISTS series_modality ON series(Modality);
 CREATE INDEX IF NOT EXISTS instance_series ON instance(series_pk);
+-- The hierarchy is a constraint (store/base.py hierarchy_conflict): an instance's file
+-- name is study/series/sop.dcm of its own UIDs, so a row whose series belongs to
+-- another study (or that names another series) cannot be written.
+CREATE TRIGGER IF NOT EXISTS instance_in_own_series BEFORE INSERT ON instance
+WHEN NEW._path IS NOT (SELECT s.StudyInstanceUID || '/' || se.SeriesInstanceUID || '/' || NEW.SOPInstanceUID
+                       || '.dcm' FROM series se JOIN study s ON s.pk = se.study_pk WHERE se.pk = NEW.series_pk)
+BEGIN SELECT RAISE(ABORT, 'instance filed under another series or study'); END;
+CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk, _path, SOPInstanceUID ON instance
+BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
+CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
+BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
 """
 
 
@@ -85,7 +96,10 @@ def _compile(m: Match, fuzzy: bool) -> tuple[str, list]:
     if a.kind is Kind.MULTI:
         return "(" + " OR ".join(f"instr({col}, ?) > 0" for _ in m.values) + ")", [f"\\{v}\\" for v in m.values]
     if a.kind is Kind.PN and fuzzy and t in ("single", "wildcard"):
-        words = f"(' ' || replace(replace(replace({col}, '^', ' '), '=', ' '), ',', ' '))"
+        words = col
+        for sep in PN_WORD_SEPARATORS.strip():
+            words = f"replace({words}, '{sep}', ' ')"
+        words = f"(' ' || {words})"
         toks = fuzzy_tokens(m.values[0])
         if not toks:
             return f"{col} IS NOT NULL", []
@@ -107,6 +121,11 @@ def _compile(m: Match, fuzzy: bool) -> tuple[str, list]:
             params.append(hi)
         return "(" + " AND ".join(parts) + ")", params
     raise AssertionError(t)
+
+
+def _modality_values(modality: str | None) -> set[str]:
+    """The values of a (possibly multi-valued) Modality column."""
+    return {m for m in (modality or "").split("\\") if m}
 
 
 def _split_multi(v: str | None) -> list[str]:
@@ -155,17 +174,27 @@ class SQLiteIndex(Index):
 
     # --- writes -----------------------------------------------------------------------
 
-    def add(self, records: list[InstanceRecord]) -> list[bool]:
+    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
         """Insert instances and update the computed study/series attributes
-        incrementally (constant work per instance, whatever the study's size)."""
+        incrementally (constant work per instance, whatever the study's size).
+        The hierarchy check runs inside the write transaction, so two workers
+        cannot both file one series under two studies."""
         con = self._con()
-        added: list[bool] = []
+        added: list[bool | Refused] = []
         scols, secols, icols = _cols("study"), _cols("series"), _cols("instance")
         con.execute("BEGIN IMMEDIATE")
         try:
             for r in records:
-                if con.execute("SELECT 1 FROM instance WHERE SOPInstanceUID = ?", (r.sop_uid,)).fetchone():
-                    added.append(False)
+                old = con.execute(
+                    "SELECT s.StudyInstanceUID, se.SeriesInstanceUID FROM instance i JOIN series se "
+                    "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE i.SOPInstanceUID = ?",
+                    (r.sop_uid,)).fetchone()
+                old_series = con.execute(
+                    "SELECT s.StudyInstanceUID FROM series se JOIN study s ON s.pk = se.study_pk "
+                    "WHERE se.SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
+                refused = hierarchy_conflict(r, tuple(old) if old else None, old_series[0] if old_series else None)
+                if refused is not None or old is not None:
+                    added.append(refused if refused is not None else False)
                     continue
                 con.execute(
                     f"INSERT OR IGNORE INTO study ({','.join(scols)}, _json) VALUES ({','.join('?' * (len(scols) + 1))})",
@@ -179,13 +208,8 @@ class SQLiteIndex(Index):
                     f"VALUES (?, {','.join('?' * (len(secols) + 1))})",
                     [study_pk] + [r.series[c] for c in secols] + [r.series_json],
                 ).rowcount == 1
-                series_pk, series_study_pk, modality = con.execute(
-                    "SELECT pk, study_pk, Modality FROM series WHERE SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
-                if series_study_pk != study_pk:
-                    # the series UID is already filed under another study: keep the first filing
-                    study_pk, modalities, classes = con.execute(
-                        "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE pk = ?",
-                        (series_study_pk,)).fetchone()
+                series_pk, modality = con.execute(
+                    "SELECT pk, Modality FROM series WHERE SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
                 con.execute(
                     f"INSERT INTO instance (series_pk, {','.join(icols)}, _transfer_syntax, _path, _size, _pixel, _metadata) "
                     f"VALUES (?, {','.join('?' * (len(icols) + 5))})",
@@ -195,13 +219,13 @@ class SQLiteIndex(Index):
                 )
                 con.execute("UPDATE series SET NumberOfSeriesRelatedInstances = NumberOfSeriesRelatedInstances + 1 "
                             "WHERE pk = ?", (series_pk,))
-                mods = set(_split_multi(modalities)) | ({modality} if modality else set())
+                mods = set(_split_multi(modalities)) | _modality_values(modality)
                 sops = set(_split_multi(classes)) | {r.sop_class_uid}
                 con.execute(
                     "UPDATE study SET NumberOfStudyRelatedInstances = NumberOfStudyRelatedInstances + 1, "
                     "NumberOfStudyRelatedSeries = NumberOfStudyRelatedSeries + ?, ModalitiesInStudy = ?, "
                     "SOPClassesInStudy = ? WHERE pk = ?",
-                    (1 if new_series and series_study_pk == study_pk else 0, _join_multi(mods), _join_multi(sops),
+                    (1 if new_series else 0, _join_multi(mods), _join_multi(sops),
                      study_pk),
                 )
                 added.append(True)
@@ -212,14 +236,29 @@ class SQLiteIndex(Index):
         return added
 
     @staticmethod
-    def _recompute(con: sqlite3.Connection, series_pks: set[int], study_pks: set[int]) -> None:
+    def _speak(con: sqlite3.Connection, level: str, pk: int, where: str) -> None:
+        """Set the study/series record to what its earliest instance still stored says."""
+        row = con.execute("SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
+                          f"WHERE {where} = ? ORDER BY i.pk LIMIT 1", (pk,)).fetchone()
+        if row is None:
+            return  # empty: the row is about to be deleted
+        cols, json = level_record(orjson.loads(row[0]), level)  # type: ignore[arg-type]
+        names = [c for c in _cols(level) if c not in ("StudyInstanceUID", "SeriesInstanceUID")]
+        con.execute(f"UPDATE {level} SET {', '.join(f'{c} = ?' for c in names)}, _json = ? WHERE pk = ?",
+                    [cols[c] for c in names] + [dumps(json), pk])
+
+    @classmethod
+    def _recompute(cls, con: sqlite3.Connection, series_pks: set[int], study_pks: set[int]) -> None:
         for pk in series_pks:
             con.execute(
                 "UPDATE series SET NumberOfSeriesRelatedInstances = "
                 "(SELECT count(*) FROM instance WHERE series_pk = ?) WHERE pk = ?", (pk, pk))
+            cls._speak(con, "series", pk, "i.series_pk")
         for pk in study_pks:
-            mods = sorted({m for (m,) in con.execute(
-                "SELECT DISTINCT Modality FROM series WHERE study_pk = ? AND Modality IS NOT NULL", (pk,))})
+            cls._speak(con, "study", pk, "se.study_pk")
+            mods = sorted({v for (m,) in con.execute(
+                "SELECT DISTINCT Modality FROM series WHERE study_pk = ? AND Modality IS NOT NULL", (pk,))
+                for v in _modality_values(m)})
             classes = sorted({c for (c,) in con.execute(
                 "SELECT DISTINCT i.SOPClassUID FROM instance i JOIN series se ON se.pk = i.series_pk "
                 "WHERE se.study_pk = ?", (pk,))})

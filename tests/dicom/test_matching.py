@@ -91,3 +91,38 @@ def test_temporal_values_parse_or_400(value):
             continue
         for m in q.matches:
             assert m.attribute is BY_KEYWORD[kw]
+
+
+def glob_reference(pattern: str, text: str) -> bool:
+    """PS3.4 C.2.2.2.4 by dynamic programming: ``*`` any run, ``?`` one character."""
+    row = [True] + [False] * len(text)
+    for p in pattern:
+        if p == "*":
+            for j in range(1, len(text) + 1):
+                row[j] = row[j] or row[j - 1]
+        else:
+            row = [False] + [row[j] and (p == "?" or p == text[j]) for j in range(len(text))]
+    return row[-1]
+
+
+@given(st.text(alphabet="ab*?[]\\.^$", max_size=10), st.text(alphabet="ab[]\\.^$\n", max_size=12))
+def test_wildcard_regex_is_exact(pattern, text):
+    assert (wildcard_regex(pattern).match(text) is not None) == glob_reference(pattern, text)
+
+
+def test_wildcard_values_are_capped_and_collapsed():
+    (m,) = p(StudyDescription="a***b**").matches
+    assert (m.type, m.values) == ("wildcard", ("a*b*",))
+    assert p(StudyDescription="***").matches[0].type == "universal"
+    for params in ({"StudyDescription": "*" * 257}, {"PatientName": "x" * 257}, {"InstanceNumber": "1" * 20},
+                   {"StudyInstanceUID": ",".join(["1.2"] * 1001)}, {"PatientID": "a\x00"},
+                   {"InstanceNumber": "١"}, {"InstanceNumber": "1_000"}):
+        with pytest.raises(QueryError):
+            parse_query("instance", list(params.items()))
+    assert wildcard_regex("*?" * 128 + "#").match("A" * 256) is None  # O(n*m): no catastrophic backtracking
+
+
+def test_fuzzy_words_split_at_commas_too():
+    (m,) = p(PatientName="Doe,John", fuzzymatching="true").matches
+    assert match_value(m, "DOE,JOHN", fuzzy=True) and match_value(m, "JOHN^DOE", fuzzy=True)
+    assert not match_value(m, "DOEJOHN", fuzzy=True)

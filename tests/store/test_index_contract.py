@@ -3,15 +3,23 @@ SQLite indexes must give the same answers to the same calls."""
 
 from __future__ import annotations
 
+import multiprocessing
+import sqlite3
+import threading
+from pathlib import Path
+
 import orjson
 import pytest
 from pydicom.uid import generate_uid
 
 from dicomweb_server.dicom.instance import describe_instance
 from dicomweb_server.dicom.matching import parse_query
+from dicomweb_server.dicom.status import FailureReason
+from dicomweb_server.store.base import Refused
+from dicomweb_server.store.commit import GroupCommitter
 from dicomweb_server.store.memory import MemoryIndex
 from dicomweb_server.store.sqlite import SQLiteIndex
-from tests.helpers import BASIC_TEXT_SR, make_dataset
+from tests.helpers import BASIC_TEXT_SR, CT_IMAGE_STORAGE, MR_IMAGE_STORAGE, make_dataset
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -139,3 +147,218 @@ def test_sqlite_survives_reopen(tmp_path):
     assert con.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: a commit survives power loss
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     idx.close()
+
+
+# --- case P3: the study and series records come from instances still stored -----------------
+
+
+def study_hit(index, study_uid, **params):
+    hits = index.search(q("study", {"StudyInstanceUID": study_uid, **params}))
+    return hits[0] if hits else None
+
+
+def json_value(blob: bytes, tag: str):
+    element = orjson.loads(blob).get(tag)
+    return element.get("Value") if element else None
+
+
+def test_p3_deleted_series_leaves_nothing_visible_or_matchable(index, tmp_path):
+    """CT series stored first says WRONG, MR series says RIGHT; DELETE the CT series."""
+    st, ct, mr = generate_uid(), generate_uid(), generate_uid()
+    common = {"study": st, "StudyTime": "101010", "AccessionNumber": "ACC"}
+    wrong = [record(tmp_path, **common, series=ct, modality="CT", StudyDescription="WRONG", PatientName="Wrong^Name",
+                    PatientID="W", SeriesDescription="CT series", StudyDate="20010101") for _ in range(2)]
+    right = [record(tmp_path, **common, series=mr, modality="MR", sop_class=MR_IMAGE_STORAGE,
+                    StudyDescription="RIGHT", PatientName="Right^Name", PatientID="R",
+                    SeriesDescription="MR series", StudyDate="20220202")]
+    assert index.add(wrong + right) == [True] * 3
+    # the earliest instance received speaks for the study (documented in the README)
+    h = study_hit(index, st)
+    assert json_value(h.study_json, "00081030") == ["WRONG"]
+    assert study_hit(index, st, StudyDescription="RIGHT") is None
+
+    assert sorted(index.delete(st, ct)) == sorted(r.path for r in wrong)
+    h = study_hit(index, st)
+    assert json_value(h.study_json, "00081030") == ["RIGHT"]
+    assert json_value(h.study_json, "00100010") == [{"Alphabetic": "Right^Name"}]
+    assert json_value(h.study_json, "00100020") == ["R"]
+    assert h.computed == {"ModalitiesInStudy": ["MR"], "SOPClassesInStudy": [MR_IMAGE_STORAGE],
+                          "NumberOfStudyRelatedSeries": 1, "NumberOfStudyRelatedInstances": 1}
+    for params in ({"StudyDescription": "WRONG"}, {"StudyDescription": "W*"}, {"PatientName": "wrong*"},
+                   {"PatientName": "wrong", "fuzzymatching": "true"}, {"PatientID": "W"},
+                   {"StudyDate": "20010101"}, {"StudyDate": "-20100101"}, {"ModalitiesInStudy": "CT"},
+                   {"SOPClassesInStudy": CT_IMAGE_STORAGE}, {"NumberOfStudyRelatedSeries": "2"},
+                   {"NumberOfStudyRelatedInstances": "3"}):
+        assert study_hit(index, st, **params) is None, params
+    for params in ({"StudyDescription": "RIGHT"}, {"PatientName": "right^name"}, {"PatientID": "R"},
+                   {"StudyDate": "20220202"}, {"ModalitiesInStudy": "MR"}, {"NumberOfStudyRelatedInstances": "1"}):
+        assert study_hit(index, st, **params) is not None, params
+    # series and instance searches see the MR record only, with the new study record
+    for level in ("series", "instance"):
+        hits = index.search(q(level, {"StudyInstanceUID": st}))
+        assert [h.series_uid for h in hits] == [mr]
+        assert json_value(hits[0].study_json, "00081030") == ["RIGHT"]
+        assert index.search(q(level, {"StudyDescription": "WRONG"})) == []
+        assert index.search(q(level, {"PatientID": "W"})) == []
+    assert index.search(q("series", {"Modality": "CT"})) == []
+    assert index.search(q("series", {"SeriesDescription": "CT series"})) == []
+
+
+def test_p3_later_instance_with_other_study_and_series_attributes(index, tmp_path):
+    st, se = generate_uid(), generate_uid()
+    first = record(tmp_path, study=st, series=se, StudyDescription="FIRST", SeriesDescription="S1", SeriesNumber=1,
+                   modality="CT")
+    later = record(tmp_path, study=st, series=se, StudyDescription="LATER", SeriesDescription="S2", SeriesNumber=2,
+                   modality="CT\\PT")
+    assert index.add([first]) == [True]
+    assert index.add([later]) == [True]
+    h = study_hit(index, st)
+    assert json_value(h.study_json, "00081030") == ["FIRST"]  # adding never changes what a study says
+    assert study_hit(index, st, StudyDescription="LATER") is None
+    (s,) = index.search(q("series", {}, study_uid=st))
+    assert json_value(s.series_json, "0008103E") == ["S1"]
+    assert index.search(q("series", {"SeriesNumber": "2"}, study_uid=st)) == []
+
+    assert index.delete(st, se, first.sop_uid) == [first.path]
+    h = study_hit(index, st, StudyDescription="LATER")
+    assert json_value(h.study_json, "00081030") == ["LATER"]
+    (s,) = index.search(q("series", {"SeriesNumber": "2", "SeriesDescription": "S?"}, study_uid=st))
+    assert json_value(s.series_json, "0008103E") == ["S2"]
+    assert s.computed["NumberOfSeriesRelatedInstances"] == 1
+    # a multi-valued Modality gives each of its values to ModalitiesInStudy
+    assert h.computed["ModalitiesInStudy"] == ["CT", "PT"]
+    assert study_hit(index, st, ModalitiesInStudy="PT") is not None
+    assert index.search(q("series", {"SeriesDescription": "S1"})) == []
+
+
+def test_instances_of_a_study_come_in_arrival_order(index, tmp_path):
+    st, a, b = generate_uid(), generate_uid(), generate_uid()
+    recs = [record(tmp_path, study=st, series=s) for s in (a, b, a)]
+    assert index.add(recs) == [True] * 3
+    want = [r.sop_uid for r in recs]
+    assert [h.sop_uid for h in index.search(q("instance", {}, study_uid=st))] == want
+    assert [h.sop_uid for h in index.search(q("instance", {}))] == want
+
+
+# --- the hierarchy: a series belongs to one study, an instance to one series --------------
+
+
+def test_series_of_another_study_is_refused(index, tmp_path):
+    a, b, se = generate_uid(), generate_uid(), generate_uid()
+    rec_a = record(tmp_path, study=a, series=se, PatientID="A")
+    rec_b = record(tmp_path, study=b, series=se, PatientID="B")
+    rec_b2 = record(tmp_path, study=b, series=se, PatientID="B")
+    in_batch = index.add([rec_a, rec_b])  # refused also against a record of the same batch
+    assert in_batch[0] is True
+    (later,) = index.add([rec_b2])
+    for res in (in_batch[1], later):
+        assert isinstance(res, Refused) and not res
+        assert res.reason == FailureReason.DATASET_MISMATCH == 0xA900
+        assert se in res.message and a in res.message
+    assert index.count() == 1
+    assert [x.sop_uid for x in index.instances(a)] == [rec_a.sop_uid]
+    assert index.instances(b) == [] and index.metadata(b) == []
+    assert index.search(q("study", {"PatientID": "B"})) == []
+    (h,) = index.search(q("study", {"StudyInstanceUID": a}))
+    assert h.computed["NumberOfStudyRelatedInstances"] == 1
+
+
+def test_sop_instance_of_another_series_is_refused(index, tmp_path):
+    sop, st = generate_uid(), generate_uid()
+    first = record(tmp_path, study=st, sop=sop)
+    other_series = record(tmp_path, study=st, sop=sop)
+    other_study = record(tmp_path, sop=sop)
+    assert index.add([first]) == [True]
+    assert index.add([first]) == [False]  # same place: already indexed, not a conflict
+    for rec in (other_series, other_study):
+        (res,) = index.add([rec])
+        assert isinstance(res, Refused) and res.reason == FailureReason.DUPLICATE_SOP_INSTANCE == 0x0111
+        assert first.series_uid in res.message
+    assert index.locate(sop).path == first.path
+    assert index.count() == 1
+
+
+def test_sqlite_cannot_hold_an_instance_under_another_study(tmp_path):
+    idx = SQLiteIndex(tmp_path / "i.sqlite")
+    a, se = generate_uid(), generate_uid()
+    assert idx.add([record(tmp_path, study=a, series=se)]) == [True]
+    stray = record(tmp_path, study=generate_uid(), series=se)
+    con = idx._con()
+    (series_pk,) = con.execute("SELECT pk FROM series").fetchone()
+    with pytest.raises(sqlite3.IntegrityError, match="another series or study"):
+        con.execute("INSERT INTO instance (series_pk, SOPInstanceUID, _transfer_syntax, _path, _size, _metadata) "
+                    "VALUES (?, ?, '', ?, 0, x'')", (series_pk, stray.sop_uid, stray.path))
+    with pytest.raises(sqlite3.IntegrityError, match="cannot move"):
+        con.execute("UPDATE series SET study_pk = study_pk + 1")
+    idx.close()
+
+
+def race(writers: list[GroupCommitter], recs: list, directory: Path) -> list:
+    """Commit recs[i] through writers[i], all released at the same moment."""
+    barrier = threading.Barrier(len(writers))
+    results: list = [None] * len(writers)
+
+    def store(i):
+        barrier.wait()
+        results[i] = writers[i].commit([recs[i]], {directory})[0]
+
+    threads = [threading.Thread(target=store, args=(i,)) for i in range(len(writers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_two_concurrent_stores_cannot_both_file_one_series(kind, tmp_path):
+    """Two writers (for SQLite: two index connections with their own group committers,
+    as two worker processes have) store instances of two studies reusing one series
+    at the same moment: exactly one gets in."""
+    for _round in range(5):
+        se = generate_uid()
+        recs = [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
+        if kind == "memory":
+            writers = [GroupCommitter(MemoryIndex(), tmp_path / "index.lock")] * 2
+        else:
+            path = tmp_path / f"{se}.sqlite"
+            writers = [GroupCommitter(SQLiteIndex(path), tmp_path / "index.lock") for _ in range(2)]
+        results = race(writers, recs, tmp_path)
+        assert sum(r is True for r in results) == 1, results
+        assert sum(isinstance(r, Refused) and r.reason == 0xA900 for r in results) == 1, results
+        assert writers[0].index.count() == writers[1].index.count() == 1
+        for w in writers:
+            w.index.close()
+
+
+def _commit_in_process(db: Path, lock: Path, rec, barrier, out) -> None:
+    index = SQLiteIndex(db)
+    committer = GroupCommitter(index, lock)
+    barrier.wait()
+    res = committer.commit([rec], {db.parent})[0]
+    out.put((rec.study_uid, res if isinstance(res, bool) else int(res.reason)))
+    index.close()
+
+
+def test_two_worker_processes_cannot_both_file_one_series(tmp_path):
+    """As two uvicorn workers do: separate processes, one SQLite file, one lock file."""
+    ctx = multiprocessing.get_context("fork")
+    db, lock = tmp_path / "index.sqlite", tmp_path / "index.lock"
+    SQLiteIndex(db).close()
+    for _round in range(4):
+        se = generate_uid()
+        recs = [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_commit_in_process, args=(db, lock, r, barrier, out)) for r in recs]
+        for p in procs:
+            p.start()
+        results = dict(out.get(timeout=60) for _ in procs)
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert sorted(results.values(), key=str) == [0xA900, True], results
+        winner = next(st for st, res in results.items() if res is True)
+        idx = SQLiteIndex(db)
+        assert [x.study_uid for x in idx.instances(winner, se)] == [winner]
+        assert idx.search(q("series", {"SeriesInstanceUID": se}))[0].study_uid == winner
+        idx.close()
