@@ -20,10 +20,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults
+from . import faults, metrics
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
+from .routing import Outbox, Routes, Routing, load_routes, outbox_path
 from .settings import Settings
 from .store.base import Index
 from .store.blobs import BlobStore, Placed, is_out_of_resources
@@ -69,6 +70,7 @@ class Archive:
         self.blobs = BlobStore(Path(settings.data_dir))
         self.index = index
         self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
+        self.routing: Routing | None = None  # set by open() when a routes file is configured
 
     @classmethod
     def open(cls, settings: Settings) -> "Archive":
@@ -86,10 +88,21 @@ class Archive:
         archive = cls(settings, index)
         archive.blobs.clean_spool()
         if settings.index == "memory":
-            archive.rebuild()
+            archive.rebuild()  # before routing attaches: a restart owes no forwards again
+        if settings.routes_file is not None:
+            archive.attach_routing(load_routes(settings.routes_file))
         return archive
 
+    def attach_routing(self, routes: Routes) -> Routing:
+        """Match every instance indexed from now on against ``routes`` and owe its
+        forwards in the same commit (routing/). Raises RoutesError for a bad file."""
+        outbox = Outbox(outbox_path(Path(self.settings.data_dir), self.settings.index), self.committer.writer)
+        self.routing = Routing.attach(routes, self.index, outbox)
+        return self.routing
+
     def close(self) -> None:
+        if self.routing is not None:
+            self.routing.outbox.close()
         self.index.close()
 
     def rebuild(self) -> int:
@@ -212,6 +225,9 @@ class Archive:
                                              rec.sop_class_uid, rec.sop_uid))
             return
         faults.point("indexed")
+        metrics.STORED.inc(sum(added))
+        if self.routing is not None:
+            self.routing.committed()
         for rec, new in zip(pending, added):
             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
                                          duplicate=not new))

@@ -90,6 +90,8 @@ class MemoryIndex(Index):
     def add(self, records: list[InstanceRecord]) -> list[bool]:
         out = []
         with self._lock:
+            # routing's outbox (kept on disk) is written first: a failure there leaves the index unchanged
+            self._run_write_hooks(None, records, [r.sop_uid not in self._instances for r in records])
             for r in records:
                 if r.sop_uid in self._instances:
                     out.append(False)
