@@ -24,7 +24,7 @@ import time
 import uuid
 from itertools import count
 
-from .. import metrics
+from .. import faults, metrics
 from ..store.blobs import BlobStore
 from . import Routing
 from .destinations import DimseSender, StowSender, Verdict, item_for, sender_for
@@ -47,6 +47,9 @@ class Forwarder:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        freed = await asyncio.to_thread(self.routing.outbox.reap, socket.gethostname())
+        if freed:
+            log.warning("%d forward(s) leased by a worker that died are claimable again", freed)
         for name, dest in self.routing.routes.destinations.items():
             self._events[name] = asyncio.Event()
             self._senders[name] = sender_for(dest, self.delivery.timeout)
@@ -118,6 +121,7 @@ class Forwarder:
             except Exception as e:  # noqa: BLE001 - a sender bug or I/O error: retry later, keep the lane
                 answers = [(Verdict.RETRY, f"{type(e).__name__}: {e}")] * len(sendable)
             verdicts.update((r.id, v) for (r, _), v in zip(sendable, answers))
+            faults.point("forwarded")  # crash tests: sent, not yet settled
         now = time.time()
         s = Settlement([], [], [], [])
         for r in rows:

@@ -18,6 +18,7 @@ destination is bounded (``concurrency``), across all worker processes.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -84,6 +85,20 @@ class Settlement:
     retry: list[tuple[int, float, str]]  # id, due, error
     failed: list[tuple[int, str]]  # id, error (dead letter)
     solo: list[int]  # send alone next time (a batch the receiver refused as a whole)
+
+
+def _process_gone(owner: str, host: str) -> bool:
+    owner_host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if owner_host != host or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, another user's
+        return False
+    return False
 
 
 _INSERT = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _rule, "
@@ -235,6 +250,21 @@ class Outbox:
         with self._transaction() as con:
             con.execute("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE _state = 'pending' "
                         "AND _lease_owner LIKE ? || '%'", (owner_prefix,))
+
+    def reap(self, host: str) -> int:
+        """Drop the leases held by forwarders of ``host`` whose process is gone (a
+        crash or SIGKILL): their rows are claimable now rather than when the lease
+        expires. Owner tokens are ``host:pid:...``; a pid that exists (even reused by
+        another program) keeps its leases until they expire. Returns rows freed."""
+        con = self._con()
+        owners = [o for (o,) in con.execute(
+            "SELECT DISTINCT _lease_owner FROM outbox WHERE _state = 'pending' AND _lease_owner IS NOT NULL")]
+        dead = [o for o in owners if _process_gone(o, host)]
+        if not dead:
+            return 0
+        with self._transaction() as con:
+            return con.executemany("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE "
+                                   "_state = 'pending' AND _lease_owner = ?", [(o,) for o in dead]).rowcount
 
     # --- operations ----------------------------------------------------------------------
 
