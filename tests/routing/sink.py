@@ -35,6 +35,7 @@ class Recorder:
         self.received: Counter[str] = Counter()
         self.requests = 0
         self.down = False
+        self.reject: set[str] = set()  # a request carrying one of these SOP Instance UIDs gets a bare 400
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -53,9 +54,14 @@ class Recorder:
                 break
         body = b"".join(chunks)
         ctype = dict(scope["headers"]).get(b"content-type", b"").decode()
+        sops = sops_in(body, ctype)
         with self._lock:
             self.requests += 1
-            self.received.update(sops_in(body, ctype))
+            self.received.update(sops)
+        if self.reject & set(sops):
+            await send({"type": "http.response.start", "status": 400, "headers": []})
+            return await send({"type": "http.response.body", "body": b"no"})
+        with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         sent = False

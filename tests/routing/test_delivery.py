@@ -122,6 +122,24 @@ def test_one_instance_refused_is_dead_lettered_without_blocking_the_rest(tmp_pat
         srv.stop()
 
 
+def test_a_batch_refused_whole_with_400_is_split_and_only_the_culprit_dead_lettered(tmp_path, sink):
+    routes = write_routes(tmp_path / "routes.toml", sink.url)
+    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
+    try:
+        datasets = [make_dataset() for _ in range(4)]
+        bad = datasets[1].SOPInstanceUID
+        sink.recorder.reject = {bad}
+        sent = store(srv.url, datasets)
+        wait_for(lambda: queue(srv.url)["sink"]["delivered"] == 3 and queue(srv.url)["sink"]["failed"] == 1,
+                 what="3 delivered, 1 failed")
+        assert queue(srv.url)["sink"]["last_error"] == "HTTP 400"
+        for ds in datasets:
+            assert at_sink(sink, ds.SOPInstanceUID) == (None if ds.SOPInstanceUID == bad else sent[ds.SOPInstanceUID])
+        assert sink.recorder.received[bad] == 2  # in the batch, then alone
+    finally:
+        srv.stop()
+
+
 def test_two_workers_on_one_data_folder_never_double_send(tmp_path, sink):
     routes = write_routes(tmp_path / "routes.toml", sink.url, extra="")
     a = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
