@@ -206,7 +206,7 @@ def run_step(archive: str, sink: str, sink_data: Path, clients: int, n: int, siz
     }
 
 
-def depth_line(depth: list[tuple[float, int]], every: float = 2.0) -> str:
+def depth_line(depth: list[tuple[float, int]], every: float = 1.0) -> str:
     out, next_t = [], 0.0
     for t, d in depth:
         if t >= next_t:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -61,7 +62,8 @@ class StowSender:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def send(self, items: list[Item]) -> list[tuple[Verdict, str | None]]:
+    async def send(self, items: list[Item], within: float) -> list[tuple[Verdict, str | None]]:
+        """Send ``items`` in one request (the caller bounds the time: ``within``)."""
         boundary = uuid.uuid4().hex
         head = f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode()
         tail = f"--{boundary}--\r\n".encode()
@@ -86,7 +88,10 @@ class StowSender:
         headers = {"Content-Type": f'multipart/related; type="application/dicom"; boundary={boundary}',
                    "Content-Length": str(length), "Accept": "application/dicom+json"}
         try:
-            r = await self.client.post(self.url, content=body(), headers=headers)
+            async with asyncio.timeout(within):
+                r = await self.client.post(self.url, content=body(), headers=headers)
+        except TimeoutError:
+            return [(Verdict.RETRY, f"the request took longer than {within:g} s (half the lease)")] * len(items)
         except (httpx.HTTPError, OSError) as e:
             return [(Verdict.RETRY, f"{type(e).__name__}: {e}")] * len(items)
         return stow_verdicts(r.status_code, r.content, [it.sop_uid for it in items],
@@ -140,10 +145,12 @@ class DimseSender:
     async def aclose(self) -> None:
         return None
 
-    async def send(self, items: list[Item]) -> list[tuple[Verdict, str | None]]:
-        return await asyncio.to_thread(self._send, items)
+    async def send(self, items: list[Item], within: float) -> list[tuple[Verdict, str | None]]:
+        """Send ``items`` on one association; no C-STORE starts after ``within``
+        seconds (a thread cannot be cancelled: the caller's timeout would not stop it)."""
+        return await asyncio.to_thread(self._send, items, time.monotonic() + within * 0.8)
 
-    def _send(self, items: list[Item]) -> list[tuple[Verdict, str | None]]:
+    def _send(self, items: list[Item], deadline: float) -> list[tuple[Verdict, str | None]]:
         from pydicom import dcmread
         from pynetdicom import AE
 
@@ -175,6 +182,9 @@ class DimseSender:
                     continue
                 if not assoc.is_established:
                     out.append((Verdict.RETRY, "association released or aborted"))
+                    continue
+                if time.monotonic() > deadline:
+                    out.append((Verdict.RETRY, "batch took too long; the rest is sent later"))
                     continue
                 try:
                     status = assoc.send_c_store(os.fspath(it.path))

@@ -115,7 +115,9 @@ class Forwarder:
                                  (Verdict.FAILED, "the instance is no longer stored (deleted before delivery)"))
         if sendable:
             try:
-                answers = await self._senders[name].send([it for _, it in sendable])
+                # the send ends well before the lease does: no other worker may take these
+                # rows over while this one is still sending them
+                answers = await self._senders[name].send([it for _, it in sendable], d.lease / 2)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a sender bug or I/O error: retry later, keep the lane

@@ -12,6 +12,7 @@ FAST = """
 batch_size = 5
 backoff_base = 0.05
 backoff_max = 0.3
+max_attempts = 100000
 poll_interval = 0.2
 timeout = 10
 """
