@@ -218,8 +218,8 @@ def depth_line(depth: list[tuple[float, int]], every: float = 1.0) -> str:
 def report(results: list[dict], args: argparse.Namespace, busy: str) -> str:
     size = results[0]["body_bytes"] if results else 0
     rows = [[r["clients"], r["acked"], fmt(r["ingest_per_s"]), fmt(r["delivery_per_s"]), fmt(r["ratio"], 2),
-             fmt(r["end_to_end_per_s"]), fmt(r["lag_s"]), r["max_depth"], f"{r['at_sink']}/{r['acked']}", r["missing"], r["extra"],
-             r["listed_twice"], fmt(r["resends"]), r["errors"]] for r in results]
+             fmt(r["end_to_end_per_s"]), fmt(r["lag_s"]), r["max_depth"], f"{r['at_sink']}/{r['acked']}",
+             r["missing"], r["extra"], r["listed_twice"], fmt(r["resends"]), r["errors"]] for r in results]
     lines = [
         "# Routing: ingest vs delivery (`python -m loadtests.route`)",
         "",

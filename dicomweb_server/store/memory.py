@@ -90,8 +90,6 @@ class MemoryIndex(Index):
     def add(self, records: list[InstanceRecord]) -> list[bool]:
         out = []
         with self._lock:
-            # routing's outbox (kept on disk) is written first: a failure there leaves the index unchanged
-            self._run_write_hooks(None, records, [r.sop_uid not in self._instances for r in records])
             for r in records:
                 if r.sop_uid in self._instances:
                     out.append(False)
@@ -109,6 +107,13 @@ class MemoryIndex(Index):
                 series.instances[r.sop_uid] = inst
                 self._instances[r.sop_uid] = inst
                 out.append(True)
+            try:  # routing's outbox (on disk): durable before the answer, or nothing of this add stays
+                self._run_write_hooks(None, records, out)
+            except BaseException:
+                for r, new in zip(records, out):
+                    if new:
+                        self.delete(r.study_uid, r.series_uid, r.sop_uid)
+                raise
         return out
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:

@@ -6,7 +6,6 @@ and harmless (byte-identical duplicates are a success at our receivers)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest

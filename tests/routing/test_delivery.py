@@ -4,11 +4,24 @@ two workers on one data folder never send an instance twice."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import httpx
 import pytest
 
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
 from tests.routing.conftest import wait_for, write_routes
+
+
+@contextmanager
+def forwarding(tmp_path, sink, index: str = "sqlite", match: str = ""):
+    """An archive forwarding every instance (or those ``match`` selects) to ``sink``."""
+    routes = write_routes(tmp_path / "routes.toml", sink.url, match=match)
+    srv = LiveServer(tmp_path / "data", index, routes_file=routes).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def store(url: str, datasets) -> dict[str, bytes]:
@@ -42,9 +55,7 @@ def queue(url: str) -> dict:
 
 @pytest.mark.parametrize("index", ["sqlite", "memory"])
 def test_stored_instances_are_delivered_byte_identical(tmp_path, sink, index):
-    routes = write_routes(tmp_path / "routes.toml", sink.url, match='match = { Modality = "CT" }')
-    srv = LiveServer(tmp_path / "data", index, routes_file=routes).start()
-    try:
+    with forwarding(tmp_path, sink, index, match='match = { Modality = "CT" }') as srv:
         before = metric(srv.url, 'dicomweb_forwarded_total{destination="sink"}')
         study = "1.2.826.0.1.3680043.8.498.1"
         cts = [make_dataset(study=study, modality="CT") for _ in range(7)]
@@ -67,14 +78,11 @@ def test_stored_instances_are_delivered_byte_identical(tmp_path, sink, index):
         assert queue(srv.url)["sink"]["delivered"] == 7
         store(srv.url, cts[:1])  # a byte-identical duplicate: stored already, owes nothing new
         assert queue(srv.url)["sink"]["delivered"] == 7 and queue(srv.url)["sink"]["pending"] == 0
-    finally:
-        srv.stop()
+
 
 
 def test_a_sink_down_for_a_while_gets_the_backlog(tmp_path, sink):
-    routes = write_routes(tmp_path / "routes.toml", sink.url)
-    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
-    try:
+    with forwarding(tmp_path, sink) as srv:
         sink.stop()  # connection refused
         sent = {}
         for _ in range(3):
@@ -90,14 +98,11 @@ def test_a_sink_down_for_a_while_gets_the_backlog(tmp_path, sink):
             assert at_sink(sink, sop) == data
         assert set(sink.recorder.received) == set(sent)
         assert queue(srv.url)["sink"]["failed"] == 0
-    finally:
-        srv.stop()
+
 
 
 def test_one_instance_refused_is_dead_lettered_without_blocking_the_rest(tmp_path, sink):
-    routes = write_routes(tmp_path / "routes.toml", sink.url)
-    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
-    try:
+    with forwarding(tmp_path, sink) as srv:
         # the sink already holds this SOP Instance UID with other content: it answers 0x0111 for it
         clash = make_dataset(PatientID="ours")
         other = make_dataset(study=clash.StudyInstanceUID, series=clash.SeriesInstanceUID, sop=clash.SOPInstanceUID,
@@ -118,14 +123,11 @@ def test_one_instance_refused_is_dead_lettered_without_blocking_the_rest(tmp_pat
         wait_for(lambda: queue(srv.url)["sink"]["failed"] == 1 and queue(srv.url)["sink"]["pending"] == 0,
                  what="failed again")
         assert sink.recorder.received[clash.SOPInstanceUID] == 3  # theirs, then ours twice
-    finally:
-        srv.stop()
+
 
 
 def test_a_batch_refused_whole_with_400_is_split_and_only_the_culprit_dead_lettered(tmp_path, sink):
-    routes = write_routes(tmp_path / "routes.toml", sink.url)
-    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
-    try:
+    with forwarding(tmp_path, sink) as srv:
         datasets = [make_dataset() for _ in range(4)]
         bad = datasets[1].SOPInstanceUID
         sink.recorder.reject = {bad}
@@ -136,8 +138,7 @@ def test_a_batch_refused_whole_with_400_is_split_and_only_the_culprit_dead_lette
         for ds in datasets:
             assert at_sink(sink, ds.SOPInstanceUID) == (None if ds.SOPInstanceUID == bad else sent[ds.SOPInstanceUID])
         assert sink.recorder.received[bad] == 2  # in the batch, then alone
-    finally:
-        srv.stop()
+
 
 
 def test_two_workers_on_one_data_folder_never_double_send(tmp_path, sink):
