@@ -130,18 +130,21 @@ class Forwarder:
             verdict, error = verdicts[r.id]
             if verdict is Verdict.DELIVERED:
                 s.delivered.append(r.id)
-                metrics.FORWARDED.labels(name).inc()
-                metrics.DELIVERY_LATENCY.labels(name).observe(max(0.0, now - r.enqueued))
             elif verdict is Verdict.SOLO:
                 s.solo.append(r.id)
             elif verdict is Verdict.RETRY and r.attempts + 1 < d.max_attempts and now - r.enqueued < d.max_age:
                 delay = random.uniform(0, min(d.backoff_max, d.backoff_base * 2 ** r.attempts))
                 s.retry.append((r.id, now + delay, error or "retry"))
-                metrics.FORWARD_RETRIES.labels(name).inc()
             else:
                 if verdict is Verdict.RETRY:
                     error = f"gave up after {r.attempts + 1} attempt(s), {now - r.enqueued:.0f} s: {error}"
                 s.failed.append((r.id, error or "failed"))
-                metrics.FORWARD_FAILED.labels(name).inc()
                 log.warning("forward of %s to %s failed for good: %s", r.sop_uid, name, error)
         await asyncio.to_thread(self.routing.outbox.settle, s, owner)
+        # counted once recorded
+        enqueued = {r.id: r.enqueued for r in rows}
+        metrics.FORWARDED.labels(name).inc(len(s.delivered))
+        for i in s.delivered:
+            metrics.DELIVERY_LATENCY.labels(name).observe(max(0.0, now - enqueued[i]))
+        metrics.FORWARD_RETRIES.labels(name).inc(len(s.retry))
+        metrics.FORWARD_FAILED.labels(name).inc(len(s.failed))

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..store.connections import ThreadConnections
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -118,32 +119,13 @@ class Outbox:
     def __init__(self, path: Path, writer: Callable[[], AbstractContextManager] | None = None) -> None:
         self.path = Path(path)
         self._writer = writer or nullcontext
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._connections = ThreadConnections(self.path)
+        self._con = self._connections.get
         with self._writer():
             self._con().executescript(_SCHEMA)
 
-    def _con(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
-            con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=FULL")
-            self._local.con = con
-            with self._lock:
-                self._all.append(con)
-        return con
-
     def close(self) -> None:
-        with self._lock:
-            for con in self._all:
-                try:
-                    con.close()
-                except sqlite3.Error:
-                    pass
-            self._all.clear()
-        self._local = threading.local()
+        self._connections.close()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -249,7 +231,7 @@ class Outbox:
         """Drop the leases of a stopping worker (rows become claimable at once)."""
         with self._transaction() as con:
             con.execute("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE _state = 'pending' "
-                        "AND _lease_owner LIKE ? || '%'", (owner_prefix,))
+                        "AND substr(_lease_owner, 1, length(?1)) = ?1", (owner_prefix,))
 
     def reap(self, host: str) -> int:
         """Drop the leases held by forwarders of ``host`` whose process is gone (a

@@ -41,14 +41,15 @@ def test_sigkill_while_forwarding_loses_nothing(tmp_path, sink, monkeypatch, ind
     srv = Server(data, index)  # restart: the forwarder finds what is owed
     try:
         wait_for(lambda: set(acked) <= set(sink.recorder.received), timeout=90, what="every acknowledged instance")
+        # then the queue settles: every batch answered by the sink (stored there), none given up
+        q = wait_for(lambda: (lambda s: s if s["pending"] == 0 and s["in_flight"] == 0 else None)(
+            httpx.get(srv.url + "/admin/queue").json()["destinations"]["sink"]), what="an empty queue")
+        assert q["failed"] == 0
         with httpx.Client(base_url=sink.url, timeout=30) as c:
             for sop, original in acked.items():
                 (hit,) = c.get("/instances", params={"SOPInstanceUID": sop}).json()
                 r = c.get(hit["00081190"]["Value"][0], headers={"Accept": "application/dicom; transfer-syntax=*"})
                 assert r.content == original
-        q = wait_for(lambda: (lambda s: s if s["pending"] == 0 and s["in_flight"] == 0 else None)(
-            httpx.get(srv.url + "/admin/queue").json()["destinations"]["sink"]), what="an empty queue")
-        assert q["failed"] == 0
         dup = sum(n - 1 for n in sink.recorder.received.values())
         if fault is not None:
             assert dup >= 1  # the batch sent before the kill was sent again: at least once, never lost
