@@ -225,7 +225,7 @@ class Archive:
                                              rec.sop_class_uid, rec.sop_uid))
             return
         faults.point("indexed")
-        metrics.STORED.inc(sum(added))
+        metrics.STORED.inc(sum(1 for new in added if new))  # (Index.add may answer objects, not bools)
         if self.routing is not None:
             self.routing.committed()
         for rec, new in zip(pending, added):
