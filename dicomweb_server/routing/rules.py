@@ -21,7 +21,8 @@ A rule's ``match`` holds QIDO-RS matching keys (PS3.18 §8.3.4, PS3.4 C.2.2.2) a
 parsed by the same :func:`dicom.matching.parse_query` as a search for instances, then
 evaluated with :func:`dicom.matching.match_value` against the values the index keeps
 for the stored instance: a rule matches exactly the instances that the search
-``GET /instances?{match}`` finds. A TOML list of values means "any of them".
+``GET /instances?{match}`` finds. A TOML list of values, or values separated by a
+backslash as in DICOM (``Modality = "CT\\MR"``), means "any of them".
 No ``match`` means every instance. A bad file is refused with its line number.
 """
 
@@ -222,7 +223,8 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
     # a TOML list of values expands into alternatives (any value matches)
     choices: list[list[tuple[str, str]]] = [[]]
     for key, value in match.items():
-        values = value if isinstance(value, list) else [value]
+        # a TOML list, or DICOM's backslash between values (``"CT\\MR"``), means any of them
+        values = value if isinstance(value, list) else value.split("\\") if isinstance(value, str) else [value]
         if not values or not all(isinstance(v, (str, int)) for v in values):
             raise fail("rules", i, "match", f"{key}: a string, integer or list of them is required")
         choices = [c + [(key, str(v))] for c in choices for v in values]

@@ -83,6 +83,9 @@ def test_a_list_of_values_matches_any_of_them(tmp_path, stored):
     assert [r.series["Modality"] for r in records if routes.rules[0].matches(r)] == ["CT", "MR"]
     assert routes.destinations_for(records[0]) == [("pacs", "rule 1")]
     assert routes.destinations_for(records[2]) == []
+    f.write_text(HEAD + '[[rules]]\nmatch = { Modality = "CT\\\\MR", StudyDescription = "*HEAD*" }\n'
+                        'destinations = ["pacs"]\n')  # DICOM's backslash between values: the same
+    assert load_routes(f).rules == routes.rules
 
 
 @pytest.mark.parametrize("body, line, words", [
