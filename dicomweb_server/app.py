@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import errors, landing, qido, rendered, stow, wado
+from .api import admin, errors, landing, qido, rendered, stow, wado
 from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
 from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
@@ -28,9 +28,17 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     async def lifespan(app: FastAPI):
         opened = archive is None
         app.state.archive = archive or Archive.open(settings)
+        forwarder = None
+        if app.state.archive.routing is not None:  # deliver the outbox from this worker (routing/)
+            from .routing.forwarder import Forwarder
+
+            forwarder = Forwarder(app.state.archive.routing, app.state.archive.blobs)
+            await forwarder.start()
         try:
             yield
         finally:
+            if forwarder is not None:
+                await forwarder.stop()
             if opened:
                 app.state.archive.close()
 
@@ -50,6 +58,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     for module in (qido, stow, wado, rendered):
         app.include_router(module.router, prefix=settings.prefix)
+    app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix
     if settings.viewer:  # the OHIF viewer at /viewer, same origin (viewer.py)
         from .viewer import mount_viewer
 

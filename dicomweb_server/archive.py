@@ -25,10 +25,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults
+from . import faults, metrics
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
+from .routing import Outbox, Routes, Routing, load_routes, outbox_path
 from .settings import Settings
 from .store.base import Index, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
@@ -77,6 +78,7 @@ class Archive:
         self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
         self._busy = threading.Condition()
         self._in_flight = 0  # store() and delete() calls running (worker threads)
+        self.routing: Routing | None = None  # set by open() when a routes file is configured
 
     @classmethod
     def open(cls, settings: Settings) -> "Archive":
@@ -105,8 +107,17 @@ class Archive:
             log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
         log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
         if settings.index == "memory":
-            archive.rebuild()
+            archive.rebuild()  # before routing attaches: a restart owes no forwards again
+        if settings.routes_file is not None:
+            archive.attach_routing(load_routes(settings.routes_file))
         return archive
+
+    def attach_routing(self, routes: Routes) -> Routing:
+        """Match every instance indexed from now on against ``routes`` and owe its
+        forwards in the same commit (routing/). Raises RoutesError for a bad file."""
+        outbox = Outbox(outbox_path(Path(self.settings.data_dir), self.settings.index), self.committer.writer)
+        self.routing = Routing.attach(routes, self.index, outbox)
+        return self.routing
 
     def close(self, timeout: float | None = None) -> None:
         """Wait (at most ``timeout`` seconds, default ``settings.shutdown_timeout``)
@@ -120,6 +131,8 @@ class Archive:
             if self._in_flight:
                 log.error("closing with %d store/delete transaction(s) still running", self._in_flight)
         self.blobs.release_spool()
+        if self.routing is not None:
+            self.routing.outbox.close()
         self.index.close()
 
     @contextmanager
@@ -275,6 +288,9 @@ class Archive:
                                              rec.sop_class_uid, rec.sop_uid))
             return
         faults.point("indexed")
+        metrics.STORED.inc(sum(1 for new in added if new))  # (Index.add may answer objects, not bools)
+        if self.routing is not None:
+            self.routing.committed()
         for rec, new in zip(pending, added):
             if isinstance(new, Refused):  # its file was placed under its own UIDs: no one else's
                 try:

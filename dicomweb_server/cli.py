@@ -3,6 +3,8 @@
     dicomweb-server [serve] [--host H] [--port P] [--data-dir D] [--index sqlite|memory] [--workers N]
     dicomweb-server import [--samples] [--report FILE] [--verbose] PATH...
     dicomweb-server check [--repair]
+    dicomweb-server queue [--retry-failed] [--json]       (routing: forwards owed per destination)
+    dicomweb-server export --routes FILE --to DEST STUDY [SERIES [SOP]]
     dicomweb-server --help | --version
 
 Every serve flag is also a ``DICOMWEB_*`` environment variable (see settings.py);
@@ -62,7 +64,20 @@ def _serve(args: argparse.Namespace) -> int:
         except ViewerNotInstalled as e:
             print(f"dicomweb-server: --viewer: {e}", file=sys.stderr)
             return 2
+    if settings.routes_file is not None:  # refuse a bad routes file before any worker starts
+        from .routing.rules import RoutesError, load_routes
+
+        try:
+            load_routes(settings.routes_file)
+        except RoutesError as e:
+            print(f"dicomweb-server: --routes: {e}", file=sys.stderr)
+            return 2
     workers = settings.effective_workers()
+    if workers > 1:  # prometheus-client multi-process mode: /metrics sums every worker (metrics.py)
+        metrics_dir = Path(settings.data_dir) / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
@@ -215,6 +230,71 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.clean or args.repair else 1
 
 
+def _queue(args: argparse.Namespace) -> int:
+    from .routing import Outbox, outbox_path
+    from .store.commit import GroupCommitter
+
+    settings = _settings(args)
+    path = outbox_path(Path(settings.data_dir), settings.index)
+    if not path.exists():
+        print(f"dicomweb-server queue: no outbox in {Path(settings.data_dir).resolve()}", file=sys.stderr)
+        return 1
+    # the index writer lock (not the index): serialise with a running server's commits
+    outbox = Outbox(path, GroupCommitter(None, Path(settings.data_dir) / "index.lock").writer)  # type: ignore[arg-type]
+    try:
+        if args.retry_failed is not None:
+            n = outbox.retry_failed(args.retry_failed or None)
+            print(f"{n} failed forward(s) back to pending", file=sys.stderr)
+        stats = outbox.stats()
+    finally:
+        outbox.close()
+    if args.json:
+        import orjson
+
+        print(orjson.dumps({"destinations": stats}, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    cols = ("pending", "in_flight", "delivered", "failed", "oldest_pending_age", "last_error")
+    rows = [("destination",) + cols] + [
+        (d,) + tuple("" if s[c] is None else f"{s[c]:.0f} s" if c == "oldest_pending_age" else str(s[c])[:80]
+                     for c in cols) for d, s in stats.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols) + 1)]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .archive import Archive
+    from .routing import RoutesError
+
+    settings = _settings(args)
+    if settings.routes_file is None:
+        print("dicomweb-server export: --routes FILE (or DICOMWEB_ROUTES_FILE) names the destinations",
+              file=sys.stderr)
+        return 2
+    try:
+        archive = Archive.open(settings)
+    except RoutesError as e:
+        print(f"dicomweb-server export: {e}", file=sys.stderr)
+        return 2
+    try:
+        routing = archive.routing
+        assert routing is not None
+        if args.to not in routing.routes.destinations:
+            print(f"dicomweb-server export: no destination {args.to!r}; configured: "
+                  + ", ".join(routing.routes.destinations), file=sys.stderr)
+            return 2
+        found = [i for i in archive.index.instances(args.study, args.series) if args.sop in (None, i.sop_uid)]
+        if not found:
+            print("dicomweb-server export: nothing stored under those UIDs", file=sys.stderr)
+            return 1
+        n = routing.export(args.to, found)
+    finally:
+        archive.close()
+    print(f"{n} instance(s) queued for {args.to} (of {len(found)}; a running server delivers them)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
@@ -246,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="allow a non-loopback --host without authentication")
     serve.add_argument("--log-level", dest="log_level")
+    serve.add_argument("--routes", dest="routes_file", help="TOML routes file: forward stored instances")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
     _add_settings_args(serve)
@@ -265,6 +346,22 @@ def main(argv: list[str] | None = None) -> int:
                      help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
     _add_settings_args(chk)
     chk.set_defaults(func=_check)
+
+    que = sub.add_parser("queue", help="routing: forwards owed, delivered and failed per destination")
+    que.add_argument("--retry-failed", dest="retry_failed", nargs="?", const="", metavar="DESTINATION",
+                     help="put dead letters (of one destination, or all) back to pending first")
+    que.add_argument("--json", action="store_true", help="JSON, as GET /admin/queue")
+    _add_settings_args(que)
+    que.set_defaults(func=_queue)
+
+    exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination")
+    exp.add_argument("--to", required=True, help="destination name from the routes file")
+    exp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE)")
+    exp.add_argument("study")
+    exp.add_argument("series", nargs="?")
+    exp.add_argument("sop", nargs="?")
+    _add_settings_args(exp)
+    exp.set_defaults(func=_export)
 
     args = parser.parse_args(argv)
     if args.command == "serve" and not all(k in os.environ for k in _MALLOC_ENV):

@@ -6,7 +6,8 @@ costs one comparison.
 Steps, in order: ``spooled`` (body received, nothing parsed), ``fsynced`` (file
 fsynced, not yet linked into place), ``linked`` (linked, directory not yet
 fsynced), ``placed`` (all files of the request in place, index not committed),
-``indexed`` (index committed, answer not yet sent).
+``indexed`` (index committed, answer not yet sent); and in the forwarder
+(routing/), ``forwarded`` (a batch sent to a destination, its rows not yet settled).
 """
 
 from __future__ import annotations

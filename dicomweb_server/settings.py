@@ -55,6 +55,7 @@ class Settings(BaseSettings):
     oidc_jwks_cache_seconds: float = Field(300.0, ge=0, description="seconds the JWKS keys are kept")
     audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request here")
     insecure: bool = Field(False, description="allow listening beyond loopback without authentication")
+    routes_file: Path | None = Field(None, description="TOML routes file: forward stored instances (routing/)")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
     viewer: bool = Field(False, description="serve the OHIF viewer at /viewer")
     viewer_dir: Path | None = Field(None, description="OHIF dist/ folder; default: fetched with npm into ~/.cache")

@@ -5,7 +5,7 @@ every implementation (tests/store/test_index_contract.py)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..dicom.instance import InstanceRecord
@@ -147,3 +147,19 @@ class Index(ABC):
 
     def close(self) -> None:  # pragma: no cover - default no-op
         """Release resources."""
+
+    # --- write hooks (routing's outbox) -------------------------------------------------
+
+    def add_write_hook(self, hook: "WriteHook") -> None:
+        """Run ``hook(con, records, added)`` inside every :meth:`add`, before it
+        commits: ``con`` is the open SQLite transaction of the index (None for an
+        index without one), ``added`` says which records are new. An exception
+        from the hook fails (rolls back) the whole add."""
+        self._write_hooks = (*getattr(self, "_write_hooks", ()), hook)
+
+    def _run_write_hooks(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
+        for hook in getattr(self, "_write_hooks", ()):
+            hook(con, records, added)
+
+
+WriteHook = Callable[[object, list[InstanceRecord], list[bool]], None]

@@ -123,6 +123,13 @@ class MemoryIndex(Index):
                 series.instances[r.sop_uid] = inst
                 self._instances[r.sop_uid] = inst
                 out.append(True)
+            try:  # routing's outbox (on disk): durable before the answer, or nothing of this add stays
+                self._run_write_hooks(None, records, out)
+            except BaseException:
+                for r, new in zip(records, out):
+                    if new:
+                        self.delete(r.study_uid, r.series_uid, r.sop_uid)
+                raise
         return out
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:

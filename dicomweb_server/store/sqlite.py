@@ -229,6 +229,7 @@ class SQLiteIndex(Index):
                      study_pk),
                 )
                 added.append(True)
+            self._run_write_hooks(con, records, added)  # routing's outbox rows: same transaction
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")

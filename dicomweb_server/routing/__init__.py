@@ -1,0 +1,86 @@
+"""Routing: forward what the archive stores to other archives, durably.
+
+- :mod:`.rules`: the routes file (destinations, rules with QIDO-RS matching keys).
+- :mod:`.outbox`: the forwards owed, written in the index transaction of the instance.
+- :mod:`.forwarder`: delivery in each worker (leases, batches, retries, dead letters).
+- :mod:`.destinations`: STOW-RS and C-STORE senders.
+
+The archive is the one write path (:meth:`archive.Archive.store`, used by STOW-RS,
+``import`` and the DIMSE front door): :class:`Routing` registers an index write hook,
+so every newly indexed instance is matched against the rules inside the commit that
+indexes it, whichever front door received it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..dicom.instance import InstanceRecord
+from ..store.base import Index
+from .outbox import Entry, Outbox
+from .rules import Routes, RoutesError, load_routes
+
+__all__ = ["Routing", "Routes", "RoutesError", "load_routes", "outbox_path", "Outbox", "Entry"]
+
+
+def outbox_path(data_dir: Path, index: str) -> Path:
+    """The SQLite file holding the outbox: the index itself, or ``outbox.sqlite``
+    next to the files for the in-memory index (which must survive a restart)."""
+    return Path(data_dir) / ("index.sqlite" if index == "sqlite" else "outbox.sqlite")
+
+
+class Routing:
+    """Rules + outbox of one archive process; the forwarder wakes on :meth:`committed`."""
+
+    def __init__(self, routes: Routes, outbox: Outbox) -> None:
+        self.routes = routes
+        self.outbox = outbox
+        self._wake: Callable[[set[str]], None] | None = None
+        self._owed: set[str] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def attach(cls, routes: Routes, index: Index, outbox: Outbox) -> "Routing":
+        routing = cls(routes, outbox)
+        index.add_write_hook(routing._on_add)
+        return routing
+
+    def _on_add(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
+        """Index write hook: owe the forwards of the newly added records, in the
+        index's transaction (SQLite) or before the index changes (memory)."""
+        entries = [Entry(dest, r.study_uid, r.series_uid, r.sop_uid, r.path, rule)
+                   for r, new in zip(records, added) if new for dest, rule in self.routes.destinations_for(r)]
+        if entries:
+            self.outbox.insert(entries, con if isinstance(con, sqlite3.Connection) else None)
+            with self._lock:
+                self._owed.update(e.destination for e in entries)
+
+    def committed(self) -> None:
+        """Called by the archive after a commit: wake the forwarder of this process
+        for the destinations just owed something (no polling for our own rows)."""
+        with self._lock:
+            owed, self._owed = self._owed, set()
+        if owed and self._wake is not None:
+            self._wake(owed)
+
+    def committed_to(self, destinations: set[str]) -> None:
+        """Wake the forwarder for rows changed outside a store (retry, export)."""
+        if destinations and self._wake is not None:
+            self._wake(destinations)
+
+    def set_waker(self, wake: Callable[[set[str]], None] | None) -> None:
+        self._wake = wake
+
+    def export(self, destination: str, instances: Iterable) -> int:
+        """Manual export: owe ``instances`` (:class:`store.base.InstanceLocation`) to
+        ``destination``. Returns the number of rows added."""
+        if destination not in self.routes.destinations:
+            raise KeyError(destination)
+        n = self.outbox.enqueue(Entry(destination, i.study_uid, i.series_uid, i.sop_uid, i.path, "export")
+                                for i in instances)
+        if n:
+            self.committed_to({destination})
+        return n

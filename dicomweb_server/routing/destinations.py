@@ -1,0 +1,217 @@
+"""Sending a batch of stored instances to one destination: STOW-RS (PS3.18 §10.5)
+with httpx, or C-STORE (PS3.4 Annex B, PS3.7 §9.1.1) with pynetdicom's SCU.
+
+Each sender answers, per instance, one :class:`Verdict`:
+``DELIVERED``; ``RETRY`` (the destination or the network may get better: 5xx, 408,
+429, timeouts, refused connections, out-of-resources statuses, or a configuration
+the operator may fix such as 401/403/404); ``FAILED`` (the destination refused this
+instance for good: a FailureReason or C-STORE status other than out of resources,
+or 400/409 for a batch of one); ``SOLO`` (the destination refused a batch as a whole
+without saying which instance: each is sent alone next, so one bad instance cannot
+block the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import httpx
+import orjson
+
+from .rules import Destination
+
+CHUNK = 1 << 20
+
+
+class Verdict(str, Enum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    FAILED = "failed"
+    SOLO = "solo"
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    sop_uid: str
+    path: Path  # absolute
+    size: int
+
+
+def retryable_reason(code: int) -> bool:
+    """FailureReason / C-STORE status worth retrying: out of resources (PS3.4 B.2.3
+    A7xx) and processing failure (PS3.7 C.4 0110). Others are permanent."""
+    return 0xA700 <= code <= 0xA7FF or code == 0x0110
+
+
+class StowSender:
+    """STOW-RS ``POST {root}/studies``, one PS3.10 file per part, streamed from
+    disk (file reads run in a thread, never on the event loop)."""
+
+    def __init__(self, destination: Destination, timeout: float) -> None:
+        self.destination = destination
+        self.url = f"{destination.stow_url}/studies"
+        self.client = httpx.AsyncClient(timeout=timeout, headers=destination.headers)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def send(self, items: list[Item], within: float) -> list[tuple[Verdict, str | None]]:
+        """Send ``items`` in one request (the caller bounds the time: ``within``)."""
+        boundary = uuid.uuid4().hex
+        head = f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode()
+        tail = f"--{boundary}--\r\n".encode()
+        length = sum(len(head) + it.size + 2 for it in items) + len(tail)
+
+        async def body() -> AsyncIterator[bytes]:
+            for it in items:
+                yield head
+                f = await asyncio.to_thread(open, it.path, "rb")
+                try:
+                    sent = 0
+                    while chunk := await asyncio.to_thread(f.read, CHUNK):
+                        sent += len(chunk)
+                        yield chunk
+                finally:
+                    f.close()
+                if sent != it.size:  # changed under us: the Content-Length would lie
+                    raise OSError(f"{it.path} changed size while being sent")
+                yield b"\r\n"
+            yield tail
+
+        headers = {"Content-Type": f'multipart/related; type="application/dicom"; boundary={boundary}',
+                   "Content-Length": str(length), "Accept": "application/dicom+json"}
+        try:
+            async with asyncio.timeout(within):
+                r = await self.client.post(self.url, content=body(), headers=headers)
+        except TimeoutError:
+            return [(Verdict.RETRY, f"the request took longer than {within:g} s (half the lease)")] * len(items)
+        except (httpx.HTTPError, OSError) as e:
+            return [(Verdict.RETRY, f"{type(e).__name__}: {e}")] * len(items)
+        return stow_verdicts(r.status_code, r.content, [it.sop_uid for it in items],
+                             r.headers.get("warning", ""))
+
+
+def stow_verdicts(status: int, body: bytes, sops: list[str], warning: str = ""
+                  ) -> list[tuple[Verdict, str | None]]:
+    """Per-instance verdicts from a Store Instances Response (PS3.18 §10.5.3):
+    FailedSOPSequence (0008,1198) items name the instances that failed and why
+    (FailureReason 0008,1197); those not named were stored when the status is
+    200 or 202."""
+    failed: dict[str, int] = {}
+    try:
+        doc = orjson.loads(body) if body else {}
+        for item in (doc.get("00081198") or {}).get("Value", []) if isinstance(doc, dict) else []:
+            sop = item.get("00081155", {}).get("Value", [None])[0]
+            reason = item.get("00081197", {}).get("Value", [0x0110])[0]
+            if sop:
+                failed[sop] = int(reason)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError, IndexError):
+        failed = {}
+    detail = f"HTTP {status}" + (f": {warning[:300]}" if warning else "")
+    if status in (200, 202) or (status == 409 and failed):
+        out = []
+        for sop in sops:
+            code = failed.get(sop)
+            if code is None:
+                out.append((Verdict.DELIVERED, None) if status != 409 else
+                           (Verdict.RETRY, f"{detail}; not named in FailedSOPSequence"))
+            else:
+                v = Verdict.RETRY if retryable_reason(code) else Verdict.FAILED
+                out.append((v, f"{detail}; FailureReason 0x{code:04X}"))
+        return out
+    if status in (400, 409, 413):  # the request as a whole refused: find the culprit alone
+        return [(Verdict.SOLO if len(sops) > 1 else Verdict.FAILED, detail)] * len(sops)
+    return [(Verdict.RETRY, detail)] * len(sops)
+
+
+class DimseSender:
+    """C-STORE SCU (pynetdicom): one association per batch, the presentation
+    contexts of the batch's SOP classes and transfer syntaxes (read from the files'
+    meta information), one C-STORE per instance. Runs in a thread."""
+
+    def __init__(self, destination: Destination, timeout: float) -> None:
+        assert destination.dimse is not None
+        self.destination = destination
+        self.address = destination.dimse
+        self.timeout = timeout
+
+    async def aclose(self) -> None:
+        return None
+
+    async def send(self, items: list[Item], within: float) -> list[tuple[Verdict, str | None]]:
+        """Send ``items`` on one association; no C-STORE starts after ``within``
+        seconds (a thread cannot be cancelled: the caller's timeout would not stop it)."""
+        return await asyncio.to_thread(self._send, items, time.monotonic() + within * 0.8)
+
+    def _send(self, items: list[Item], deadline: float) -> list[tuple[Verdict, str | None]]:
+        from pydicom import dcmread
+        from pynetdicom import AE
+
+        a = self.address
+        contexts: dict[str, set[str]] = {}
+        metas = []
+        for it in items:
+            try:
+                meta = dcmread(it.path, stop_before_pixels=True, specific_tags=["SOPClassUID"]).file_meta
+                metas.append((str(meta.MediaStorageSOPClassUID), str(meta.TransferSyntaxUID)))
+            except Exception:  # noqa: BLE001 - an unreadable stored file fails that instance only
+                metas.append(None)
+                continue
+            contexts.setdefault(metas[-1][0], set()).add(metas[-1][1])
+        ae = AE(ae_title=a.calling_ae_title)
+        ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = self.timeout
+        for sop_class, syntaxes in contexts.items():
+            for ts in sorted(syntaxes):  # one context per (class, syntax): the SCP answers each
+                ae.add_requested_context(sop_class, [ts])
+        assoc = ae.associate(a.host, a.port, ae_title=a.ae_title)
+        if not assoc.is_established:
+            why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
+            return [(Verdict.RETRY, f"association with {a.ae_title}@{a.host}:{a.port} {why}")] * len(items)
+        out: list[tuple[Verdict, str | None]] = []
+        try:
+            for it, meta in zip(items, metas):
+                if meta is None:
+                    out.append((Verdict.FAILED, "the stored file cannot be read"))
+                    continue
+                if not assoc.is_established:
+                    out.append((Verdict.RETRY, "association released or aborted"))
+                    continue
+                if time.monotonic() > deadline:
+                    out.append((Verdict.RETRY, "batch took too long; the rest is sent later"))
+                    continue
+                try:
+                    status = assoc.send_c_store(os.fspath(it.path))
+                except ValueError as e:  # no accepted presentation context for this class/syntax
+                    out.append((Verdict.FAILED, f"not accepted by {a.ae_title}: {e}"))
+                    continue
+                code = getattr(status, "Status", None)
+                if code is None:
+                    out.append((Verdict.RETRY, "no C-STORE response (timeout or abort)"))
+                elif code == 0x0000 or 0xB000 <= code <= 0xBFFF:  # success or warning (PS3.4 B.2.3)
+                    out.append((Verdict.DELIVERED, None))
+                else:
+                    out.append((Verdict.RETRY if retryable_reason(code) else Verdict.FAILED,
+                                f"C-STORE status 0x{code:04X}"))
+        finally:
+            if assoc.is_established:
+                assoc.release()
+        return out
+
+
+def sender_for(destination: Destination, timeout: float) -> StowSender | DimseSender:
+    return StowSender(destination, timeout) if destination.stow_url else DimseSender(destination, timeout)
+
+
+def item_for(path: Path, sop_uid: str) -> Item | None:
+    """The item to send, or None when the file is gone."""
+    try:
+        return Item(sop_uid, path, os.stat(path).st_size)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,291 @@
+"""The durable outbox: one row per (instance, destination) owed a forward.
+
+Rows are inserted by an index write hook (:meth:`store.base.Index.add_write_hook`)
+inside the transaction that indexes the instance: with the SQLite index they live in
+``index.sqlite`` and commit atomically with the instance row; with the in-memory
+index they live in ``outbox.sqlite`` in the data folder and are committed
+(``synchronous=FULL``) before the index changes and before the STOW-RS answer. Once
+an instance is acknowledged, its forwards are on disk; a crash at any moment neither
+loses nor forgets them.
+
+States: ``pending`` (owed; "in flight" while a worker holds its lease), ``delivered``,
+``failed`` (dead letter, with the last error). A worker claims a batch by writing
+its lease (owner token and expiry) into the rows; another worker (or a restart)
+may take them over only after the lease expired, so two workers never send one
+instance to one destination at the same time. The number of live leases per
+destination is bounded (``concurrency``), across all worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..store.connections import ThreadConnections
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+  id INTEGER PRIMARY KEY,
+  destination TEXT NOT NULL,
+  StudyInstanceUID TEXT NOT NULL,
+  SeriesInstanceUID TEXT NOT NULL,
+  SOPInstanceUID TEXT NOT NULL,
+  _path TEXT NOT NULL,
+  _rule TEXT,
+  _state TEXT NOT NULL DEFAULT 'pending',
+  _attempts INTEGER NOT NULL DEFAULT 0,
+  _enqueued REAL NOT NULL,
+  _due REAL NOT NULL,
+  _solo INTEGER NOT NULL DEFAULT 0,
+  _lease_owner TEXT,
+  _lease_until REAL,
+  _delivered REAL,
+  _last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(destination, _state, _due);
+CREATE INDEX IF NOT EXISTS outbox_sop ON outbox(SOPInstanceUID, destination);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A forward owed: the instance and where it goes."""
+
+    destination: str
+    study_uid: str
+    series_uid: str
+    sop_uid: str
+    path: str  # relative to the blob root
+    rule: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A claimed outbox row."""
+
+    id: int
+    destination: str
+    study_uid: str
+    series_uid: str
+    sop_uid: str
+    path: str
+    attempts: int
+    enqueued: float
+
+
+@dataclass(slots=True)
+class Settlement:
+    """What became of a claimed batch (ids of rows)."""
+
+    delivered: list[int]
+    retry: list[tuple[int, float, str]]  # id, due, error
+    failed: list[tuple[int, str]]  # id, error (dead letter)
+    solo: list[int]  # send alone next time (a batch the receiver refused as a whole)
+
+
+def _process_gone(owner: str, host: str) -> bool:
+    owner_host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if owner_host != host or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, another user's
+        return False
+    return False
+
+
+_INSERT = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _rule, "
+           "_enqueued, _due) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE "
+           "SOPInstanceUID = ? AND destination = ? AND _state = 'pending' AND "
+           "(_lease_until IS NULL OR _lease_until < ?))")
+
+
+class Outbox:
+    """The outbox table in one SQLite file (``index.sqlite`` or ``outbox.sqlite``).
+
+    ``writer`` serialises this object's write transactions with the index's group
+    commit (the same ``flock``), so they queue instead of meeting SQLite's
+    sleep-and-retry busy handler.
+    """
+
+    def __init__(self, path: Path, writer: Callable[[], AbstractContextManager] | None = None) -> None:
+        self.path = Path(path)
+        self._writer = writer or nullcontext
+        self._connections = ThreadConnections(self.path)
+        self._con = self._connections.get
+        with self._writer():
+            self._con().executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._connections.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._writer():
+            con = self._con()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                yield con
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    # --- enqueue ------------------------------------------------------------------------
+
+    def insert(self, entries: Iterable[Entry], con: sqlite3.Connection | None = None) -> int:
+        """Owe these forwards. With ``con`` (the index's open transaction) the rows
+        commit with it; without, in a durable transaction of their own (the caller
+        holds the index writer lock, as :meth:`store.base.Index.add` hooks do).
+        An entry equal to a pending row that no worker holds is not repeated."""
+        now = time.time()
+        params = [(e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now,
+                   e.sop_uid, e.destination, now) for e in entries]
+        if not params:
+            return 0
+        if con is not None:
+            return con.executemany(_INSERT, params).rowcount
+        own = self._con()
+        own.execute("BEGIN IMMEDIATE")
+        try:
+            n = own.executemany(_INSERT, params).rowcount
+            own.execute("COMMIT")
+        except BaseException:
+            own.execute("ROLLBACK")
+            raise
+        return n
+
+    def enqueue(self, entries: Iterable[Entry]) -> int:
+        """Owe these forwards (manual export): one durable transaction."""
+        with self._writer():
+            return self.insert(entries)
+
+    # --- delivery -----------------------------------------------------------------------
+
+    def claim(self, destination: str, limit: int, owner: str, lease: float, concurrency: int
+              ) -> tuple[list[Row], float | None]:
+        """Take up to ``limit`` due rows of ``destination`` under a lease held by
+        ``owner`` (a token naming this worker and batch). Returns the rows and the
+        earliest time another row of the destination becomes due (None if none).
+
+        Nothing is claimed while ``concurrency`` leases of the destination are live
+        (across all workers). A row whose instance another live lease of the same
+        destination holds is skipped. A row marked solo is claimed alone.
+        """
+        now = time.time()
+        pending = ("FROM outbox WHERE destination = ? AND _state = 'pending' AND "
+                   "(_lease_until IS NULL OR _lease_until < ?)")
+        con = self._con()
+        first = con.execute(f"SELECT min(_due) {pending}", (destination, now)).fetchone()[0]
+        if first is None or first > now:
+            return [], first
+        with self._transaction() as con:
+            live = con.execute(
+                "SELECT count(DISTINCT _lease_owner) FROM outbox WHERE destination = ? AND _state = 'pending' "
+                "AND _lease_until >= ?", (destination, now)).fetchone()[0]
+            if live >= concurrency:
+                return [], first
+            rows = con.execute(
+                "SELECT id, destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _attempts, "
+                f"_enqueued, _solo {pending} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
+                "outbox WHERE destination = ? AND _state = 'pending' AND _lease_until >= ?) ORDER BY _solo DESC, id "
+                "LIMIT ?", (destination, now, now, destination, now, limit)).fetchall()
+            if rows and rows[0][8]:
+                rows = rows[:1]
+            chosen, seen = [], set()
+            for r in rows:  # one instance once per batch (an export may repeat a routed one)
+                if r[4] not in seen and (not r[8] or not chosen):
+                    seen.add(r[4])
+                    chosen.append(Row(*r[:8]))
+            con.executemany("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ?",
+                            [(owner, now + lease, r.id) for r in chosen])
+        return chosen, None
+
+    def settle(self, s: Settlement, owner: str) -> None:
+        """Record the outcome of a claimed batch and drop its lease (only rows this
+        ``owner`` still holds: a lease taken over after expiry is not touched)."""
+        now = time.time()
+        with self._transaction() as con:
+            own = "id = ? AND _lease_owner = ?"
+            con.executemany(f"UPDATE outbox SET _state = 'delivered', _delivered = ?, _attempts = _attempts + 1, "
+                            f"_lease_owner = NULL, _lease_until = NULL WHERE {own}",
+                            [(now, i, owner) for i in s.delivered])
+            con.executemany(f"UPDATE outbox SET _due = ?, _last_error = ?, _attempts = _attempts + 1, "
+                            f"_lease_owner = NULL, _lease_until = NULL WHERE {own}",
+                            [(due, err, i, owner) for i, due, err in s.retry])
+            con.executemany(f"UPDATE outbox SET _state = 'failed', _last_error = ?, _attempts = _attempts + 1, "
+                            f"_lease_owner = NULL, _lease_until = NULL WHERE {own}",
+                            [(err, i, owner) for i, err in s.failed])
+            con.executemany(f"UPDATE outbox SET _solo = 1, _lease_owner = NULL, _lease_until = NULL WHERE {own}",
+                            [(i, owner) for i in s.solo])
+
+    def release(self, owner_prefix: str) -> None:
+        """Drop the leases of a stopping worker (rows become claimable at once)."""
+        with self._transaction() as con:
+            con.execute("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE _state = 'pending' "
+                        "AND substr(_lease_owner, 1, length(?1)) = ?1", (owner_prefix,))
+
+    def reap(self, host: str) -> int:
+        """Drop the leases held by forwarders of ``host`` whose process is gone (a
+        crash or SIGKILL): their rows are claimable now rather than when the lease
+        expires. Owner tokens are ``host:pid:...``; a pid that exists (even reused by
+        another program) keeps its leases until they expire. Returns rows freed."""
+        con = self._con()
+        owners = [o for (o,) in con.execute(
+            "SELECT DISTINCT _lease_owner FROM outbox WHERE _state = 'pending' AND _lease_owner IS NOT NULL")]
+        dead = [o for o in owners if _process_gone(o, host)]
+        if not dead:
+            return 0
+        with self._transaction() as con:
+            return con.executemany("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE "
+                                   "_state = 'pending' AND _lease_owner = ?", [(o,) for o in dead]).rowcount
+
+    # --- operations ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, dict]:
+        """Per destination: pending, in_flight, delivered, failed, oldest pending age
+        (seconds), last error (of a pending or failed row), latest delivery time."""
+        now = time.time()
+        out: dict[str, dict] = {}
+        con = self._con()
+        for dest, pending, in_flight, delivered, failed, oldest, last in con.execute(
+                "SELECT destination, "
+                "sum(_state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?)), "
+                "sum(_state = 'pending' AND _lease_until >= ?), sum(_state = 'delivered'), sum(_state = 'failed'), "
+                "min(CASE WHEN _state = 'pending' THEN _enqueued END), max(_delivered) "
+                "FROM outbox GROUP BY destination ORDER BY destination", (now, now)):
+            err = con.execute("SELECT _last_error FROM outbox WHERE destination = ? AND _state != 'delivered' AND "
+                              "_last_error IS NOT NULL ORDER BY id DESC LIMIT 1", (dest,)).fetchone()
+            out[dest] = {"pending": pending, "in_flight": in_flight, "delivered": delivered, "failed": failed,
+                         "oldest_pending_age": round(now - oldest, 3) if oldest is not None else None,
+                         "last_error": err[0] if err else None, "last_delivered": last}
+        return out
+
+    def retry_failed(self, destination: str | None = None) -> int:
+        """Dead letters back to pending, due now, attempts reset. Returns how many."""
+        now = time.time()
+        with self._transaction() as con:
+            sql = ("UPDATE outbox SET _state = 'pending', _attempts = 0, _due = ?, _enqueued = ?, _solo = 1 "
+                   "WHERE _state = 'failed'")
+            params: list = [now, now]
+            if destination is not None:
+                sql += " AND destination = ?"
+                params.append(destination)
+            return con.execute(sql, params).rowcount
+
+    def rows(self, destination: str | None = None) -> list[dict]:
+        """Every row (for tests and the load test's reconciliation)."""
+        cur = self._con().execute(
+            "SELECT id, destination, SOPInstanceUID, _state, _attempts, _enqueued, _delivered, _last_error "
+            "FROM outbox" + (" WHERE destination = ?" if destination else "") + " ORDER BY id",
+            (destination,) if destination else ())
+        names = [c[0].lstrip("_") for c in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
