@@ -102,6 +102,7 @@ class Archive:
 
                 index = MemoryIndex()
         archive = cls(settings, index)
+        archive.blobs.ensure_reserve()
         n = archive.blobs.clean_spool()
         if n:
             log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
@@ -309,7 +310,20 @@ class Archive:
         then the files. Returns the number of instances removed."""
         with self._tracked():
             with self.committer.writer():
-                paths = self.index.delete(study_uid, series_uid, sop_uid)
+                try:
+                    paths = self.index.delete(study_uid, series_uid, sop_uid)
+                except Exception as e:
+                    if not _disk_full(e):
+                        raise
+                    if not self.blobs.release_reserve():  # see BlobStore.reserve
+                        raise DiskFull(f"the index cannot record the delete: {e}") from e
+                    log.warning("disk full: the reserve was released so that a DELETE can free space")
+                    try:
+                        paths = self.index.delete(study_uid, series_uid, sop_uid)
+                    except Exception as e2:
+                        if _disk_full(e2):
+                            raise DiskFull(f"the index cannot record the delete: {e2}") from e2
+                        raise
             uids = {Path(rel).stem: rel for rel in paths}
             with self.blobs.locked(uids):
                 for uid, rel in uids.items():
@@ -319,7 +333,19 @@ class Archive:
                         self.blobs.remove(rel)
                     except OSError as e:  # left for `check` to collect
                         log.warning("could not remove %s: %s", rel, e)
+            self.blobs.ensure_reserve()
             return len(paths)
+
+
+class DiskFull(Exception):
+    """The index cannot commit a DELETE for lack of space, even with the reserve
+    given up (HTTP 507)."""
+
+
+def _disk_full(err: BaseException) -> bool:
+    if isinstance(err, OSError):
+        return is_out_of_resources(err)
+    return "disk is full" in str(err)  # sqlite3.OperationalError (SQLITE_FULL) has no errno
 
 
 def _mtime_ns(path: Path) -> int | None:

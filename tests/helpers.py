@@ -127,8 +127,14 @@ class LiveServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def archive(self):
+        """The running app's Archive (opened in its lifespan)."""
+        return self.app.state.archive
+
     def start(self) -> "LiveServer":
-        config = uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=self.settings.port,
+        self.app = create_app(self.settings)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.settings.port,
                                 log_level="warning", access_log=False, lifespan="on",
                                 **uvicorn_options(self.settings))
         self._server = uvicorn.Server(config)

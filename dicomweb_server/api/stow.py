@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..archive import StoreOutcome, retrieve_url
+from ..archive import DiskFull, StoreOutcome, retrieve_url
 from ..dicom.media_types import DICOM, MULTIPART_RELATED, negotiate_json, parse_accept, parse_media_type
 from ..dicom.multipart import PartSpooler
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
@@ -154,7 +154,10 @@ async def store_study_instances(request: Request, archive: ArchiveDep, base: Bas
 
 
 async def _delete(archive, study: str, series: str | None = None, sop: str | None = None) -> Response:
-    n = await run_in_threadpool(archive.delete, study, series, sop)
+    try:
+        n = await run_in_threadpool(archive.delete, study, series, sop)
+    except DiskFull as e:
+        raise DICOMwebHTTPError(507, str(e)) from None  # RFC 4918 §11.5 Insufficient Storage
     if n == 0:
         raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
     return Response(status_code=204)

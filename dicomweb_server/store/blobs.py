@@ -64,6 +64,40 @@ class BlobStore:
         self._spool_pid = 0
         self._spool_mutex = threading.Lock()
 
+    # --- reserve ----------------------------------------------------------------------
+
+    RESERVE_BYTES = 1024 * 1024
+
+    @property
+    def reserve(self) -> Path:
+        """A ballast file in the data folder. On a full disk a DELETE still needs a few
+        index pages (the WAL grows before it shrinks): the reserve is given up for that
+        DELETE (:meth:`release_reserve`) and laid again once space is free."""
+        return self.root / "reserve.bin"
+
+    def ensure_reserve(self) -> None:
+        """Lay the reserve if it is missing and there is room (never fails: without
+        room, there is none to keep)."""
+        if self.reserve.exists():
+            return
+        tmp = self.root / "reserve.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(bytes(self.RESERVE_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.reserve)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+    def release_reserve(self) -> bool:
+        """Give the reserve's space back to the file system; False if there was none."""
+        try:
+            self.reserve.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     # --- spool ------------------------------------------------------------------------
 
     @property

@@ -271,6 +271,11 @@ class SQLiteIndex(Index):
                 (_join_multi(set(mods)), _join_multi(set(classes)), pk, pk, pk),
             )
 
+    @staticmethod
+    def _emptied(con: sqlite3.Connection, table: str, pks: set[int], child: str) -> set[int]:
+        """Those of ``pks`` (rows of ``table``) that no ``child`` row names any more."""
+        return {pk for pk in pks if con.execute(child + " LIMIT 1", (pk,)).fetchone() is None}
+
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
         con = self._con()
         where, params = ["s.StudyInstanceUID = ?"], [study_uid]
@@ -288,15 +293,19 @@ class SQLiteIndex(Index):
             con.executemany("DELETE FROM instance WHERE pk = ?", [(r[0],) for r in rows])
             series_pks = {r[2] for r in rows}
             study_pks = {r[3] for r in rows}
-            self._recompute(con, series_pks, set())
-            con.execute("DELETE FROM series WHERE NumberOfSeriesRelatedInstances = 0 AND pk IN "
-                        f"({','.join('?' * len(series_pks))})", list(series_pks))
-            self._recompute(con, set(), study_pks)
-            con.execute("DELETE FROM study WHERE NumberOfStudyRelatedSeries = 0 AND pk IN "
-                        f"({','.join('?' * len(study_pks))})", list(study_pks))
+            # series and studies left empty are removed as they are; only those that keep
+            # instances are recomputed (fewer pages written: a DELETE must also work on a
+            # nearly full disk, where it is how space is freed)
+            emptied = self._emptied(con, "series", series_pks, "SELECT 1 FROM instance WHERE series_pk = ?")
+            con.executemany("DELETE FROM series WHERE pk = ?", [(pk,) for pk in emptied])
+            self._recompute(con, series_pks - emptied, set())
+            gone = self._emptied(con, "study", study_pks, "SELECT 1 FROM series WHERE study_pk = ?")
+            con.executemany("DELETE FROM study WHERE pk = ?", [(pk,) for pk in gone])
+            self._recompute(con, set(), study_pks - gone)
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:  # SQLite may have rolled back itself (e.g. SQLITE_FULL)
+                con.execute("ROLLBACK")
             raise
         return [r[1] for r in rows]
 

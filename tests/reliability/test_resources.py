@@ -169,3 +169,40 @@ def test_stalled_upload_times_out(tmp_path):
         assert spool_files(srv.settings.data_dir) == []
     finally:
         srv.stop()
+
+
+def test_delete_on_a_full_disk_uses_the_reserve_then_answers_507(tmp_path, monkeypatch):
+    """The index cannot grow on a full disk: the first DELETE gives up the reserve
+    (BlobStore.reserve) and succeeds; with no reserve left the answer is 507 with a
+    message, never a 500, and the instance stays stored and retrievable."""
+    import sqlite3
+
+    srv = LiveServer(tmp_path / "data", "sqlite").start()
+    try:
+        archive = srv.archive
+        reserve = archive.blobs.reserve
+        assert reserve.stat().st_size == archive.blobs.RESERVE_BYTES
+        items = [make_dataset(), make_dataset()]
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            for ds in items:
+                body, ctype = multipart([to_bytes(ds)])
+                assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
+            real = archive.index.delete
+            failures, done = [], []
+
+            def full_until_reserve_is_gone(*a):  # room for exactly one DELETE once the reserve is gone
+                if reserve.exists() or done:
+                    failures.append(a)
+                    raise sqlite3.OperationalError("database or disk is full")
+                done.append(a)
+                return real(*a)
+
+            monkeypatch.setattr(archive.index, "delete", full_until_reserve_is_gone)
+            monkeypatch.setattr(archive.blobs, "ensure_reserve", lambda: None)  # the disk stays full
+            assert c.delete(f"/studies/{items[0].StudyInstanceUID}").status_code == 204
+            assert not reserve.exists() and len(failures) == 1
+            r = c.delete(f"/studies/{items[1].StudyInstanceUID}")
+            assert r.status_code == 507 and "disk is full" in r.json()["detail"]
+            assert c.get(f"/studies/{items[1].StudyInstanceUID}/metadata").status_code == 200
+    finally:
+        srv.stop()
