@@ -58,6 +58,9 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"dicomweb-server: --viewer: {e}", file=sys.stderr)
             return 2
     workers = settings.effective_workers()
+    # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
+    # worker of the in-memory index (an index lives in one process)
+    settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
@@ -69,6 +72,39 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.viewer:
         print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
               file=sys.stderr, flush=True)
+    dimse = _start_dimse(settings)
+    try:
+        _run_uvicorn(uvicorn, settings, workers)
+    finally:
+        if dimse is not None:
+            dimse.terminate()
+            dimse.wait(10)
+    return 0
+
+
+def _start_dimse(settings):
+    """The DIMSE listener process (``python -m dicomweb_server.dimse``), or None when it
+    is off or runs inside the worker. It dies with this process (PR_SET_PDEATHSIG)."""
+    import subprocess
+
+    if not settings.dimse_port or settings.dimse_in_worker:
+        return None
+    print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port}",
+          file=sys.stderr, flush=True)
+
+    def die_with_parent() -> None:
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+    return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse"], preexec_fn=die_with_parent)
+
+
+def _run_uvicorn(uvicorn, settings, workers: int) -> None:
     uvicorn.run(
         "dicomweb_server.app:create_app_from_env",
         factory=True,
@@ -80,7 +116,6 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_keep_alive=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
-    return 0
 
 
 def _is_loopback(host: str) -> bool:
@@ -200,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", dest="log_level")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
+    serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off)")
+    serve.add_argument("--ae-title", dest="ae_title", help="this archive's AE title (default DICOMWEB)")
+    serve.add_argument("--dimse-peers-file", dest="dimse_peers_file",
+                       help="JSON/TOML of C-MOVE destinations: AE title -> {host, port}")
+    serve.add_argument("--dimse-allow-ae", dest="dimse_allowed_aes", action="append",
+                       help="accept associations only from this calling AE title (repeat; default any)")
+    serve.add_argument("--dimse-check-called-ae", dest="dimse_check_called_ae", action="store_true", default=None,
+                       help="reject associations whose called AE title is not --ae-title")
+    serve.add_argument("--dimse-max-associations", dest="dimse_max_associations", type=int)
     _add_settings_args(serve)
     serve.set_defaults(func=_serve)
 
