@@ -1,0 +1,125 @@
+"""Bad input over DIMSE fails that operation, leaves nothing in the spool or the
+index, and the listener keeps serving (issue 10; PS3.4 B.2.3 statuses)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from pynetdicom import _config, build_context
+from pynetdicom.sop_class import CTImageStorage
+
+from dicomweb_server.dimse import status as S
+from tests.helpers import make_dataset, to_bytes
+
+
+def _spool(dimse) -> list[str]:
+    return os.listdir(Path(dimse.server.settings.data_dir) / "tmp")
+
+
+def _count(dimse) -> int:
+    return len(dimse.http.get("/instances").json())
+
+
+def _still_serving(dimse) -> None:
+    ds = make_dataset()
+    assert dimse.store([ds]) == [S.SUCCESS]
+    assert _spool(dimse) == []
+
+
+def _wait_empty_spool(dimse) -> None:
+    deadline = time.monotonic() + 10
+    while _spool(dimse) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the listener notices the abort on its own thread
+
+
+def test_abort_mid_dataset(dimse, monkeypatch):
+    ds = make_dataset(rows=256, columns=256)
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    # many P-DATA PDUs for one data set
+    monkeypatch.setattr(type(assoc.dimse), "maximum_pdu_size", property(lambda self: 16384))
+    send, sent = assoc.dul.send_pdu, []
+
+    def send_some(pdu):
+        sent.append(pdu)
+        if len(sent) <= 4:  # the command and the first fragments only
+            send(pdu)
+        elif len(sent) == 5:  # then the connection dies
+            time.sleep(0.2)
+            assoc.dul.socket.socket.shutdown(socket.SHUT_RDWR)
+
+    assoc.dul.send_pdu = send_some
+    rsp = assoc.send_c_store(ds)
+    assert "Status" not in rsp
+    assert len(sent) > 5
+    _wait_empty_spool(dimse)
+    assert _spool(dimse) == []
+    assert _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_dataset_without_uids(dimse):
+    ds = make_dataset()
+    del ds.StudyInstanceUID, ds.SeriesInstanceUID
+    assert dimse.store([ds]) == [S.STORE_DATASET_MISMATCH]
+    assert _spool(dimse) == [] and _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_dataset_that_does_not_parse(dimse, tmp_path, monkeypatch):
+    good = to_bytes(make_dataset())
+    bad = tmp_path / "bad.dcm"
+    meta_end = good.index(b"\x08\x00")  # the file meta, then garbage instead of the data set
+    bad.write_bytes(good[:meta_end] + b"\x08\x00\x16\x00UI\x00\x10" + b"1.2.3")  # length beyond the end
+    monkeypatch.setattr(_config, "STORE_SEND_CHUNKED_DATASET", True)
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    status = assoc.send_c_store(bad).Status
+    assoc.release()
+    # the archive's describe_instance (as for STOW-RS) reads what it can: no UIDs -> 0xA900
+    assert status in (S.STORE_CANNOT_UNDERSTAND, S.STORE_DATASET_MISMATCH)
+    assert _spool(dimse) == [] and _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_garbage_on_the_port(dimse):
+    for junk in (os.urandom(5000), b"\x04\x00\x00\x00\xff\xff\xff\xff" + os.urandom(100)):
+        with socket.create_connection(("127.0.0.1", dimse.port), timeout=10) as s:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+            try:
+                while s.recv(4096):
+                    pass
+            except OSError:
+                pass
+    _still_serving(dimse)
+
+
+def test_calling_ae_allow_list(tmp_path):
+    from pynetdicom import AE
+
+    from tests.helpers import LiveServer, free_port
+
+    port = free_port()
+    srv = LiveServer(tmp_path / "d2", "sqlite", dimse_port=port, dimse_in_worker=True,
+                     dimse_allowed_aes=["GOODSCU"], dimse_check_called_ae=True).start()
+    try:
+        def ok(calling, called):
+            ae = AE(ae_title=calling)
+            ae.add_requested_context("1.2.840.10008.1.1")
+            a = ae.associate("127.0.0.1", port, ae_title=called)
+            est = a.is_established
+            if est:
+                a.release()
+            return est
+
+        assert ok("GOODSCU", "DICOMWEB")
+        assert not ok("BADSCU", "DICOMWEB")
+        assert not ok("GOODSCU", "OTHER")
+    finally:
+        srv.stop()
