@@ -537,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
 
     targets: list[Target] = []
     if not args.no_ours:
+        wait_port(args.port)
         targets.append(Ours("ours", args.host, args.port, args.ae_title, pid=pid_listening(args.port),
                             http=args.http.rstrip("/"), data_dir=args.data_dir,
                             config=f"dicomweb-server at {args.host}:{args.port} ({args.ae_title})"))

@@ -61,7 +61,8 @@ def build_query(identifier: Dataset, level: str, max_results: int, offset: int =
     A key the index cannot match on is returned only (PS3.4 C.2.2.1.1: an SCP
     matches on the keys it supports)."""
     qido_level = LEVELS[level]
-    params: list[tuple[str, str]] = [("limit", str(_PAGE)), ("offset", str(offset))]
+    # Specific Character Set always: pydicom encodes the answer values in it (PS3.4 C.4.1.1.3.2)
+    params: list[tuple[str, str]] = [("limit", str(_PAGE)), ("offset", str(offset)), ("includefield", "00080005")]
     wanted: list[int] = []
     for elem in identifier:
         if elem.tag in _SKIP or elem.tag.is_private or elem.tag.group == 0x0002:
