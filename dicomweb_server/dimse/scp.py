@@ -272,9 +272,15 @@ class DimseServer:
             log.exception("C-GET/C-MOVE matching failed")
             return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
 
-    def _send(self, event, locations):
-        """Pending responses with the data sets; pynetdicom sends each as a C-STORE
-        sub-operation and counts remaining/completed/failed/warning (PS3.4 C.4.2.1.5)."""
+    def _send(self, event, locations, failure):
+        """The number of sub-operations, then pending responses with the data sets;
+        pynetdicom sends each as a C-STORE sub-operation and counts
+        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 0, then its status."""
+        if failure is not None:
+            yield 0
+            yield failure, None
+            return
+        yield len(locations)
         for loc in locations:
             if event.is_cancelled:
                 yield S.CANCEL, None
@@ -288,12 +294,7 @@ class DimseServer:
 
     def _on_get(self, event):
         locations, failure = self._matches(event, _GET_MODELS)
-        if failure is not None:
-            yield 0
-            yield failure, None
-            return
-        yield len(locations)
-        yield from self._send(event, locations)
+        yield from self._send(event, locations, failure)
 
     def _on_move(self, event):
         dest = event.move_destination
@@ -309,12 +310,7 @@ class DimseServer:
         contexts = [build_context(cls, list(dict.fromkeys([ts, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian])))
                     for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
         yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title}
-        if failure is not None:
-            yield 0
-            yield failure, None
-            return
-        yield len(locations)
-        yield from self._send(event, locations)
+        yield from self._send(event, locations, failure)
 
 
 def run_forever(settings: Settings, stop: threading.Event) -> int:
