@@ -27,7 +27,7 @@ import orjson
 from pydicom import dcmread
 from pydicom import uid as U
 from pynetdicom import AE, AllStoragePresentationContexts, _config, build_context, evt
-from pynetdicom import dimse_messages
+from pynetdicom import dimse, dimse_messages
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
     PatientRootQueryRetrieveInformationModelFind,
@@ -81,7 +81,24 @@ def _file_meta_with_ae_slot(**kwargs):
     return meta
 
 
+def _receive_primitive_or_abort(self, primitive) -> None:
+    """pynetdicom decodes a P-DATA command set outside its reactor's error handling: a
+    command set that does not parse kills the association's reactor thread. Here it is
+    an invalid PDU (PS3.8 §9.2, event 19: A-ABORT), and the spool file is removed."""
+    try:
+        _receive_primitive(self, primitive)
+    except Exception as e:
+        log.warning("DIMSE message that does not parse (%s): association aborted", e)
+        _drop_partial(self.assoc)
+        self.message = None
+        self.dul.event_queue.put("Evt19")
+
+
+_receive_primitive = dimse.DIMSEServiceProvider.receive_primitive
+
+
 def _receive_into(spool: Path) -> None:
+    dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
         dimse_messages.__dict__["_NamedTemporaryFile"], dir=spool, prefix="dimse-")

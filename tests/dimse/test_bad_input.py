@@ -123,3 +123,23 @@ def test_calling_ae_allow_list(tmp_path):
         assert not ok("GOODSCU", "OTHER")
     finally:
         srv.stop()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # no dead listener thread
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_p_data_that_does_not_parse(dimse):
+    """A P-DATA-TF PDU (PS3.8 §9.3.5) inside an association whose command set is garbage:
+    the listener aborts that association and keeps serving."""
+    import struct
+
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    cx = assoc.accepted_contexts[0].context_id
+    junk = os.urandom(200)
+    pdv = struct.pack(">IBB", len(junk) + 2, cx, 0x03) + junk  # command set, last fragment
+    assoc.dul.socket.send(struct.pack(">BBI", 0x04, 0, len(pdv)) + pdv)
+    deadline = time.monotonic() + 10
+    while assoc.is_established and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not assoc.is_established  # aborted by the listener
+    assert _count(dimse) == 0
+    _still_serving(dimse)
