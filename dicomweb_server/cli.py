@@ -57,6 +57,14 @@ def _serve(args: argparse.Namespace) -> int:
         except ViewerNotInstalled as e:
             print(f"dicomweb-server: --viewer: {e}", file=sys.stderr)
             return 2
+    if settings.dimse_port and settings.dimse_peers_file:
+        from .dimse.peers import PeersError, load_peers
+
+        try:
+            load_peers(settings.dimse_peers_file)
+        except PeersError as e:
+            print(f"dicomweb-server: --dimse-peers-file: {e}", file=sys.stderr)
+            return 2
     workers = settings.effective_workers()
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)
