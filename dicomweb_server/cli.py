@@ -80,13 +80,19 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.viewer:
         print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
               file=sys.stderr, flush=True)
-    dimse = _start_dimse(settings)
-    try:
-        _run_uvicorn(uvicorn, settings, workers)
-    finally:
-        if dimse is not None:
-            dimse.terminate()
-            dimse.wait(10)
+    dimse = _start_dimse(settings)  # if this process dies, PR_SET_PDEATHSIG ends it too
+    uvicorn.run(
+        "dicomweb_server.app:create_app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers if workers > 1 else None,
+        access_log=settings.access_log,
+        log_level=settings.log_level,
+        timeout_keep_alive=30,
+        # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
+    )
+    _stop_dimse(dimse)
     return 0
 
 
@@ -112,18 +118,10 @@ def _start_dimse(settings):
     return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse"], preexec_fn=die_with_parent)
 
 
-def _run_uvicorn(uvicorn, settings, workers: int) -> None:
-    uvicorn.run(
-        "dicomweb_server.app:create_app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=workers if workers > 1 else None,
-        access_log=settings.access_log,
-        log_level=settings.log_level,
-        timeout_keep_alive=30,
-        # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
-    )
+def _stop_dimse(proc) -> None:
+    if proc is not None:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _is_loopback(host: str) -> bool:
