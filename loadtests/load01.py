@@ -117,7 +117,8 @@ def _association_worker(args) -> dict:
 
     host, port, called, step, jobs, scale, pixels = args
     ae = AE(ae_title="LOAD01")
-    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 600
+    # a stuck operation becomes an error of the step, not a hang
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 120
     ae.maximum_pdu_size = 0
     for m in MIX:
         ae.add_requested_context(m[1], [EXPLICIT_LE])
@@ -281,7 +282,7 @@ class Orthanc(Target):
     """Orthanc's DICOM server (Debian package), checked over its REST API."""
 
     @classmethod
-    def start(cls) -> "Orthanc":
+    def start(cls) -> Orthanc:
         work = Path(tempfile.mkdtemp(prefix="load01-orthanc-"))
         port, http = free_port(), free_port()
         config = {"Name": "LOAD01", "StorageDirectory": str(work / "db"), "IndexDirectory": str(work / "db"),
@@ -324,7 +325,7 @@ class StoreSCP(Target):
     """DCMTK's storescp, one child process per association (--fork), files in a folder."""
 
     @classmethod
-    def start(cls) -> "StoreSCP":
+    def start(cls) -> StoreSCP:
         work = Path(tempfile.mkdtemp(prefix="load01-storescp-"))
         (work / "out").mkdir()
         port = free_port()

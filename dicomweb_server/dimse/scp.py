@@ -26,8 +26,15 @@ from pathlib import Path
 import orjson
 from pydicom import dcmread
 from pydicom import uid as U
-from pynetdicom import AE, AllStoragePresentationContexts, _config, build_context, evt
-from pynetdicom import dimse, dimse_messages
+from pynetdicom import (
+    AE,
+    AllStoragePresentationContexts,
+    _config,
+    build_context,
+    dimse,
+    dimse_messages,
+    evt,
+)
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
     PatientRootQueryRetrieveInformationModelFind,

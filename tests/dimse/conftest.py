@@ -3,13 +3,12 @@ worker, sharing the archive, as with --index memory), and pynetdicom as the SCU.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 import httpx
 import pydicom
 import pytest
-from pynetdicom import AE, AllStoragePresentationContexts, build_context
+from pynetdicom import AE, build_context
 from pynetdicom.sop_class import Verification
 
 from tests.helpers import LiveServer, free_port
@@ -54,12 +53,3 @@ def dimse(tmp_path, request):
     with httpx.Client(base_url=srv.url, timeout=60) as client:
         yield Dimse(srv, port, client)
     srv.stop()
-
-
-def dataset_bytes(ds: pydicom.Dataset) -> bytes:
-    buf = io.BytesIO()
-    ds.save_as(buf, enforce_file_format=True)
-    return buf.getvalue()
-
-
-STORAGE = AllStoragePresentationContexts

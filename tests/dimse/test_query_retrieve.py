@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from pydicom.dataset import Dataset
 from pynetdicom import AE, StoragePresentationContexts, build_context, build_role, evt
@@ -16,9 +17,9 @@ from pynetdicom.sop_class import (
 )
 
 from dicomweb_server.dimse import status as S
-from tests.helpers import free_port, make_dataset
+from tests.helpers import LiveServer, free_port, make_dataset
 
-from .conftest import LiveServer
+from .conftest import Dimse
 
 
 @pytest.fixture
@@ -186,9 +187,6 @@ def store_scp():
 def move_dimse(tmp_path, store_scp):
     peers = tmp_path / "peers.toml"
     peers.write_text(f'[MOVEDEST]\nhost = "127.0.0.1"\nport = {store_scp[0]}\n')
-    from .conftest import Dimse
-    import httpx
-
     port = free_port()
     srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True,
                      dimse_peers_file=peers).start()

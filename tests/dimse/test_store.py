@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import io
+
 import pydicom
-import pytest
 
 from dicomweb_server.dimse import status as S
 from tests.helpers import make_dataset
@@ -23,10 +24,7 @@ def test_store_then_qido_and_wado(dimse):
     r = dimse.http.get(f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}",
                        headers={"Accept": 'multipart/related; type="application/dicom"; transfer-syntax=*'})
     assert r.status_code == 200
-    body = r.content
-    start = body.index(b"DICM") - 128
-    import io
-    got = pydicom.dcmread(io.BytesIO(body[start:]))
+    got = pydicom.dcmread(io.BytesIO(r.content[r.content.index(b"DICM") - 128:]))
     assert got.PixelData == ds.PixelData
     assert got.file_meta.SourceApplicationEntityTitle == "TESTSCU"
     assert got.file_meta.MediaStorageSOPInstanceUID == ds.SOPInstanceUID
