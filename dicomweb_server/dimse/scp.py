@@ -16,6 +16,7 @@ meta: Media Storage SOP Class/Instance UID, Transfer Syntax, Source AE Title).
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -34,7 +35,9 @@ from pynetdicom import (
     dimse,
     dimse_messages,
     evt,
+    transport,
 )
+from pynetdicom.presentation import PresentationContext
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
     PatientRootQueryRetrieveInformationModelFind,
@@ -104,7 +107,24 @@ def _receive_primitive_or_abort(self, primitive) -> None:
 _receive_primitive = dimse.DIMSEServiceProvider.receive_primitive
 
 
+def _copy_contexts(obj, memo=None):
+    """pynetdicom deep-copies the listener's presentation contexts for every association
+    (170 storage SOP classes x 16 transfer syntaxes here: ~25 ms of CPU per association,
+    most of a one-image association). A PresentationContext holds only immutable values
+    (UIDs, ints, bools) and one list of UIDs, so copying each object and that list is
+    the same copy, about 50 times faster."""
+    if isinstance(obj, list) and all(isinstance(c, PresentationContext) for c in obj):
+        out = []
+        for cx in obj:
+            c = copy.copy(cx)
+            c._transfer_syntax = list(cx._transfer_syntax)
+            out.append(c)
+        return out
+    return copy.deepcopy(obj, memo)
+
+
 def _receive_into(spool: Path) -> None:
+    transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
