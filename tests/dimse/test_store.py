@@ -28,3 +28,28 @@ def test_store_then_qido_and_wado(dimse):
     assert got.PixelData == ds.PixelData
     assert got.file_meta.SourceApplicationEntityTitle == "TESTSCU"
     assert got.file_meta.MediaStorageSOPInstanceUID == ds.SOPInstanceUID
+
+
+def test_associations_in_the_audit_log(tmp_path):
+    import json
+
+    from pynetdicom import AE
+
+    from tests.helpers import LiveServer, free_port
+
+    port, log = free_port(), tmp_path / "audit.jsonl"
+    srv = LiveServer(tmp_path / "d", "sqlite", dimse_port=port, dimse_in_worker=True, audit_log=log,
+                     dimse_allowed_aes=["GOODSCU"]).start()
+    try:
+        for calling in ("GOODSCU", "BADSCU"):
+            ae = AE(ae_title=calling)
+            ae.add_requested_context("1.2.840.10008.1.1")
+            assoc = ae.associate("127.0.0.1", port, ae_title="DICOMWEB")
+            if assoc.is_established:
+                assoc.send_c_echo()
+                assoc.release()
+    finally:
+        srv.stop()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    seen = [(r["event"], r["calling_ae"]) for r in records if r.get("protocol") == "DIMSE"]
+    assert ("accepted", "GOODSCU") in seen and ("released", "GOODSCU") in seen and ("rejected", "BADSCU") in seen
