@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -124,15 +125,15 @@ def _copy_contexts(obj, memo=None):
 
 
 def _receive_into(spool: Path) -> None:
+    """Patch pynetdicom (process-wide: one listener per process) as described above:
+    chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
+    aborts its association, a cheap copy of the presentation contexts."""
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
-        dimse_messages.__dict__["_NamedTemporaryFile"], dir=spool, prefix="dimse-")
+        tempfile.NamedTemporaryFile, dir=spool, prefix="dimse-")
     dimse_messages.create_file_meta = _file_meta_with_ae_slot  # type: ignore[attr-defined]
-
-
-dimse_messages.__dict__.setdefault("_NamedTemporaryFile", dimse_messages.NamedTemporaryFile)
 
 
 def _fill_source_ae(path: Path, ae_title: str) -> None:
