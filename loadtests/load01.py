@@ -270,7 +270,7 @@ class Ours(Target):
     def partial_files(self):
         if self.data_dir is None:
             return []
-        return [p.name for p in (self.data_dir / "tmp").iterdir()]
+        return [p.name for p in (self.data_dir / "tmp").rglob("*") if p.is_file()]
 
     def remove(self, step, stored):
         with httpx.Client(base_url=self.http, timeout=120) as c:

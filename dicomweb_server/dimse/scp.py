@@ -202,7 +202,7 @@ class DimseServer:
 
     def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port."""
-        _receive_into(self.archive.blobs.spool)
+        _receive_into(self._spool())
         handlers = [
             (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
             (evt.EVT_C_STORE, self._on_store),
@@ -226,6 +226,18 @@ class DimseServer:
 
         self._server.get_request = get_request_nodelay  # type: ignore[method-assign]
         return self._server.server_address[1]
+
+    def _spool(self) -> Path:
+        """``data/tmp/dimse``: the listener's own spool folder. Every process that opens the
+        archive empties ``data/tmp`` (``BlobStore.clean_spool``, top-level files only), and
+        the HTTP workers may start after this listener has begun receiving; in a folder of
+        its own an in-flight data set survives. There is one listener per archive, so what
+        is left here at its start is a crash's leftover."""
+        spool = self.archive.blobs.spool / "dimse"
+        spool.mkdir(exist_ok=True)
+        for p in spool.iterdir():
+            p.unlink(missing_ok=True)
+        return spool
 
     def stop(self) -> None:
         if self._server is not None:

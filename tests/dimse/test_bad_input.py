@@ -17,7 +17,8 @@ from tests.helpers import make_dataset, to_bytes
 
 
 def _spool(dimse) -> list[str]:
-    return os.listdir(Path(dimse.server.settings.data_dir) / "tmp")
+    """Files left in the spool (data/tmp and the listener's data/tmp/dimse)."""
+    return [p.name for p in (Path(dimse.server.settings.data_dir) / "tmp").rglob("*") if p.is_file()]
 
 
 def _count(dimse) -> int:
@@ -143,3 +144,31 @@ def test_p_data_that_does_not_parse(dimse):
     assert not assoc.is_established  # aborted by the listener
     assert _count(dimse) == 0
     _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_store_survives_another_process_opening_the_archive(dimse, monkeypatch):
+    """An HTTP worker starting (Archive.open empties data/tmp) while a data set is being
+    received must not delete the listener's spool file."""
+    from dicomweb_server.archive import Archive
+
+    ds = make_dataset(rows=256, columns=256)
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    monkeypatch.setattr(type(assoc.dimse), "maximum_pdu_size", property(lambda self: 16384))
+    send, sent = assoc.dul.send_pdu, []
+
+    def send_slowly(pdu):
+        sent.append(pdu)
+        if len(sent) == 5:  # the data set is half received: another process opens the archive
+            deadline = time.monotonic() + 10
+            while not _spool(dimse) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _spool(dimse), "the listener spools into data/tmp"
+            Archive.open(dimse.server.settings).close()
+        send(pdu)
+
+    assoc.dul.send_pdu = send_slowly
+    status = assoc.send_c_store(ds).Status
+    assoc.release()
+    assert status == S.SUCCESS
+    assert _count(dimse) == 1
