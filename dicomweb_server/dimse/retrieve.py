@@ -7,13 +7,12 @@ from __future__ import annotations
 from pydicom.dataset import Dataset
 
 from ..store.base import Index, InstanceLocation
-from .find import build_query, query_level, search_all
+from .find import query_level, search_all
 
 
 def matching_instances(index: Index, identifier: Dataset, model: str, max_results: int) -> list[InstanceLocation]:
     """Every stored instance under the entities the identifier matches, in index order."""
     level = query_level(identifier, model)
-    build_query(identifier, level, max_results)  # raises IdentifierError early
     out: list[InstanceLocation] = []
     seen: set[str] = set()
     for _, hit in search_all(index, identifier, level, max_results):
