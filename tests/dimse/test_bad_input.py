@@ -37,25 +37,35 @@ def _wait_empty_spool(dimse) -> None:
         time.sleep(0.05)  # the listener notices the abort on its own thread
 
 
-def test_abort_mid_dataset(dimse, monkeypatch):
-    ds = make_dataset(rows=256, columns=256)
+def _store_in_fragments(dimse, monkeypatch, on_pdu):
+    """C-STORE a 128 KB CT in many small P-DATA PDUs; ``on_pdu(n, send, assoc)`` decides
+    what happens to the n-th PDU. Returns (response, PDUs offered)."""
     assoc = dimse.associate([build_context(CTImageStorage)])
-    # many P-DATA PDUs for one data set
     monkeypatch.setattr(type(assoc.dimse), "maximum_pdu_size", property(lambda self: 16384))
     send, sent = assoc.dul.send_pdu, []
 
-    def send_some(pdu):
+    def intercept(pdu):
         sent.append(pdu)
-        if len(sent) <= 4:  # the command and the first fragments only
-            send(pdu)
-        elif len(sent) == 5:  # then the connection dies
+        on_pdu(len(sent), lambda: send(pdu), assoc)
+
+    assoc.dul.send_pdu = intercept
+    rsp = assoc.send_c_store(make_dataset(rows=256, columns=256))
+    if assoc.is_established:
+        assoc.release()
+    return rsp, len(sent)
+
+
+def test_abort_mid_dataset(dimse, monkeypatch):
+    def send_some(n, send, assoc):
+        if n <= 4:  # the command and the first fragments only
+            send()
+        elif n == 5:  # then the connection dies
             time.sleep(0.2)
             assoc.dul.socket.socket.shutdown(socket.SHUT_RDWR)
 
-    assoc.dul.send_pdu = send_some
-    rsp = assoc.send_c_store(ds)
+    rsp, sent = _store_in_fragments(dimse, monkeypatch, send_some)
     assert "Status" not in rsp
-    assert len(sent) > 5
+    assert sent > 5
     _wait_empty_spool(dimse)
     assert _spool(dimse) == []
     assert _count(dimse) == 0
@@ -152,23 +162,16 @@ def test_store_survives_another_process_opening_the_archive(dimse, monkeypatch):
     received must not delete the listener's spool file."""
     from dicomweb_server.archive import Archive
 
-    ds = make_dataset(rows=256, columns=256)
-    assoc = dimse.associate([build_context(CTImageStorage)])
-    monkeypatch.setattr(type(assoc.dimse), "maximum_pdu_size", property(lambda self: 16384))
-    send, sent = assoc.dul.send_pdu, []
-
-    def send_slowly(pdu):
-        sent.append(pdu)
-        if len(sent) == 5:  # the data set is half received: another process opens the archive
+    def send_slowly(n, send, assoc):
+        if n == 5:  # the data set is half received: another process opens the archive
             deadline = time.monotonic() + 10
             while not _spool(dimse) and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert _spool(dimse), "the listener spools into data/tmp"
             Archive.open(dimse.server.settings).close()
-        send(pdu)
+        send()
 
-    assoc.dul.send_pdu = send_slowly
-    status = assoc.send_c_store(ds).Status
-    assoc.release()
+    rsp, _ = _store_in_fragments(dimse, monkeypatch, send_slowly)
+    status = rsp.Status
     assert status == S.SUCCESS
     assert _count(dimse) == 1
