@@ -34,9 +34,12 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
 
             forwarder = Forwarder(app.state.archive.routing, app.state.archive.blobs)
             await forwarder.start()
+        dimse = _start_dimse_in_worker(app.state.archive, settings)
         try:
             yield
         finally:
+            if dimse is not None:
+                dimse.stop()
             if forwarder is not None:
                 await forwarder.stop()
             if opened:
@@ -89,6 +92,22 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     app.add_middleware(HeaderLimit, max_header_bytes=settings.max_header_bytes)
     logging.getLogger("dicomweb_server").setLevel(settings.log_level.upper())
     return app
+
+
+def _start_dimse_in_worker(archive: Archive, settings: Settings):
+    """The DIMSE listener inside this worker (the in-memory index: one process)."""
+    if not (settings.dimse_in_worker and settings.dimse_port):
+        return None
+    from .dimse.scp import DimseServer
+
+    server = DimseServer(archive, settings)
+    try:
+        server.start()
+    except OSError as e:
+        logging.getLogger("dicomweb_server.dimse").error(
+            "DIMSE listener cannot listen on %s:%s: %s", settings.host, settings.dimse_port, e)
+        return None
+    return server
 
 
 def create_app_from_env() -> FastAPI:

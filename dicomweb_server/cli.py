@@ -72,12 +72,23 @@ def _serve(args: argparse.Namespace) -> int:
         except RoutesError as e:
             print(f"dicomweb-server: --routes: {e}", file=sys.stderr)
             return 2
+    if settings.dimse_port and settings.dimse_peers_file:
+        from .dimse.peers import PeersError, load_peers
+
+        try:
+            load_peers(settings.dimse_peers_file)
+        except PeersError as e:
+            print(f"dicomweb-server: --dimse-peers-file: {e}", file=sys.stderr)
+            return 2
     workers = settings.effective_workers()
     if workers > 1:  # prometheus-client multi-process mode: /metrics sums every worker (metrics.py)
         metrics_dir = Path(settings.data_dir) / "metrics"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
+    # worker of the in-memory index (an index lives in one process)
+    settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
@@ -90,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.viewer:
         print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
               file=sys.stderr, flush=True)
+    dimse = _start_dimse(settings)  # if this process dies, PR_SET_PDEATHSIG ends it too
     uvicorn.run(
         "dicomweb_server.app:create_app_from_env",
         factory=True,
@@ -110,7 +122,36 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_worker_healthcheck=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
+    _stop_dimse(dimse)
     return 0
+
+
+def _start_dimse(settings):
+    """The DIMSE listener process (``python -m dicomweb_server.dimse``), or None when it
+    is off or runs inside the worker. It dies with this process (PR_SET_PDEATHSIG)."""
+    import subprocess
+
+    if not settings.dimse_port or settings.dimse_in_worker:
+        return None
+    print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port}",
+          file=sys.stderr, flush=True)
+
+    def die_with_parent() -> None:
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+    return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse"], preexec_fn=die_with_parent)
+
+
+def _stop_dimse(proc) -> None:
+    if proc is not None:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _is_loopback(host: str) -> bool:
@@ -329,6 +370,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--routes", dest="routes_file", help="TOML routes file: forward stored instances")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
+    serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off)")
+    serve.add_argument("--ae-title", dest="ae_title", help="this archive's AE title (default DICOMWEB)")
+    serve.add_argument("--dimse-peers-file", dest="dimse_peers_file",
+                       help="JSON/TOML of C-MOVE destinations: AE title -> {host, port}")
+    serve.add_argument("--dimse-allow-ae", dest="dimse_allowed_aes", action="append",
+                       help="accept associations only from this calling AE title (repeat; default any)")
+    serve.add_argument("--dimse-check-called-ae", dest="dimse_check_called_ae", action="store_true", default=None,
+                       help="reject associations whose called AE title is not --ae-title")
+    serve.add_argument("--dimse-max-associations", dest="dimse_max_associations", type=int)
     _add_settings_args(serve)
     serve.set_defaults(func=_serve)
 

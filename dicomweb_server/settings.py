@@ -59,6 +59,18 @@ class Settings(BaseSettings):
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
     viewer: bool = Field(False, description="serve the OHIF viewer at /viewer")
     viewer_dir: Path | None = Field(None, description="OHIF dist/ folder; default: fetched with npm into ~/.cache")
+    # the DIMSE front door (dicomweb_server/dimse/): C-ECHO, C-STORE, C-FIND, C-GET, C-MOVE
+    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns it off")
+    ae_title: str = Field("DICOMWEB", min_length=1, max_length=16, description="this archive's AE title")
+    dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port} (C-MOVE)")
+    dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; [] = any")
+    dimse_check_called_ae: bool = Field(False, description="reject associations not addressed to ae_title")
+    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations")
+    dimse_acse_timeout: float = Field(30.0, gt=0, description="association negotiation timeout (s)")
+    dimse_timeout: float = Field(60.0, gt=0, description="DIMSE message timeout (s)")
+    dimse_network_timeout: float = Field(60.0, gt=0, description="idle connection timeout (s)")
+    dimse_max_pdu: int = Field(4 * 1024**2, ge=0, description="maximum PDU received (bytes; 0 = unlimited)")
+    dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
 
     @field_validator("prefix")
     @classmethod

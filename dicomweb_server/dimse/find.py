@@ -1,0 +1,120 @@
+"""C-FIND over the QIDO-RS query model: a C-FIND identifier becomes the same
+:class:`~dicomweb_server.dicom.matching.Query` a QIDO-RS request does (same matching
+rules: wildcards, ranges, UID lists, PN case), answered by the same index.
+
+References
+----------
+PS3.4 C.4.1 (C-FIND SCP: the response identifier holds the requested keys, with
+values or zero length, plus Query/Retrieve Level and Specific Character Set),
+C.2.2.2 (matching), C.6.1 (Patient Root: PATIENT, STUDY, SERIES, IMAGE levels),
+C.6.2 (Study Root: STUDY, SERIES, IMAGE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pydicom.dataelem import DataElement
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+
+from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Level, vr_of
+from ..dicom.matching import Query, QueryError, parse_query
+from ..dicom.search_results import build_result
+from ..store.base import Index, SearchHit
+
+#: Query/Retrieve Level (0008,0052) -> the QIDO-RS level searched (PS3.4 C.6)
+LEVELS: dict[str, Level] = {"PATIENT": "study", "STUDY": "study", "SERIES": "series", "IMAGE": "instance"}
+PATIENT_KEYS = ("PatientID", "PatientName", "PatientBirthDate", "PatientSex")
+_SKIP = {0x00080052, 0x00080005}  # QueryRetrieveLevel, SpecificCharacterSet: not matching keys
+_PAGE = 1000
+
+
+class IdentifierError(ValueError):
+    """The identifier does not fit the information model (0xA900), with this message."""
+
+
+def _raw(elem: DataElement) -> str:
+    """The matching value as QIDO-RS would get it: multiple values joined by ``\\``."""
+    v = elem.value
+    if v is None:
+        return ""
+    if isinstance(v, (MultiValue, list, tuple)):
+        return "\\".join(str(x) for x in v)
+    if isinstance(v, bytes):
+        return v.decode("ascii", "replace")
+    return str(v)
+
+
+def query_level(identifier: Dataset, model: str) -> str:
+    """The identifier's QueryRetrieveLevel, checked against the model (``patient`` or ``study`` root)."""
+    level = str(identifier.get("QueryRetrieveLevel", "")).strip().upper()
+    allowed = ("PATIENT", "STUDY", "SERIES", "IMAGE") if model == "patient" else ("STUDY", "SERIES", "IMAGE")
+    if level not in allowed:
+        raise IdentifierError(f"QueryRetrieveLevel {level!r} is not one of {', '.join(allowed)}")
+    return level
+
+
+def build_query(identifier: Dataset, level: str, max_results: int, offset: int = 0) -> tuple[Query, list[int]]:
+    """The QIDO-RS query of an identifier, and the tags to return (every key in the
+    identifier, in order). Keys with a value match; empty keys are return keys.
+    A key the index cannot match on is returned only (PS3.4 C.2.2.1.1: an SCP
+    matches on the keys it supports)."""
+    qido_level = LEVELS[level]
+    # Specific Character Set always: pydicom encodes the answer values in it (PS3.4 C.4.1.1.3.2)
+    params: list[tuple[str, str]] = [("limit", str(_PAGE)), ("offset", str(offset)), ("includefield", "00080005")]
+    wanted: list[int] = []
+    for elem in identifier:
+        if elem.tag in _SKIP or elem.tag.is_private or elem.tag.group == 0x0002:
+            continue
+        wanted.append(int(elem.tag))
+        tag = f"{int(elem.tag):08X}"
+        value = _raw(elem) if elem.VR != "SQ" else ""
+        if value and tag in BY_TAG:
+            params.append((tag, value))
+        else:
+            params.append(("includefield", tag))
+    try:
+        return parse_query(qido_level, params, max_results=max(max_results, _PAGE)), wanted
+    except QueryError as e:
+        raise IdentifierError(str(e)) from None
+
+
+def search_all(index: Index, identifier: Dataset, level: str, max_results: int) -> Iterator[tuple[Query, SearchHit]]:
+    """Every match, page by page (C-FIND has no limit; pages keep memory bounded)."""
+    offset = 0
+    while True:
+        query, _ = build_query(identifier, level, max_results, offset)
+        hits = index.search(query)
+        for hit in hits:
+            yield query, hit
+        if len(hits) < query.limit:
+            return
+        offset += len(hits)
+
+
+def _response(result: dict, wanted: list[int], level: str) -> Dataset:
+    result.pop("00081190", None)  # RetrieveURL is QIDO-RS only
+    ds = Dataset.from_json({k: v for k, v in result.items() if int(k, 16) in wanted or k == SPECIFIC_CHARACTER_SET})
+    for tag in wanted:  # requested keys without a value are returned with zero length (PS3.4 C.4.1.1.3.2)
+        if tag not in ds:
+            ds.add_new(tag, vr_of(f"{tag:08X}"), None)
+    ds.QueryRetrieveLevel = level
+    return ds
+
+
+def find(index: Index, identifier: Dataset, model: str, max_results: int) -> Iterator[Dataset]:
+    """The C-FIND response identifiers of ``identifier`` (Patient or Study Root)."""
+    level = query_level(identifier, model)
+    _, wanted = build_query(identifier, level, max_results)
+    seen: set[tuple] = set()
+    for query, hit in search_all(index, identifier, level, max_results):
+        result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
+        if level == "PATIENT":  # patients are kept at the study level: one answer per patient
+            result = {k: v for k, v in result.items()
+                      if k == SPECIFIC_CHARACTER_SET or BY_TAG.get(k) is None or BY_TAG[k].keyword in PATIENT_KEYS}
+            key = tuple(str(result.get(t, "")) for t in sorted(result))
+            if key in seen:
+                continue
+            seen.add(key)
+        yield _response(result, wanted, level)

@@ -1,0 +1,390 @@
+"""The DIMSE listener: association policy and the handlers bound per event
+(pynetdicom). Verification (C-ECHO), Storage (C-STORE) and Query/Retrieve (C-FIND,
+C-GET, C-MOVE; Patient Root and Study Root) SCP.
+
+One write path: a C-STORE is streamed by pynetdicom into a file in the archive's
+spool folder (``STORE_RECV_CHUNKED_DATASET``), then handed to :meth:`Archive.store`,
+the same validation, durable placement and group commit as STOW-RS; the C-STORE-RSP
+says Success only after it returns.
+
+References
+----------
+PS3.7 §9 (DIMSE-C), PS3.4 Annex A (Verification), Annex B (Storage; B.2.3 statuses),
+Annex C (Query/Retrieve; C.4 statuses and sub-operation counts), PS3.10 §7.1 (file
+meta: Media Storage SOP Class/Instance UID, Transfer Syntax, Source AE Title).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import os
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+import orjson
+from pydicom import dcmread
+from pydicom import uid as U
+from pynetdicom import (
+    AE,
+    AllStoragePresentationContexts,
+    _config,
+    build_context,
+    dimse,
+    dimse_messages,
+    evt,
+    transport,
+)
+from pynetdicom.presentation import PresentationContext
+from pynetdicom.dsutils import create_file_meta
+from pynetdicom.sop_class import (
+    PatientRootQueryRetrieveInformationModelFind,
+    PatientRootQueryRetrieveInformationModelGet,
+    PatientRootQueryRetrieveInformationModelMove,
+    StudyRootQueryRetrieveInformationModelFind,
+    StudyRootQueryRetrieveInformationModelGet,
+    StudyRootQueryRetrieveInformationModelMove,
+    Verification,
+)
+
+from ..archive import Archive
+from ..dicom.multipart import SpooledPart
+from ..settings import Settings
+from . import status as S
+from .find import IdentifierError, find
+from .peers import Peer, load_peers
+from .retrieve import matching_instances
+
+log = logging.getLogger("dicomweb_server.dimse")
+audit_log = logging.getLogger("dicomweb_server.audit")
+
+#: The transfer syntaxes the archive's decoders know (issue 10; PS3.5 §10 and Annex A).
+TRANSFER_SYNTAXES = [
+    U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.ExplicitVRBigEndian, U.DeflatedExplicitVRLittleEndian,
+    U.JPEGBaseline8Bit, U.JPEGExtended12Bit, U.JPEGLossless, U.JPEGLosslessSV1,
+    U.JPEGLSLossless, U.JPEGLSNearLossless, U.JPEG2000Lossless, U.JPEG2000,
+    U.HTJ2KLossless, U.HTJ2KLosslessRPCL, U.HTJ2K, U.RLELossless,
+]
+_FIND_MODELS = {PatientRootQueryRetrieveInformationModelFind: "patient", StudyRootQueryRetrieveInformationModelFind: "study"}
+_GET_MODELS = {PatientRootQueryRetrieveInformationModelGet: "patient", StudyRootQueryRetrieveInformationModelGet: "study"}
+_MOVE_MODELS = {PatientRootQueryRetrieveInformationModelMove: "patient",
+                StudyRootQueryRetrieveInformationModelMove: "study"}
+
+# --- the received file: in the spool folder, with Source AE Title in its file meta --------
+#
+# pynetdicom's chunked receive writes the PS3.10 file (preamble, file meta from the
+# association, then each P-DATA fragment as it arrives) to a NamedTemporaryFile in
+# the system temp folder, without Source AE Title. Two small patches, because
+# pynetdicom has no hook for either: the file goes to the archive's spool folder (same
+# filesystem: stored by a hard link, never copied), and the file meta carries a
+# 16-byte Source AE Title slot that the C-STORE handler fills with the calling AE
+# title in place (same length: the group length stays right).
+_AE_SLOT = "-" * 16
+_AE_SLOT_BYTES = b"\x02\x00\x16\x00AE\x10\x00" + _AE_SLOT.encode()
+
+
+def _file_meta_with_ae_slot(**kwargs):
+    meta = create_file_meta(**kwargs)
+    meta.SourceApplicationEntityTitle = _AE_SLOT
+    return meta
+
+
+def _receive_primitive_or_abort(self, primitive) -> None:
+    """pynetdicom decodes a P-DATA command set outside its reactor's error handling: a
+    command set that does not parse kills the association's reactor thread. Here it is
+    an invalid PDU (PS3.8 §9.2, event 19: A-ABORT), and the spool file is removed."""
+    try:
+        _receive_primitive(self, primitive)
+    except Exception as e:
+        log.warning("DIMSE message that does not parse (%s): association aborted", e)
+        _drop_partial(self.assoc)
+        self.message = None
+        self.dul.event_queue.put("Evt19")
+
+
+_receive_primitive = dimse.DIMSEServiceProvider.receive_primitive
+
+
+def _copy_contexts(obj, memo=None):
+    """pynetdicom deep-copies the listener's presentation contexts for every association
+    (170 storage SOP classes x 16 transfer syntaxes here: ~25 ms of CPU per association,
+    most of a one-image association). A PresentationContext holds only immutable values
+    (UIDs, ints, bools) and one list of UIDs, so copying each object and that list is
+    the same copy, about 50 times faster."""
+    if isinstance(obj, list) and all(isinstance(c, PresentationContext) for c in obj):
+        out = []
+        for cx in obj:
+            c = copy.copy(cx)
+            c._transfer_syntax = list(cx._transfer_syntax)
+            out.append(c)
+        return out
+    return copy.deepcopy(obj, memo)
+
+
+def _receive_into(spool: Path) -> None:
+    """Patch pynetdicom (process-wide: one listener per process) as described above:
+    chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
+    aborts its association, a cheap copy of the presentation contexts."""
+    transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
+    dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
+    _config.STORE_RECV_CHUNKED_DATASET = True
+    dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
+        tempfile.NamedTemporaryFile, dir=spool, prefix="dimse-")
+    dimse_messages.create_file_meta = _file_meta_with_ae_slot  # type: ignore[attr-defined]
+
+
+def _fill_source_ae(path: Path, ae_title: str) -> None:
+    with open(path, "r+b") as f:
+        head = f.read(4096)
+        at = head.find(_AE_SLOT_BYTES)
+        if at < 0:
+            return
+        f.seek(at + len(_AE_SLOT_BYTES) - 16)
+        f.write(ae_title.strip().encode("ascii", "replace")[:16].ljust(16))
+
+
+def _drop_partial(assoc) -> None:
+    """Remove the spool file of a C-STORE data set the association did not finish
+    (aborted or closed mid data set): nothing is left in the spool."""
+    msg = getattr(getattr(assoc, "dimse", None), "message", None)
+    f = getattr(msg, "_data_set_file", None)
+    if f is None:
+        return
+    try:
+        f.close()
+        os.unlink(f.name)
+    except OSError:
+        pass
+
+
+def _status(code: int, comment: str | None = None):
+    from pydicom.dataset import Dataset
+
+    ds = Dataset()
+    ds.Status = code
+    if comment:
+        ds.ErrorComment = comment.encode("ascii", "replace").decode()[:64]
+    return ds
+
+
+class DimseServer:
+    """The listener of one archive; :meth:`start` returns once it accepts associations."""
+
+    def __init__(self, archive: Archive, settings: Settings | None = None) -> None:
+        self.archive = archive
+        self.settings = settings or archive.settings
+        self.peers: dict[str, Peer] = load_peers(self.settings.dimse_peers_file)
+        self.ae = self._make_ae()
+        self._server = None
+
+    # --- association policy (kept out of the handlers) ----------------------------------
+
+    def _make_ae(self) -> AE:
+        s = self.settings
+        ae = AE(ae_title=s.ae_title)
+        ae.maximum_associations = s.dimse_max_associations
+        ae.acse_timeout = s.dimse_acse_timeout
+        ae.dimse_timeout = s.dimse_timeout
+        ae.network_timeout = s.dimse_network_timeout
+        ae.maximum_pdu_size = s.dimse_max_pdu
+        ae.require_called_aet = s.dimse_check_called_ae
+        ae.require_calling_aet = list(s.dimse_allowed_aes)
+        ae.add_supported_context(Verification)
+        for cx in AllStoragePresentationContexts:
+            # scp_role: a C-GET requestor is the Storage SCP on this association (PS3.7 D.3.3.4)
+            ae.add_supported_context(cx.abstract_syntax, TRANSFER_SYNTAXES, scu_role=True, scp_role=True)
+        for model in (*_FIND_MODELS, *_GET_MODELS, *_MOVE_MODELS):
+            ae.add_supported_context(model)
+        return ae
+
+    def start(self, host: str | None = None, port: int | None = None) -> int:
+        """Start listening (threads: one per association); returns the bound port."""
+        _receive_into(self._spool())
+        handlers = [
+            (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
+            (evt.EVT_C_STORE, self._on_store),
+            (evt.EVT_C_FIND, self._on_find),
+            (evt.EVT_C_GET, self._on_get),
+            (evt.EVT_C_MOVE, self._on_move),
+            (evt.EVT_ABORTED, self._on_abort),
+            (evt.EVT_CONN_CLOSE, self._on_close),
+            (evt.EVT_ACCEPTED, self._audit),
+            (evt.EVT_REJECTED, self._audit),
+            (evt.EVT_RELEASED, self._audit),
+        ]
+        address = (host or self.settings.host, self.settings.dimse_port if port is None else port)
+        self._server = self.ae.start_server(address, block=False, evt_handlers=handlers)
+        get_request = self._server.get_request
+
+        def get_request_nodelay():  # request/response traffic: no Nagle delay (lessons.md, DCMTK)
+            sock, addr = get_request()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock, addr
+
+        self._server.get_request = get_request_nodelay  # type: ignore[method-assign]
+        return self._server.server_address[1]
+
+    def _spool(self) -> Path:
+        """``data/tmp/dimse``: the listener's own spool folder. Every process that opens the
+        archive empties ``data/tmp`` (``BlobStore.clean_spool``, top-level files only), and
+        the HTTP workers may start after this listener has begun receiving; in a folder of
+        its own an in-flight data set survives. There is one listener per archive, so what
+        is left here at its start is a crash's leftover."""
+        spool = self.archive.blobs.spool / "dimse"
+        spool.mkdir(exist_ok=True)
+        for p in spool.iterdir():
+            p.unlink(missing_ok=True)
+        return spool
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+
+    # --- audit ----------------------------------------------------------------------------
+
+    def _audit(self, event) -> None:
+        assoc = event.assoc
+        record = {
+            "event": event.event.name.removeprefix("EVT_").lower(),
+            "protocol": "DIMSE",
+            "calling_ae": assoc.requestor.ae_title,
+            "called_ae": assoc.acceptor.ae_title,
+            "peer": f"{assoc.requestor.address}:{assoc.requestor.port}",
+        }
+        log.info("association %s: %s -> %s from %s", record["event"], record["calling_ae"], record["called_ae"],
+                 record["peer"])
+        audit_log.info(orjson.dumps(record).decode())
+
+    def _on_abort(self, event) -> None:
+        _drop_partial(event.assoc)
+        self._audit(event)
+
+    def _on_close(self, event) -> None:
+        _drop_partial(event.assoc)
+
+    # --- C-STORE (PS3.4 B.2) --------------------------------------------------------------
+
+    def _on_store(self, event):
+        path = Path(event.dataset_path)
+        try:
+            _fill_source_ae(path, event.assoc.requestor.ae_title)
+            part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
+            outcome = self.archive.store([part])
+        except Exception as e:  # never a dead association thread: a failure status instead
+            log.exception("C-STORE failed")
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return _status(S.PROCESSING_FAILURE, f"processing failure: {e}")
+        if outcome.stored:
+            return S.SUCCESS
+        failed = outcome.failed[0]
+        log.warning("C-STORE from %s failed: %s", event.assoc.requestor.ae_title, failed.message)
+        return _status(S.store_status(failed.reason), failed.message)
+
+    # --- C-FIND (PS3.4 C.4.1) -------------------------------------------------------------
+
+    def _identifier(self, event):
+        try:
+            return event.identifier
+        except Exception:  # the identifier does not decode
+            return None
+
+    def _on_find(self, event):
+        model = _FIND_MODELS.get(event.request.AffectedSOPClassUID)
+        identifier = self._identifier(event)
+        if model is None or identifier is None:
+            yield _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
+            return
+        try:
+            for ds in find(self.archive.index, identifier, model, self.settings.max_results):
+                if event.is_cancelled:
+                    yield S.CANCEL, None
+                    return
+                yield S.PENDING, ds
+        except IdentifierError as e:
+            yield _status(S.QR_IDENTIFIER_MISMATCH, str(e)), None
+        except Exception as e:
+            log.exception("C-FIND failed")
+            yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
+
+    # --- C-GET and C-MOVE (PS3.4 C.4.2, C.4.3) --------------------------------------------
+
+    def _matches(self, event, models):
+        """(locations, None) or (None, failure status)."""
+        model = models.get(event.request.AffectedSOPClassUID)
+        identifier = self._identifier(event)
+        if model is None or identifier is None:
+            return None, _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded")
+        try:
+            return matching_instances(self.archive.index, identifier, model, self.settings.max_results), None
+        except IdentifierError as e:
+            return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
+        except Exception as e:
+            log.exception("C-GET/C-MOVE matching failed")
+            return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
+
+    def _send(self, event, locations, failure):
+        """The number of sub-operations, then pending responses with the data sets;
+        pynetdicom sends each as a C-STORE sub-operation and counts
+        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 0, then its status."""
+        if failure is not None:
+            yield 0
+            yield failure, None
+            return
+        yield len(locations)
+        for loc in locations:
+            if event.is_cancelled:
+                yield S.CANCEL, None
+                return
+            try:
+                ds = dcmread(self.archive.blobs.resolve(loc.path))
+            except Exception as e:  # a file gone since the match: that sub-operation fails
+                log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
+                ds = None
+            yield S.PENDING, ds
+
+    def _on_get(self, event):
+        locations, failure = self._matches(event, _GET_MODELS)
+        yield from self._send(event, locations, failure)
+
+    def _on_move(self, event):
+        dest = event.move_destination
+        dest = (dest.decode("ascii", "replace") if isinstance(dest, bytes) else str(dest)).strip()
+        peer = self.peers.get(dest)
+        if peer is None:
+            log.warning("C-MOVE to unknown destination %r", dest)
+            yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
+            return
+        locations, failure = self._matches(event, _MOVE_MODELS)
+        # propose only what will be sent: the stored SOP classes and transfer syntaxes (<= 128 contexts)
+        pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
+        contexts = [build_context(cls, list(dict.fromkeys([ts, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian])))
+                    for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
+        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title}
+        yield from self._send(event, locations, failure)
+
+
+def run_forever(settings: Settings, stop: threading.Event) -> int:
+    """The listener as a process (started by ``dicomweb-server serve``): opens the
+    archive, listens until ``stop`` is set."""
+    archive = Archive.open(settings)
+    server = DimseServer(archive, settings)
+    try:
+        port = server.start()
+    except OSError as e:
+        log.error("DIMSE listener cannot listen on %s:%s: %s", settings.host, settings.dimse_port, e)
+        archive.close()
+        return 1
+    log.warning("DIMSE listener %s at %s:%d", settings.ae_title, settings.host, port)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        archive.close()
+    return 0

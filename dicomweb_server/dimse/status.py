@@ -1,0 +1,42 @@
+"""DIMSE status values this archive sends, named as the standard names them.
+
+References
+----------
+PS3.7 Annex C (general status: 0x0000 success, 0x0110 processing failure, 0x0111
+duplicate SOP instance, 0x0122 SOP class not supported), PS3.4 B.2.3 (Storage SCP:
+0xA7xx out of resources, 0xA9xx data set does not match SOP Class, 0xCxxx cannot
+understand), PS3.4 C.4.1.1.4 (C-FIND), C.4.2.1.5 (C-MOVE), C.4.3.1.4 (C-GET).
+"""
+
+from __future__ import annotations
+
+from ..dicom.status import FailureReason
+
+SUCCESS = 0x0000
+PENDING = 0xFF00  # C-FIND/C-GET/C-MOVE: matches/sub-operations are continuing (PS3.4 C.4)
+CANCEL = 0xFE00  # matching/sub-operations terminated due to a C-CANCEL (PS3.4 C.4)
+PROCESSING_FAILURE = 0x0110  # PS3.7 C
+DUPLICATE_SOP_INSTANCE = 0x0111  # PS3.7 C
+
+# Storage SCP (PS3.4 B.2.3)
+STORE_OUT_OF_RESOURCES = 0xA700
+STORE_DATASET_MISMATCH = 0xA900
+STORE_CANNOT_UNDERSTAND = 0xC000
+
+# Query/Retrieve SCP (PS3.4 C.4.1.1.4, C.4.2.1.5, C.4.3.1.4)
+QR_OUT_OF_RESOURCES = 0xA700  # C-FIND: refused, out of resources
+QR_OUT_OF_RESOURCES_MATCHES = 0xA701  # C-MOVE/C-GET: unable to calculate number of matches
+QR_OUT_OF_RESOURCES_SUBOPS = 0xA702  # C-MOVE/C-GET: unable to perform sub-operations
+QR_MOVE_DESTINATION_UNKNOWN = 0xA801  # C-MOVE
+QR_IDENTIFIER_MISMATCH = 0xA900  # identifier does not match SOP Class
+QR_UNABLE_TO_PROCESS = 0xC000  # failed: unable to process
+QR_SUBOPS_WARNING = 0xB000  # sub-operations complete, one or more failures or warnings
+
+
+def store_status(reason: FailureReason) -> int:
+    """C-STORE-RSP status of an archive failure: the STOW-RS FailureReason values are
+    the PS3.4 B.2.3 / PS3.7 C statuses already (0xC409 is STOW-RS only: never raised
+    here, since a C-STORE names no study)."""
+    if reason is FailureReason.STUDY_UID_MISMATCH:
+        return STORE_DATASET_MISMATCH
+    return int(reason)

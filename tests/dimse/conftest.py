@@ -1,0 +1,55 @@
+"""A live archive with its DIMSE listener on free ports (the listener runs inside the
+worker, sharing the archive, as with --index memory), and pynetdicom as the SCU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import pydicom
+import pytest
+from pynetdicom import AE, build_context
+from pynetdicom.sop_class import Verification
+
+from tests.helpers import LiveServer, free_port
+
+AET = "DICOMWEB"
+
+
+@dataclass
+class Dimse:
+    server: LiveServer
+    port: int
+    http: httpx.Client
+
+    def associate(self, contexts=None, ae_title="TESTSCU", **kwargs):
+        ae = AE(ae_title=ae_title)
+        ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 30
+        for cx in contexts or [build_context(Verification)]:
+            ae.add_requested_context(cx.abstract_syntax, cx.transfer_syntax)
+        assoc = ae.associate("127.0.0.1", self.port, ae_title=AET, **kwargs)
+        assert assoc.is_established, "association rejected"
+        return assoc
+
+    def store(self, datasets, ae_title="TESTSCU") -> list[int]:
+        """C-STORE each data set (or file path) on one association; the statuses."""
+        classes = {}
+        for ds in datasets:
+            d = pydicom.dcmread(ds, stop_before_pixels=True) if not isinstance(ds, pydicom.Dataset) else ds
+            classes.setdefault(str(d.SOPClassUID), set()).add(str(d.file_meta.TransferSyntaxUID))
+        contexts = [build_context(c, sorted(ts)) for c, ts in classes.items()]
+        assoc = self.associate(contexts[:128], ae_title=ae_title)
+        try:
+            return [int(assoc.send_c_store(ds).Status) for ds in datasets]
+        finally:
+            assoc.release()
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def dimse(tmp_path, request):
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", request.param, dimse_port=port, dimse_in_worker=True,
+                     dimse_peers_file=None).start()
+    with httpx.Client(base_url=srv.url, timeout=60) as client:
+        yield Dimse(srv, port, client)
+    srv.stop()

@@ -1,0 +1,177 @@
+"""Bad input over DIMSE fails that operation, leaves nothing in the spool or the
+index, and the listener keeps serving (issue 10; PS3.4 B.2.3 statuses)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from pynetdicom import _config, build_context
+from pynetdicom.sop_class import CTImageStorage
+
+from dicomweb_server.dimse import status as S
+from tests.helpers import make_dataset, to_bytes
+
+
+def _spool(dimse) -> list[str]:
+    """Files left in the spool (data/tmp and the listener's data/tmp/dimse)."""
+    return [p.name for p in (Path(dimse.server.settings.data_dir) / "tmp").rglob("*") if p.is_file()]
+
+
+def _count(dimse) -> int:
+    return len(dimse.http.get("/instances").json())
+
+
+def _still_serving(dimse) -> None:
+    ds = make_dataset()
+    assert dimse.store([ds]) == [S.SUCCESS]
+    assert _spool(dimse) == []
+
+
+def _wait_empty_spool(dimse) -> None:
+    deadline = time.monotonic() + 10
+    while _spool(dimse) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the listener notices the abort on its own thread
+
+
+def _store_in_fragments(dimse, monkeypatch, on_pdu):
+    """C-STORE a 128 KB CT in many small P-DATA PDUs; ``on_pdu(n, send, assoc)`` decides
+    what happens to the n-th PDU. Returns (response, PDUs offered)."""
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    monkeypatch.setattr(type(assoc.dimse), "maximum_pdu_size", property(lambda self: 16384))
+    send, sent = assoc.dul.send_pdu, []
+
+    def intercept(pdu):
+        sent.append(pdu)
+        on_pdu(len(sent), lambda: send(pdu), assoc)
+
+    assoc.dul.send_pdu = intercept
+    rsp = assoc.send_c_store(make_dataset(rows=256, columns=256))
+    if assoc.is_established:
+        assoc.release()
+    return rsp, len(sent)
+
+
+def test_abort_mid_dataset(dimse, monkeypatch):
+    def send_some(n, send, assoc):
+        if n <= 4:  # the command and the first fragments only
+            send()
+        elif n == 5:  # then the connection dies
+            time.sleep(0.2)
+            assoc.dul.socket.socket.shutdown(socket.SHUT_RDWR)
+
+    rsp, sent = _store_in_fragments(dimse, monkeypatch, send_some)
+    assert "Status" not in rsp
+    assert sent > 5
+    _wait_empty_spool(dimse)
+    assert _spool(dimse) == []
+    assert _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_dataset_without_uids(dimse):
+    ds = make_dataset()
+    del ds.StudyInstanceUID, ds.SeriesInstanceUID
+    assert dimse.store([ds]) == [S.STORE_DATASET_MISMATCH]
+    assert _spool(dimse) == [] and _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_dataset_that_does_not_parse(dimse, tmp_path, monkeypatch):
+    good = to_bytes(make_dataset())
+    bad = tmp_path / "bad.dcm"
+    meta_end = good.index(b"\x08\x00")  # the file meta, then garbage instead of the data set
+    bad.write_bytes(good[:meta_end] + b"\x08\x00\x16\x00UI\x00\x10" + b"1.2.3")  # length beyond the end
+    monkeypatch.setattr(_config, "STORE_SEND_CHUNKED_DATASET", True)
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    status = assoc.send_c_store(bad).Status
+    assoc.release()
+    # the archive's describe_instance (as for STOW-RS) reads what it can: no UIDs -> 0xA900
+    assert status in (S.STORE_CANNOT_UNDERSTAND, S.STORE_DATASET_MISMATCH)
+    assert _spool(dimse) == [] and _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_garbage_on_the_port(dimse):
+    for junk in (os.urandom(5000), b"\x04\x00\x00\x00\xff\xff\xff\xff" + os.urandom(100)):
+        with socket.create_connection(("127.0.0.1", dimse.port), timeout=10) as s:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+            try:
+                while s.recv(4096):
+                    pass
+            except OSError:
+                pass
+    _still_serving(dimse)
+
+
+def test_calling_ae_allow_list(tmp_path):
+    from pynetdicom import AE
+
+    from tests.helpers import LiveServer, free_port
+
+    port = free_port()
+    srv = LiveServer(tmp_path / "d2", "sqlite", dimse_port=port, dimse_in_worker=True,
+                     dimse_allowed_aes=["GOODSCU"], dimse_check_called_ae=True).start()
+    try:
+        def ok(calling, called):
+            ae = AE(ae_title=calling)
+            ae.add_requested_context("1.2.840.10008.1.1")
+            a = ae.associate("127.0.0.1", port, ae_title=called)
+            est = a.is_established
+            if est:
+                a.release()
+            return est
+
+        assert ok("GOODSCU", "DICOMWEB")
+        assert not ok("BADSCU", "DICOMWEB")
+        assert not ok("GOODSCU", "OTHER")
+    finally:
+        srv.stop()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # no dead listener thread
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_p_data_that_does_not_parse(dimse):
+    """A P-DATA-TF PDU (PS3.8 §9.3.5) inside an association whose command set is garbage:
+    the listener aborts that association and keeps serving."""
+    import struct
+
+    assoc = dimse.associate([build_context(CTImageStorage)])
+    cx = assoc.accepted_contexts[0].context_id
+    junk = os.urandom(200)
+    pdv = struct.pack(">IBB", len(junk) + 2, cx, 0x03) + junk  # command set, last fragment
+    assoc.dul.socket.send(struct.pack(">BBI", 0x04, 0, len(pdv)) + pdv)
+    deadline = time.monotonic() + 10
+    while assoc.is_established and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not assoc.is_established  # aborted by the listener
+    assert _count(dimse) == 0
+    _still_serving(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_store_survives_another_process_opening_the_archive(dimse, monkeypatch):
+    """An HTTP worker starting (Archive.open empties data/tmp) while a data set is being
+    received must not delete the listener's spool file."""
+    from dicomweb_server.archive import Archive
+
+    def send_slowly(n, send, assoc):
+        if n == 5:  # the data set is half received: another process opens the archive
+            deadline = time.monotonic() + 10
+            while not _spool(dimse) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _spool(dimse), "the listener spools into data/tmp"
+            Archive.open(dimse.server.settings).close()
+        send()
+
+    rsp, _ = _store_in_fragments(dimse, monkeypatch, send_slowly)
+    status = rsp.Status
+    assert status == S.SUCCESS
+    assert _count(dimse) == 1

@@ -1,0 +1,212 @@
+"""C-FIND answers equal QIDO-RS answers for the same keys at each level (Patient and
+Study Root), and C-GET / C-MOVE deliver an instance, a series and a study (PS3.4 C.4)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from pydicom.dataset import Dataset
+from pynetdicom import AE, StoragePresentationContexts, build_context, build_role, evt
+from pynetdicom.sop_class import (
+    PatientRootQueryRetrieveInformationModelFind,
+    StudyRootQueryRetrieveInformationModelFind,
+    StudyRootQueryRetrieveInformationModelGet,
+    StudyRootQueryRetrieveInformationModelMove,
+)
+
+from dicomweb_server.dimse import status as S
+from tests.helpers import LiveServer, free_port, make_dataset
+
+from .conftest import Dimse
+
+
+@pytest.fixture
+def archive_data(dimse):
+    """Two patients; study A with two series (2 + 1 instances), study B with one."""
+    a, b = "1.2.826.0.1.3680043.8.498.1", "1.2.826.0.1.3680043.8.498.2"
+    sa1, sa2, sb1 = a + ".1", a + ".2", b + ".1"
+    dss = [make_dataset(study=a, series=sa1, PatientID="PQR1", PatientName="Doe^Jane", StudyDate="20240301",
+                        AccessionNumber="ACC1", InstanceNumber=i) for i in (1, 2)]
+    dss.append(make_dataset(study=a, series=sa2, modality="MR", sop_class="1.2.840.10008.5.1.4.1.1.4",
+                            PatientID="PQR1", PatientName="Doe^Jane", StudyDate="20240301", AccessionNumber="ACC1"))
+    dss.append(make_dataset(study=b, series=sb1, PatientID="PQR2", PatientName="Roe^Rick", StudyDate="20231105",
+                            AccessionNumber="ACC2"))
+    assert dimse.store(dss) == [S.SUCCESS] * 4
+    return dss
+
+
+def _find(dimse, model, keys: dict) -> list[Dataset]:
+    ident = Dataset()
+    for k, v in keys.items():
+        setattr(ident, k, v)
+    assoc = dimse.associate([build_context(model)])
+    try:
+        out = []
+        for status, answer in assoc.send_c_find(ident, model):
+            assert status is not None
+            if status.Status == S.PENDING:
+                out.append(answer)
+            else:
+                assert status.Status == S.SUCCESS, hex(status.Status)
+        return out
+    finally:
+        assoc.release()
+
+
+def _qido_values(item: dict, tag: str):
+    v = item.get(tag, {}).get("Value")
+    if not v:
+        return None
+    v = [x["Alphabetic"] if isinstance(x, dict) else x for x in v]
+    return v[0] if len(v) == 1 else v
+
+
+def _value(ds: Dataset, kw: str):
+    v = ds.get(kw)
+    if v is None or v == "" or v == []:
+        return None
+    if isinstance(v, (list, tuple)) or type(v).__name__ == "MultiValue":
+        return [str(x) for x in v] if len(v) > 1 else str(v[0])
+    return str(v) if not isinstance(v, int) else v
+
+
+CASES = [
+    # (level, C-FIND keys (empty = return key), QIDO-RS path, QIDO-RS params)
+    ("STUDY", {"PatientName": "doe*", "StudyInstanceUID": "", "StudyDate": "", "AccessionNumber": "",
+               "ModalitiesInStudy": "", "NumberOfStudyRelatedInstances": ""}, "/studies", {"PatientName": "doe*"}),
+    ("STUDY", {"StudyDate": "20240101-20241231", "StudyInstanceUID": "", "PatientID": ""}, "/studies",
+     {"StudyDate": "20240101-20241231"}),
+    ("SERIES", {"StudyInstanceUID": "1.2.826.0.1.3680043.8.498.1", "SeriesInstanceUID": "", "Modality": "MR",
+                "NumberOfSeriesRelatedInstances": ""}, "/studies/1.2.826.0.1.3680043.8.498.1/series",
+     {"Modality": "MR"}),
+    ("IMAGE", {"StudyInstanceUID": "1.2.826.0.1.3680043.8.498.1", "SeriesInstanceUID": "1.2.826.0.1.3680043.8.498.1.1",
+               "SOPInstanceUID": "", "InstanceNumber": "", "SOPClassUID": ""},
+     "/studies/1.2.826.0.1.3680043.8.498.1/series/1.2.826.0.1.3680043.8.498.1.1/instances", {}),
+]
+
+
+@pytest.mark.parametrize("level,keys,path,params", CASES)
+def test_find_equals_qido(dimse, archive_data, level, keys, path, params):
+    answers = _find(dimse, StudyRootQueryRetrieveInformationModelFind, {"QueryRetrieveLevel": level, **keys})
+    qido = dimse.http.get(path, params=params).json()
+    assert answers and len(answers) == len(qido)
+    from pydicom.datadict import tag_for_keyword
+
+    got = sorted(json.dumps({k: _value(a, k) for k in keys}, sort_keys=True) for a in answers)
+    want = sorted(json.dumps({k: _qido_values(q, f"{tag_for_keyword(k):08X}") for k in keys}, sort_keys=True)
+                  for q in qido)
+    assert got == want
+    for a in answers:  # only the requested keys, plus QueryRetrieveLevel and SpecificCharacterSet
+        assert {e.keyword for e in a} <= set(keys) | {"QueryRetrieveLevel", "SpecificCharacterSet"}
+        assert a.QueryRetrieveLevel == level
+
+
+def test_patient_root_levels(dimse, archive_data):
+    model = PatientRootQueryRetrieveInformationModelFind
+    patients = _find(dimse, model, {"QueryRetrieveLevel": "PATIENT", "PatientID": "PQR*", "PatientName": ""})
+    assert sorted((p.PatientID, str(p.PatientName)) for p in patients) == [("PQR1", "Doe^Jane"), ("PQR2", "Roe^Rick")]
+    studies = _find(dimse, model, {"QueryRetrieveLevel": "STUDY", "PatientID": "PQR1", "StudyInstanceUID": ""})
+    assert [s.StudyInstanceUID for s in studies] == ["1.2.826.0.1.3680043.8.498.1"]
+
+
+def test_find_bad_level(dimse, archive_data):
+    ident = Dataset()
+    ident.QueryRetrieveLevel = "FRAME"
+    assoc = dimse.associate([build_context(StudyRootQueryRetrieveInformationModelFind)])
+    statuses = [s.Status for s, _ in assoc.send_c_find(ident, StudyRootQueryRetrieveInformationModelFind)]
+    assoc.release()
+    assert statuses == [S.QR_IDENTIFIER_MISMATCH]
+
+
+def _ident(level, **uids) -> Dataset:
+    ds = Dataset()
+    ds.QueryRetrieveLevel = level
+    for k, v in uids.items():
+        setattr(ds, k, v)
+    return ds
+
+
+RETRIEVES = [  # (identifier, expected instance indexes of archive_data)
+    (lambda d: _ident("IMAGE", StudyInstanceUID=d[0].StudyInstanceUID, SeriesInstanceUID=d[0].SeriesInstanceUID,
+                      SOPInstanceUID=d[1].SOPInstanceUID), [1]),
+    (lambda d: _ident("SERIES", StudyInstanceUID=d[0].StudyInstanceUID, SeriesInstanceUID=d[0].SeriesInstanceUID),
+     [0, 1]),
+    (lambda d: _ident("STUDY", StudyInstanceUID=d[0].StudyInstanceUID), [0, 1, 2]),
+]
+
+
+@pytest.mark.parametrize("make,expected", RETRIEVES)
+def test_get(dimse, archive_data, make, expected):
+    received: list[Dataset] = []
+
+    def on_store(event):
+        received.append(event.dataset)
+        return 0x0000
+
+    ae = AE(ae_title="GETSCU")
+    ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
+    classes = sorted({str(d.SOPClassUID) for d in archive_data})
+    for c in classes:
+        ae.add_requested_context(c)
+    roles = [build_role(c, scp_role=True) for c in classes]
+    assoc = ae.associate("127.0.0.1", dimse.port, ae_title="DICOMWEB", ext_neg=roles,
+                         evt_handlers=[(evt.EVT_C_STORE, on_store)])
+    assert assoc.is_established
+    responses = list(assoc.send_c_get(make(archive_data), StudyRootQueryRetrieveInformationModelGet))
+    assoc.release()
+    final = responses[-1][0]
+    assert final.Status == S.SUCCESS
+    assert final.NumberOfCompletedSuboperations == len(expected)
+    assert final.NumberOfFailedSuboperations == 0
+    assert sorted(d.SOPInstanceUID for d in received) == sorted(archive_data[i].SOPInstanceUID for i in expected)
+    by_uid = {d.SOPInstanceUID: d for d in archive_data}
+    for d in received:
+        assert d.PixelData == by_uid[d.SOPInstanceUID].PixelData
+
+
+@pytest.fixture
+def store_scp():
+    """A Storage SCP the archive C-MOVEs to (AE MOVEDEST)."""
+    received: list[Dataset] = []
+
+    def on_store(event):
+        received.append(event.dataset)
+        return 0x0000
+
+    ae = AE(ae_title="MOVEDEST")
+    ae.supported_contexts = StoragePresentationContexts
+    port = free_port()
+    server = ae.start_server(("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)])
+    yield port, received
+    server.shutdown()
+
+
+@pytest.fixture
+def move_dimse(tmp_path, store_scp):
+    peers = tmp_path / "peers.toml"
+    peers.write_text(f'[MOVEDEST]\nhost = "127.0.0.1"\nport = {store_scp[0]}\n')
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True,
+                     dimse_peers_file=peers).start()
+    with httpx.Client(base_url=srv.url, timeout=60) as client:
+        yield Dimse(srv, port, client)
+    srv.stop()
+
+
+@pytest.mark.parametrize("make,expected", RETRIEVES)
+def test_move(move_dimse, store_scp, make, expected):
+    dss = [make_dataset(study="1.2.826.0.1.3680043.8.498.1", series="1.2.826.0.1.3680043.8.498.1.1")
+           for _ in range(2)]
+    dss.append(make_dataset(study="1.2.826.0.1.3680043.8.498.1", series="1.2.826.0.1.3680043.8.498.1.2"))
+    assert move_dimse.store(dss) == [0, 0, 0]
+    assoc = move_dimse.associate([build_context(StudyRootQueryRetrieveInformationModelMove)])
+    responses = list(assoc.send_c_move(make(dss), "MOVEDEST", StudyRootQueryRetrieveInformationModelMove))
+    final = responses[-1][0]
+    assert final.Status == S.SUCCESS
+    assert final.NumberOfCompletedSuboperations == len(expected)
+    assert sorted(d.SOPInstanceUID for d in store_scp[1]) == sorted(dss[i].SOPInstanceUID for i in expected)
+    unknown = list(assoc.send_c_move(make(dss), "NOSUCHAE", StudyRootQueryRetrieveInformationModelMove))
+    assoc.release()
+    assert unknown[-1][0].Status == S.QR_MOVE_DESTINATION_UNKNOWN

@@ -1,0 +1,50 @@
+"""``dicomweb-server serve --dimse-port``: the listener beside the uvicorn workers
+(its own process with SQLite; inside the one worker with the in-memory index)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from pynetdicom import AE
+from pynetdicom.sop_class import CTImageStorage
+
+from tests.helpers import free_port, make_dataset
+
+
+@pytest.mark.parametrize("index", ["sqlite", "memory"])
+def test_serve_with_dimse(tmp_path, index):
+    port, dport = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"), "--index", index,
+         "--port", str(port), "--dimse-port", str(dport), "--ae-title", "ARCHIVE1", "--workers", "1"],
+        env={**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ae = AE(ae_title="SERVESCU")
+        ae.add_requested_context(CTImageStorage)
+        deadline = time.monotonic() + 30
+        while True:
+            assoc = ae.associate("127.0.0.1", dport, ae_title="ARCHIVE1")
+            if assoc.is_established:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        ds = make_dataset(PatientID="SERVE1")
+        assert assoc.send_c_store(ds).Status == 0
+        assoc.release()
+        while True:
+            try:
+                hits = httpx.get(f"http://127.0.0.1:{port}/instances", params={"PatientID": "SERVE1"}).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert [h["00080018"]["Value"][0] for h in hits] == [ds.SOPInstanceUID]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)

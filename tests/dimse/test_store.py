@@ -1,0 +1,55 @@
+"""C-ECHO and C-STORE (PS3.4 Annexes A, B): one write path with STOW-RS."""
+
+from __future__ import annotations
+
+import io
+
+import pydicom
+
+from dicomweb_server.dimse import status as S
+from tests.helpers import make_dataset
+
+
+def test_echo(dimse):
+    assoc = dimse.associate()
+    assert assoc.send_c_echo().Status == S.SUCCESS
+    assoc.release()
+
+
+def test_store_then_qido_and_wado(dimse):
+    ds = make_dataset(rows=16, columns=16, PatientID="DIMSE1")
+    assert dimse.store([ds]) == [S.SUCCESS]
+    found = dimse.http.get("/instances", params={"PatientID": "DIMSE1"}).json()
+    assert [f["00080018"]["Value"][0] for f in found] == [ds.SOPInstanceUID]
+    r = dimse.http.get(f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}",
+                       headers={"Accept": 'multipart/related; type="application/dicom"; transfer-syntax=*'})
+    assert r.status_code == 200
+    got = pydicom.dcmread(io.BytesIO(r.content[r.content.index(b"DICM") - 128:]))
+    assert got.PixelData == ds.PixelData
+    assert got.file_meta.SourceApplicationEntityTitle == "TESTSCU"
+    assert got.file_meta.MediaStorageSOPInstanceUID == ds.SOPInstanceUID
+
+
+def test_associations_in_the_audit_log(tmp_path):
+    import json
+
+    from pynetdicom import AE
+
+    from tests.helpers import LiveServer, free_port
+
+    port, log = free_port(), tmp_path / "audit.jsonl"
+    srv = LiveServer(tmp_path / "d", "sqlite", dimse_port=port, dimse_in_worker=True, audit_log=log,
+                     dimse_allowed_aes=["GOODSCU"]).start()
+    try:
+        for calling in ("GOODSCU", "BADSCU"):
+            ae = AE(ae_title=calling)
+            ae.add_requested_context("1.2.840.10008.1.1")
+            assoc = ae.associate("127.0.0.1", port, ae_title="DICOMWEB")
+            if assoc.is_established:
+                assoc.send_c_echo()
+                assoc.release()
+    finally:
+        srv.stop()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    seen = [(r["event"], r["calling_ae"]) for r in records if r.get("protocol") == "DIMSE"]
+    assert ("accepted", "GOODSCU") in seen and ("released", "GOODSCU") in seen and ("rejected", "BADSCU") in seen
