@@ -228,11 +228,9 @@ class DimseServer:
         return self._server.server_address[1]
 
     def _spool(self) -> Path:
-        """``data/tmp/dimse``: the listener's own spool folder. Every process that opens the
-        archive empties ``data/tmp`` (``BlobStore.clean_spool``, top-level files only), and
-        the HTTP workers may start after this listener has begun receiving; in a folder of
-        its own an in-flight data set survives. There is one listener per archive, so what
-        is left here at its start is a crash's leftover."""
+        """``dimse/`` inside this process's spool folder (``BlobStore.spool``: locked while the
+        process lives, so a starting HTTP worker's sweep never touches a data set still being
+        received). What is left here at start is a crash's leftover of this process."""
         spool = self.archive.blobs.spool / "dimse"
         spool.mkdir(exist_ok=True)
         for p in spool.iterdir():
