@@ -124,6 +124,18 @@ def _copy_contexts(obj, memo=None):
     return copy.deepcopy(obj, memo)
 
 
+_UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
+              _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
+              dimse_messages.create_file_meta)  # type: ignore[attr-defined]
+
+
+def _unpatch() -> None:
+    """Undo :func:`_receive_into` (the listener stopped: other pynetdicom users in this
+    process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
+    (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
+     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta) = _UNPATCHED
+
+
 def _receive_into(spool: Path) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
@@ -241,6 +253,7 @@ class DimseServer:
         if self._server is not None:
             self._server.shutdown()
             self._server = None
+            _unpatch()
 
     # --- audit ----------------------------------------------------------------------------
 

@@ -6,19 +6,19 @@ from __future__ import annotations
 import os
 import socket
 import time
-from pathlib import Path
 
 import pytest
 from pynetdicom import _config, build_context
 from pynetdicom.sop_class import CTImageStorage
 
 from dicomweb_server.dimse import status as S
-from tests.helpers import make_dataset, to_bytes
+from tests.helpers import make_dataset, spool_files, to_bytes
 
 
 def _spool(dimse) -> list[str]:
-    """Files left in the spool (data/tmp and the listener's data/tmp/dimse)."""
-    return [p.name for p in (Path(dimse.server.settings.data_dir) / "tmp").rglob("*") if p.is_file()]
+    """Files left in the spool (data/tmp, the listener's dimse/ folder included; not the
+    per-process lock files, which live as long as their process)."""
+    return spool_files(dimse.server.settings.data_dir)
 
 
 def _count(dimse) -> int:
