@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     if archive is not None:
         app.state.archive = archive
     errors.install(app)
+    app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
     for module in (qido, stow, wado, rendered):
         app.include_router(module.router, prefix=settings.prefix)
     if settings.viewer:  # the OHIF viewer at /viewer, same origin (viewer.py)
