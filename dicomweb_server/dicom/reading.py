@@ -16,6 +16,7 @@ raw deflate stream, RFC 1951), PS3.4 B.2.3 (0xC000 cannot understand).
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import zlib
@@ -51,11 +52,11 @@ class Unacceptable(ValueError):
     """The file cannot be understood or breaks a documented bound (STOW 0xC000)."""
 
 
-def read_instance(path: Path) -> tuple[Dataset, str, PixelLayout | None]:
+def read_instance(path: Path, data: bytes | None = None) -> tuple[Dataset, str, PixelLayout | None]:
     """The data set without pixel values, its transfer syntax, and the pixel data
     layout (None for no pixel data, or for a Deflated file whose offsets only exist
     in the inflated stream: the layout returned then describes that stream and is
-    for checks only).
+    for checks only). ``data``: the bytes of the file at ``path``, when in memory.
 
     Raises
     ------
@@ -67,7 +68,7 @@ def read_instance(path: Path) -> tuple[Dataset, str, PixelLayout | None]:
     pydicom.errors.InvalidDicomError, other exceptions
         Not parseable (the caller maps them to 0xC000).
     """
-    with open(path, "rb") as fp:
+    with (open(path, "rb") if data is None else io.BytesIO(data)) as fp:
         preamble = read_preamble(fp, False)
         meta = _read_file_meta_info(fp)
         ts = str(meta.get("TransferSyntaxUID", "") or "")
@@ -77,7 +78,7 @@ def read_instance(path: Path) -> tuple[Dataset, str, PixelLayout | None]:
             with _inflated_copy(fp, meta, path.parent) as tmp:
                 ds, layout = _read(tmp, os.fstat(tmp.fileno()).st_size)
             return ds, ts, layout
-        ds, layout = _read(fp, os.fstat(fp.fileno()).st_size, (preamble, meta))
+        ds, layout = _read(fp, os.fstat(fp.fileno()).st_size if data is None else len(data), (preamble, meta))
         return ds, ts, layout
 
 
