@@ -19,6 +19,7 @@ from ..dicom.multipart import PartSpooler
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID, base_url, checked_uid
 from .errors import DICOMwebHTTPError
 from .responses import DicomJSONResponse
+from .threads import run_blocking
 
 router = APIRouter(tags=["STOW-RS"])
 
@@ -88,7 +89,7 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
         spooler.close()
         if not spooler.parts:
             raise DICOMwebHTTPError(400, "the multipart body holds no parts")
-        outcome = await run_in_threadpool(archive.store, spooler.parts, study_uid)
+        outcome = await run_blocking(archive.store, spooler.parts, study_uid)
         request.state.audit_studies = {s.study_uid for s in outcome.stored}
     except ClientDisconnect:
         spooler.discard()
