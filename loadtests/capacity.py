@@ -71,6 +71,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
+    """Send ``sig``; kill the process if it has not ended after ``grace`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 class Orthanc:
     """Orthanc + DICOMweb plugin started by hand on 127.0.0.1 (HTTP only)."""
 
@@ -113,14 +125,7 @@ class Orthanc:
         return self.proc.pid if self.proc else None
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, signal.SIGTERM, 30)
 
 
 class StaticFiles:
@@ -194,13 +199,7 @@ http {{
         return self.proc.pid if self.proc else None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, signal.SIGQUIT, 10)  # SIGQUIT: nginx's graceful stop
 
 
 def study_sample(manifest: dict, n: int) -> list[str]:

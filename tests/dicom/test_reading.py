@@ -4,19 +4,18 @@ gives, for every file of pydicom's test corpus and the files the STOW tests make
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
-import pydicom
 import pytest
 from pydicom.data import get_testdata_files
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import ExplicitVRBigEndian, ImplicitVRLittleEndian, generate_uid
+from pydicom.uid import ExplicitVRBigEndian, ImplicitVRLittleEndian
 
 from dicomweb_server.dicom import reading
 from dicomweb_server.dicom.instance import describe_instance
 from dicomweb_server.dicom.status import InstanceError
+
+from ..helpers import make_dataset, to_bytes
 
 
 def _corpus() -> list[Path]:
@@ -74,24 +73,7 @@ def test_single_pass_read_equals_dcmread(path):
 
 
 def _file(ts: str) -> bytes:
-    ds = Dataset()
-    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.4"
-    ds.SOPInstanceUID, ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid(), generate_uid()
-    ds.PatientName = "DOE^JANE"
-    ds.Rows = ds.Columns = 4
-    ds.BitsAllocated = ds.BitsStored = 16
-    ds.HighBit = 15
-    ds.SamplesPerPixel = 1
-    ds.PixelRepresentation = 0
-    ds.PhotometricInterpretation = "MONOCHROME2"
-    ds.PixelData = bytes(range(32))
-    ds.file_meta = FileMetaDataset()
-    ds.file_meta.TransferSyntaxUID = ts
-    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
-    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-    buf = io.BytesIO()
-    ds.save_as(buf, enforce_file_format=True)
-    return buf.getvalue()
+    return to_bytes(make_dataset(transfer_syntax=ts, PatientName="DOE^JANE", rows=4, columns=4))
 
 
 @pytest.mark.parametrize("ts", [ImplicitVRLittleEndian, ExplicitVRBigEndian, "1.2.840.10008.1.2.1"])
@@ -114,3 +96,16 @@ def test_truncated_file_still_refused(tmp_path):
     with pytest.raises(InstanceError) as e:
         describe_instance(path)
     assert e.value.reason == 0xC000
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_record_from_memory_equals_record_from_file(path):
+    """STOW-RS parses small parts from memory (Archive.store): the same record, or
+    the same failure, as from the file."""
+    out = []
+    for data in (None, path.read_bytes()):
+        try:
+            out.append(describe_instance(path, data=data))
+        except InstanceError as e:
+            out.append((e.reason, e.message))
+    assert out[0] == out[1]
