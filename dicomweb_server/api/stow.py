@@ -16,7 +16,15 @@ from starlette.types import Receive, Scope, Send
 from ..archive import StoreOutcome, retrieve_url
 from ..dicom.media_types import DICOM, MULTIPART_RELATED, parse_media_type
 from ..dicom.multipart import PartSpooler
-from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID, base_url, checked_uid
+from .deps import (
+    ArchiveDep,
+    BaseURL,
+    SeriesUID,
+    SOPInstanceUID,
+    StudyUID,
+    base_url,
+    checked_uid,
+)
 from .errors import DICOMwebHTTPError
 from .responses import DicomJSONResponse
 from .threads import run_blocking
