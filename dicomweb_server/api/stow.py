@@ -110,9 +110,10 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
 
 async def _spool_body(receive: Receive, spooler: PartSpooler, body_timeout: float) -> None:
     """Feed the request body to ``spooler`` as the ASGI messages arrive. 408 when no
-    body data came for ``body_timeout`` s (between 1x and 1.5x that: the deadline is
-    moved only when less than ``body_timeout`` is left, as a new ``asyncio.timeout``
-    per chunk, with Starlette's ``Request.stream``, cost ~10% of a STOW-RS's CPU)."""
+    body data came for ``body_timeout`` s (in fact 1x to 1.5x that: one deadline per
+    body, moved only when less than ``body_timeout`` is left; Starlette's
+    ``Request.stream`` with a new ``asyncio.timeout`` per chunk cost ~10% of a
+    STOW-RS's CPU, issue 11)."""
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout_at(loop.time() + 1.5 * body_timeout) as deadline:
