@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         app.state.archive = archive
     errors.install(app)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
+    app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
     for module in (qido, stow, wado, rendered):
         app.include_router(module.router, prefix=settings.prefix)
     app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix

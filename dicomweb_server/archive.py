@@ -198,13 +198,15 @@ class Archive:
         faults.point("spooled")
         described: list[tuple[InstanceRecord, Path]] = []
         for part in parts:
+            data = part.data  # a small part still in memory: parsed from there, not re-read
+            part.spool(self.blobs.spool)
             failure = self._check_part(part)
             if failure is not None:
                 outcome.failed.append(failure)
                 continue
             try:
                 rec = describe_instance(part.path, bulk_threshold=self.settings.bulk_threshold,  # type: ignore[arg-type]
-                                        expected_study_uid=expected_study_uid)
+                                        expected_study_uid=expected_study_uid, data=data)
             except InstanceError as e:
                 outcome.failed.append(Failed(e.reason, e.message, e.sop_class_uid, e.sop_instance_uid))
                 continue

@@ -3,7 +3,17 @@ script, against our archive and, with ``--peer orthanc``, against Orthanc on the
 same data set in the same run.
 
     python -m loadtests.capacity --host http://127.0.0.1:8080 [--server-pid PID] [--peer orthanc]
-        [--connections 8,32] [--duration 15] [--studies 400 --instances 10000] [--output DIR]
+        [--static] [--connections 8,32] [--duration 15] [--studies 400 --instances 10000] [--output DIR]
+
+Start our archive with the render cache off (``DICOMWEB_RENDER_CACHE_BYTES=0``,
+Orthanc has none) so that ``rendered`` measures rendering. Each step reports the
+server's CPU per operation (ms: the CPU seconds of the server's process tree over
+the step / the requests; steadier than a rate on a shared machine) and the CPU the
+rest of the machine used meanwhile ("other"). STOW-RS steps count the load patient's
+instances on the server before and after: "stored" must equal the requests.
+``study`` is the whole-study retrieve (WADO-RS, ``--study-sample`` studies cycled);
+with ``--static`` nginx (Debian's ``nginx-light``) serves the same bytes, fetched
+once from our archive, as static files: the practical ceiling of a study retrieve.
 
 For each server: make the manifest if missing, preload what the server lacks
 (STOW-RS), check it (every query of the QIDO mix returns its expected study count,
@@ -32,6 +42,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -45,7 +56,7 @@ import httpx
 
 from . import common, dataset, preload
 
-OPS = ("qido", "wado", "rendered", "stow")
+OPS = ("qido", "wado", "study", "rendered", "stow")
 LUA = common.HERE / "wrk" / "load03.lua"
 PEER_TEMPLATE = common.HERE / "peers" / "orthanc.json"
 WADO_ACCEPT = 'multipart/related; type="application/dicom"; transfer-syntax=*'
@@ -58,6 +69,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
+    """Send ``sig``; kill the process if it has not ended after ``grace`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 class Orthanc:
@@ -102,14 +125,88 @@ class Orthanc:
         return self.proc.pid if self.proc else None
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, signal.SIGTERM, 30)
+
+
+class StaticFiles:
+    """nginx-light serving the whole-study answers of our archive as static files
+    (one file per study, fetched once): the ceiling of a study retrieve."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder.resolve()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def fill(self, source: str, study_paths: list[str]) -> int:
+        """Fetch each study from ``source`` into the tree; returns the bytes stored."""
+        root_path = httpx.URL(source).path.rstrip("/")
+        total = 0
+        with httpx.Client(timeout=300) as c:
+            for sp in study_paths:
+                dest = self.folder / "www" / (root_path + sp).lstrip("/") / "_.dcm"
+                if dest.exists():
+                    total += dest.stat().st_size
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with c.stream("GET", source + sp, headers={"Accept": WADO_ACCEPT}) as r:
+                    r.raise_for_status()
+                    with open(dest.with_suffix(".tmp"), "wb") as f:
+                        f.writelines(r.iter_bytes(1 << 20))
+                dest.with_suffix(".tmp").rename(dest)
+                total += dest.stat().st_size
+        return total
+
+    def start(self) -> StaticFiles:
+        exe = "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else shutil.which("nginx")
+        if exe is None:
+            raise RuntimeError("nginx is not installed: apt-get install -y nginx-light")
+        user = "user root;\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
+        conf = self.folder / "nginx.conf"
+        conf.write_text(f"""{user}daemon off;
+worker_processes 2;
+pid {self.folder}/nginx.pid;
+error_log {self.folder}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    sendfile on;
+    client_body_temp_path {self.folder}/body;
+    types {{ "multipart/related; type=\\"application/dicom\\"" dcm; }}
+    server {{
+        listen 127.0.0.1:{self.port};
+        root {self.folder / "www"};
+        location / {{ try_files $uri/_.dcm =404; }}
+    }}
+}}
+""")
+        self.proc = subprocess.Popen([exe, "-p", str(self.folder), "-e", str(self.folder / "error.log"), "-c", str(conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"nginx did not start: {(self.folder / 'error.log').read_text()[-500:]}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGQUIT, 10)  # SIGQUIT: nginx's graceful stop
+
+
+def study_sample(manifest: dict, n: int) -> list[str]:
+    """``n`` study paths (``/studies/UID``), the same for every server."""
+    studies = sorted({i["path"].split("/series/")[0] for i in manifest["instances"]})
+    random.Random(20261201).shuffle(studies)
+    return studies[:n]
 
 
 # ----------------------------------------------------------------------------- checks
@@ -155,7 +252,7 @@ def precheck(manifest: dict, host: str, samples: int = 20, seed: int = 1) -> lis
 # ----------------------------------------------------------------------------- wrk
 
 
-def write_inputs(manifest: dict, host: str, workdir: Path) -> dict[str, list[str]]:
+def write_inputs(manifest: dict, host: str, workdir: Path, studies: list[str]) -> dict[str, list[str]]:
     """Per operation, the wrk script arguments (files under ``workdir``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     root = httpx.URL(host).path.rstrip("/")
@@ -165,6 +262,7 @@ def write_inputs(manifest: dict, host: str, workdir: Path) -> dict[str, list[str
     queries = [q["query"] for q in manifest["queries"]]
     (workdir / "qido.txt").write_text("".join(f"{root}/studies?{q}\n" for q in queries))
     (workdir / "wado.txt").write_text("".join(f"{root}{i['path']}\n" for i in inst))
+    (workdir / "study.txt").write_text("".join(f"{root}{sp}\n" for sp in studies))
     (workdir / "rendered.txt").write_text("".join(f"{root}{i['path']}/rendered\n" for i in inst))
     data, (_, _, ph_sop) = dataset.stow_template(int(manifest["stow"]["size"]))
     head = f"--{dataset.STOW_BOUNDARY}\r\nContent-Type: application/dicom\r\n\r\n".encode()
@@ -174,6 +272,7 @@ def write_inputs(manifest: dict, host: str, workdir: Path) -> dict[str, list[str
     return {
         "qido": ["qido", str(workdir / "qido.txt"), "application/dicom+json", "1"],
         "wado": ["wado", str(workdir / "wado.txt"), WADO_ACCEPT, str(minlen)],
+        "study": ["wado", str(workdir / "study.txt"), WADO_ACCEPT, "1"],
         "rendered": ["rendered", str(workdir / "rendered.txt"), "image/jpeg", "1"],
         "stow": ["stow", str(workdir / "stow.bin"), f"{root}/studies", ph_sop],
         "_stow_body": [str(len(head + data + tail))],
@@ -187,6 +286,7 @@ def run_wrk(host: str, args: list[str], connections: int, duration: float, threa
     origin = str(httpx.URL(host).copy_with(path="/", query=None))
     cmd = ["wrk", "-t", str(min(threads, connections)), "-c", str(connections), "-d", f"{duration:g}s",
            "--timeout", "30s", "-s", str(LUA), origin, "--", *args, str(random.randrange(1_000_000))]
+    cpu_before = tree_cpu_seconds(server_pid)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cpu = common.CpuSampler()
     server_cpu = common.CpuSampler()
@@ -207,6 +307,7 @@ def run_wrk(host: str, args: list[str], connections: int, duration: float, threa
             if rss is not None:
                 peak = rss if peak is None else max(peak, rss)
         time.sleep(0.2)
+    cpu_after = tree_cpu_seconds(server_pid)
     out = proc.stdout.read() if proc.stdout else ""
     line = next((ln for ln in out.splitlines() if ln.startswith("LOAD03 ")), None)
     if line is None:
@@ -218,7 +319,24 @@ def run_wrk(host: str, args: list[str], connections: int, duration: float, threa
     s["other_cpu_pct"] = (round(max(0.0, m - s["wrk_cpu_pct"] - (s["server_cpu_pct"] or 0)), 1)
                           if m is not None and server_pid else None)
     s["peak_server_mb"] = round(peak, 1) if peak is not None else None
+    s["server_cpu_s"] = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
     return s
+
+
+def tree_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process and its children (psutil)."""
+    if not pid:
+        return None
+    import psutil
+
+    total = 0.0
+    for p in common.process_tree(pid):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def step_row(op: str, conns: int, s: dict, stow_body: int) -> dict:
@@ -234,41 +352,61 @@ def step_row(op: str, conns: int, s: dict, stow_body: int) -> dict:
         "error_detail": {k: s[k] for k in ("connect", "read", "write", "status", "timeout", "invalid") if s[k]},
         "peak_server_mb": s["peak_server_mb"], "wrk_cpu_pct": s["wrk_cpu_pct"],
         "server_cpu_pct": s["server_cpu_pct"], "other_cpu_pct": s["other_cpu_pct"],
+        "cpu_ms_per_op": (round(s["server_cpu_s"] * 1000 / s["requests"], 2)
+                          if s.get("server_cpu_s") is not None and s["requests"] else None),
+        "stored": None,
     }
 
 
 def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops: list[str], conns: list[int],
-                duration: float, threads: int, workdir: Path, quiet: bool, settle: float = 0) -> dict[str, list[dict]]:
+                duration: float, threads: int, workdir: Path, quiet: bool, settle: float = 0,
+                studies: list[str] | None = None) -> dict[str, list[dict]]:
     """Every step on every server, interleaved (ours, then the peer, for each step), so
-    that drifting load on a shared machine hits both sides of each ratio alike."""
-    inputs = {name: write_inputs(manifest, host, workdir / name) for name, host, _ in servers}
+    that drifting load on a shared machine hits both sides of each ratio alike. The
+    server named "static" (nginx) only serves ``study``."""
+    inputs = {name: write_inputs(manifest, host, workdir / name, studies or []) for name, host, _ in servers}
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
+    stow_patient = manifest["stow"]["PatientID"]
     for op in ops:
         for c in conns:
             for name, host, pid in servers:
+                if name == "static" and op != "study":
+                    continue
                 if settle:
                     common.wait_quiet(settle)
+                before = common.stow_patient_count(host, stow_patient) if op == "stow" else None
                 s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
                 row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]))
+                if before is not None:
+                    after = common.stow_patient_count(host, stow_patient)
+                    row["stored"] = after - before if after is not None else None
                 rows[name].append(row)
                 if not quiet:
-                    print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s  p50 {row['p50_ms']:.1f} ms "
+                    print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
+                          f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
                           f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']}  peak {row['peak_server_mb']} MB",
                           file=sys.stderr, flush=True)
     return rows
 
 
 def server_table(rows: list[dict]) -> str:
-    headers = ["operation", "conns", "requests", "req/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors",
-               "peak server MB", "wrk CPU%", "server CPU%", "other CPU%"]
+    headers = ["operation", "conns", "requests", "req/s", "MB/s", "server CPU ms/op", "stored (counted)",
+               "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "peak server MB", "wrk CPU%", "server CPU%",
+               "other CPU%"]
 
     def pct(v):
         return "-" if v is None else f"{v:.0f}%"
 
     return common.table(headers, [[r["operation"], r["connections"], r["requests"], r["req_s"], r["mb_s"],
+                                   "-" if r.get("cpu_ms_per_op") is None else r["cpu_ms_per_op"],
+                                   "-" if r.get("stored") is None else r["stored"],
                                    r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"],
                                    r["peak_server_mb"], pct(r["wrk_cpu_pct"]), pct(r.get("server_cpu_pct")),
                                    pct(r.get("other_cpu_pct"))] for r in rows])
+
+
+#: the bar per operation (issue 11): ours / Orthanc
+BARS = {"wado": 2.0}
 
 
 def ratio_table(ours: list[dict], peer: list[dict], bar: float = 1.5) -> tuple[str, list[dict]]:
@@ -279,12 +417,32 @@ def ratio_table(ours: list[dict], peer: list[dict], bar: float = 1.5) -> tuple[s
         if not p:
             continue
         ratio = r["req_s"] / p["req_s"] if p["req_s"] else None
+        b = BARS.get(r["operation"], bar)
         cmp.append({"operation": r["operation"], "connections": r["connections"], "ours_req_s": r["req_s"],
-                    "peer_req_s": p["req_s"], "ratio": round(ratio, 2) if ratio else None})
-        verdict = "-" if ratio is None else ("meets" if ratio >= bar else "below")
-        out.append([r["operation"], r["connections"], r["req_s"], p["req_s"],
-                    f"{ratio:.2f}x" if ratio else "-", f"{verdict} {bar}x"])
-    return common.table(["operation", "conns", "ours req/s", "peer req/s", "ours/peer", "bar"], out), cmp
+                    "peer_req_s": p["req_s"], "ratio": round(ratio, 2) if ratio else None,
+                    "ours_cpu_ms_per_op": r.get("cpu_ms_per_op"), "peer_cpu_ms_per_op": p.get("cpu_ms_per_op")})
+        verdict = "-" if ratio is None else ("meets" if ratio >= b else "below")
+
+        def ms(v):
+            return "-" if v is None else f"{v:.2f}"
+
+        out.append([r["operation"], r["connections"], r["req_s"], p["req_s"], r["mb_s"], p["mb_s"],
+                    f"{ratio:.2f}x" if ratio else "-", f"{verdict} {b}x", ms(r.get("cpu_ms_per_op")),
+                    ms(p.get("cpu_ms_per_op"))])
+    return common.table(["operation", "conns", "ours req/s", "peer req/s", "ours MB/s", "peer MB/s", "ours/peer",
+                         "bar", "ours CPU ms/op", "peer CPU ms/op"], out), cmp
+
+
+def static_table(ours: list[dict], static: list[dict]) -> str:
+    """Whole-study retrieve against nginx serving the same bytes (bar: half of it)."""
+    by = {r["connections"]: r for r in static if r["operation"] == "study"}
+    out = []
+    for r in ours:
+        s = by.get(r["connections"]) if r["operation"] == "study" else None
+        if s and s["mb_s"]:
+            f = r["mb_s"] / s["mb_s"]
+            out.append([r["connections"], r["mb_s"], s["mb_s"], f"{f:.2f}", "meets 0.5" if f >= 0.5 else "below 0.5"])
+    return common.table(["conns", "ours MB/s", "nginx static MB/s", "ours/nginx", "bar"], out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-precheck", action="store_true")
     p.add_argument("--settle", type=float, default=0, metavar="S",
                    help="before each step wait up to S seconds for the machine to be quiet (shared machines)")
+    p.add_argument("--static", action="store_true",
+                   help="also serve the sampled studies' bytes with nginx-light (the study retrieve ceiling)")
+    p.add_argument("--study-sample", type=int, default=40, help="studies cycled by 'study' (default %(default)s)")
+    p.add_argument("--static-dir", type=Path, default=Path("/tmp/loadtests-static"),
+                   help="nginx's files, kept between runs (default %(default)s)")
     p.add_argument("--quiet", action="store_true")
     dataset.add_spec_args(p)
     a = p.parse_args(argv)
@@ -317,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = dataset.ensure_manifest(path, spec, progress=not a.quiet)
     host = a.host.rstrip("/")
     workdir = Path(a.output or "/tmp") / "capacity-inputs"
-    peer = None
+    peer = static = None
+    studies = study_sample(manifest, a.study_sample)
     results: dict = {"machine": common.machine(), "dataset": manifest["summary"], "duration": a.duration,
                      "threads": a.threads, "servers": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
@@ -339,12 +503,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {len(problems)} validation problem(s) before the load, e.g.:", file=sys.stderr)
                 for pr in problems[:5]:
                     print(f"    {pr}", file=sys.stderr)
-        by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle)
+        if a.static and "study" in ops:
+            static = StaticFiles(a.static_dir)
+            nbytes = static.fill(host, studies)
+            static.start()
+            servers.append(("static", static.url, static.pid))
+            results["servers"]["static"] = {"url": static.url, "pid": static.pid, "bytes": nbytes,
+                                            "precheck_problems": []}
+            if not a.quiet:
+                print(f"static: nginx at {static.url} ({len(studies)} studies, {nbytes:,} B)", file=sys.stderr)
+        by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle,
+                                studies)
         for name, rows in by_server.items():
             results["servers"][name]["rows"] = rows
     finally:
         if peer is not None:
             peer.stop()
+        if static is not None:
+            static.stop()
     text = []
     for name in results["servers"]:
         text += [f"## {name} ({results['servers'][name]['url']})", "", server_table(results["servers"][name]["rows"]), ""]
@@ -352,6 +528,16 @@ def main(argv: list[str] | None = None) -> int:
         t, cmp = ratio_table(results["servers"]["ours"]["rows"], results["servers"]["orthanc"]["rows"])
         results["ratio"] = cmp
         text += ["## ours / orthanc (requests/s)", "", t, ""]
+    if "static" in results["servers"]:
+        text += ["## whole-study retrieve: ours / nginx-light static files (same bytes)", "",
+                 static_table(results["servers"]["ours"]["rows"], results["servers"]["static"]["rows"]), ""]
+    others = [r["other_cpu_pct"] for srv in results["servers"].values() for r in srv["rows"]
+              if r.get("other_cpu_pct") is not None]
+    if others:
+        results["other_cpu_pct_range"] = [min(others), max(others)]
+        text += [f"How quiet: the rest of the machine (neither wrk nor the server measured) used "
+                 f"{min(others):.0f}-{max(others):.0f} % of one core during the steps (median "
+                 f"{sorted(others)[len(others) // 2]:.0f} %).", ""]
     print("\n".join(text))
     if a.output:
         a.output.mkdir(parents=True, exist_ok=True)
@@ -362,7 +548,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{results['started']}; wrk {a.threads} threads, {a.duration:g} s per step; "
             f"data set {s['studies']} studies / {s['instances']} images (CT {s['by_modality']['CT']} x "
             f"{s['object_sizes']['CT']}, MR {s['by_modality']['MR']} x {s['object_sizes']['MR']}); STOW-RS: one "
-            f"{manifest['stow']['size']}x{manifest['stow']['size']} MR image per request. "
+            f"{manifest['stow']['size']}x{manifest['stow']['size']} MR image per request, a new SOP Instance UID "
+            "each, 'stored' = the load patient's instances counted on the server after the step minus before; "
+            f"'study': whole-study retrieve of {len(studies)} studies cycled. "
+            "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
             "Errors: non-2xx, socket errors and answers failing wrk's light check. CPU in % of one core; "
             "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine.", "",
             *text, "## Machine", "", common.machine_md(results["machine"])]

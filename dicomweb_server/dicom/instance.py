@@ -78,8 +78,8 @@ def _uid(ds: Dataset, keyword: str, sop_class: str | None, sop_uid: str | None) 
         ) from None
 
 
-def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_uid: str | None = None
-                      ) -> InstanceRecord:
+def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_uid: str | None = None,
+                      data: bytes | None = None) -> InstanceRecord:
     """Read and validate a received file.
 
     Parameters
@@ -90,6 +90,8 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
         Binary values longer than this become BulkDataURIs in the metadata.
     expected_study_uid
         The study named by the STOW-RS URL (``POST /studies/{study}``), if any.
+    data
+        The file's bytes when the caller has them (parsed from memory, not re-read).
 
     Raises
     ------
@@ -97,9 +99,9 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
         0xC000 not a PS3.10 file / truncated / unreadable; 0xA900 a required UID is
         missing or invalid; 0xC409 StudyInstanceUID differs from ``expected_study_uid``.
     """
-    size = os.path.getsize(path)
+    size = os.path.getsize(path) if data is None else len(data)
     try:
-        ds, ts, layout = read_instance(path)
+        ds, ts, layout = read_instance(path, data)
     except (Unacceptable, Truncated) as e:
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e)) from None
     except InvalidDicomError as e:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from dicomweb_server.dicom import multipart
 from dicomweb_server.dicom.multipart import MultipartError, PartSpooler, TooLarge
 
 
@@ -13,6 +15,8 @@ def spool(tmp_path, body: bytes, boundary="b=.1", chunk=7, **kw):
     for i in range(0, len(body), chunk):
         s.feed(body[i : i + chunk])
     s.close()
+    for p in s.parts:  # small parts stay in memory until the storing thread writes them
+        p.spool(tmp_path)
     return s
 
 
@@ -58,3 +62,33 @@ def test_any_payload_round_trips(tmp_path_factory, parts, chunk, preamble):
     s = spool(d, body, boundary=boundary, chunk=chunk)
     assert [p.path.read_bytes() for p in s.parts] == parts
     s.discard()
+
+
+def test_small_parts_stay_in_memory_large_ones_go_to_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(multipart, "MEMORY_PART_BYTES", 100)
+    monkeypatch.setattr(multipart, "MEMORY_REQUEST_BYTES", 250)
+    parts = [b"a" * 90, b"b" * 150, b"c" * 90, b"d" * 90, b"e" * 60]
+    body = b"".join(b"--zz\r\n\r\n" + p + b"\r\n" for p in parts) + b"--zz--\r\n"
+    s = PartSpooler("zz", tmp_path, max_bytes=10**6, max_parts=10)
+    for i in range(0, len(body), 16):
+        s.feed(body[i : i + 16])
+    s.close()
+    # 150 B > 100 B per part: a file; then 90 + 90 + 90 > 250 B per request: the third to a file
+    assert [p.data for p in s.parts] == [parts[0], None, parts[2], None, parts[4]]
+    assert [p.path is not None for p in s.parts] == [False, True, False, True, False]
+    assert s.parts[1].path.read_bytes() == parts[1] and s.parts[3].path.read_bytes() == parts[3]
+    assert len(list(tmp_path.iterdir())) == 2  # nothing written for the parts in memory
+    for p in s.parts:
+        p.spool(tmp_path)
+    assert [p.path.read_bytes() for p in s.parts] == parts
+    assert all(p.data is None for p in s.parts)
+    s.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_spool_error_fails_the_part(tmp_path):
+    s = spool(tmp_path, b"--zz\r\n\r\nAB\r\n--zz--\r\n", boundary="zz")
+    part = multipart.SpooledPart(data=b"AB", complete=True)
+    part.spool(tmp_path / "missing")
+    assert part.path is None and isinstance(part.error, FileNotFoundError)
+    assert s.parts[0].path.read_bytes() == b"AB"
