@@ -95,6 +95,10 @@ class Archive:
                 from .store.sqlite import SQLiteIndex
 
                 index: Index = SQLiteIndex(data / "index.sqlite")
+            elif settings.index == "postgresql":
+                from .store.postgresql import PostgreSQLIndex
+
+                index = PostgreSQLIndex(settings.database_url, settings.database_pool_size)  # type: ignore[arg-type]
             else:
                 from .store.memory import MemoryIndex
 
@@ -206,7 +210,8 @@ class Archive:
             failure.source = part.path
         first = len(outcome.failed)
         if described:
-            with self.blobs.locked(r.sop_uid for r, _ in described):
+            uids = [r.sop_uid for r, _ in described]
+            with self.blobs.locked(uids), self.index.locked(uids):
                 self._place_and_index(described, outcome)
         spooled = {r.sop_uid: p for r, p in described}
         for failure in outcome.failed[first:]:
@@ -295,7 +300,7 @@ class Archive:
             with self.committer.writer():
                 paths = self.index.delete(study_uid, series_uid, sop_uid)
             uids = {Path(rel).stem: rel for rel in paths}
-            with self.blobs.locked(uids):
+            with self.blobs.locked(uids), self.index.locked(uids):
                 for uid, rel in uids.items():
                     if self.index.locate(uid) is not None:
                         continue  # stored again since the rows were deleted: keep its file

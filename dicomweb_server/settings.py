@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,7 +23,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     data_dir: Path = Path("./data")
-    index: Literal["sqlite", "memory"] = "sqlite"
+    index: Literal["sqlite", "memory", "postgresql"] = "sqlite"
+    database_url: str | None = Field(
+        None, description="PostgreSQL index: postgresql://user@host:port/db (libpq URL; env DICOMWEB_DATABASE_URL)")
+    database_pool_size: int = Field(16, ge=2, description="PostgreSQL connections per worker process (reads)")
     workers: int | None = Field(None, ge=1, description="default: one per core with sqlite, 1 with memory")
     prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. /dicomweb")
     public_url: str | None = Field(
@@ -58,6 +61,12 @@ class Settings(BaseSettings):
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
     viewer: bool = Field(False, description="serve the OHIF viewer at /viewer")
     viewer_dir: Path | None = Field(None, description="OHIF dist/ folder; default: fetched with npm into ~/.cache")
+
+    @model_validator(mode="after")
+    def _database(self) -> "Settings":
+        if self.index == "postgresql" and not self.database_url:
+            raise ValueError("--index postgresql needs --database-url (DICOMWEB_DATABASE_URL)")
+        return self
 
     @field_validator("prefix")
     @classmethod
