@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     index: Literal["sqlite", "memory", "postgresql"] = "sqlite"
     database_url: str | None = Field(
         None, description="PostgreSQL index: postgresql://user@host:port/db (libpq URL; env DICOMWEB_DATABASE_URL)")
-    database_pool_size: int = Field(16, ge=2, description="PostgreSQL connections per worker process (reads)")
+    database_pool_size: int = Field(
+        8, ge=1, description="PostgreSQL: read connections per worker process (as many again for placement locks)")
     workers: int | None = Field(None, ge=1, description="default: one per core with sqlite, 1 with memory")
     prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. /dicomweb")
     public_url: str | None = Field(

@@ -2,8 +2,9 @@
 the index several archive nodes share. Same tables, queries and statements as the
 SQLite index (store/sql.py); what differs is here:
 
-- Connections: psycopg 3 with its pool (reads), and a pool of one connection for
-  writes (the group commit, store/commit.py, already makes one writer per process).
+- Connections: psycopg 3 pools: reads, placement locks (see below), and one
+  connection for writes (the group commit, store/commit.py, already makes one
+  writer per process): at most 2 x ``pool_size`` + 1 per worker process.
 - Durability (PS3.18 §10.5: a stored instance is acknowledged only when kept):
   every session runs with ``synchronous_commit = on`` (forced when the server's
   default is ``off``), and an archive refuses a server running with ``fsync = off``.
@@ -136,13 +137,17 @@ class PostgreSQLIndex(SQLIndex):
 
     dialect = POSTGRESQL
 
-    def __init__(self, url: str, pool_size: int = 16, auto_migrate: bool = True) -> None:
+    def __init__(self, url: str, pool_size: int = 8, auto_migrate: bool = True) -> None:
         from psycopg_pool import ConnectionPool
 
         kwargs = {"autocommit": True}
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=kwargs, configure=_configure,
                                     check=ConnectionPool.check_connection, open=True, name="dicomweb-read")
-        # writers never wait behind readers (or behind requests holding placement locks)
+        # stores wait here for their placement locks' sessions (back-pressure, not errors), never taking
+        # the readers' connections; writers never wait behind either
+        self._placing = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=kwargs, configure=_configure,
+                                       check=ConnectionPool.check_connection, open=True, name="dicomweb-place",
+                                       timeout=600.0)
         self._writer = ConnectionPool(url, min_size=1, max_size=1, kwargs=kwargs, configure=_configure,
                                       check=ConnectionPool.check_connection, open=True, name="dicomweb-write")
         try:
@@ -158,6 +163,7 @@ class PostgreSQLIndex(SQLIndex):
 
     def close(self) -> None:
         self._pool.close()
+        self._placing.close()
         self._writer.close()
 
     @contextmanager
@@ -193,7 +199,7 @@ class PostgreSQLIndex(SQLIndex):
         space from the transactions' locks, so a holder's own commit never waits
         for it)."""
         keys = sorted({_key32(u) for u in sop_uids})
-        with self._pool.connection() as con:
+        with self._placing.connection() as con:
             con.cursor().executemany("SELECT pg_advisory_lock(%s, %s)", [(_PLACE_LOCKS, k) for k in keys])
             try:
                 yield

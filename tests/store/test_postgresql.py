@@ -15,7 +15,7 @@ from dicomweb_server.store.postgresql import SCHEMA_VERSION, DatabaseRefused, Po
 def test_sessions_commit_synchronously_even_when_the_url_turns_it_off(pg_url):
     idx = PostgreSQLIndex(pg_url + "%20-csynchronous_commit%3Doff")
     try:
-        for pool in (idx._pool, idx._writer):
+        for pool in (idx._pool, idx._placing, idx._writer):
             with pool.connection() as con:
                 assert con.execute("SHOW synchronous_commit").fetchone()[0] == "on"
                 assert con.execute("SHOW search_path").fetchone()[0].startswith("t_")  # the URL's other option kept
