@@ -141,8 +141,10 @@ class PostgreSQLIndex(SQLIndex):
         from psycopg_pool import ConnectionPool
 
         kwargs = {"autocommit": True}
+        # reads: no check per checkout (it would double every look-up's round trips); a connection
+        # that broke (server restart) is dropped by the pool when its query fails
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=kwargs, configure=_configure,
-                                    check=ConnectionPool.check_connection, open=True, name="dicomweb-read")
+                                    open=True, name="dicomweb-read")
         # stores wait here for their placement locks' sessions (back-pressure, not errors), never taking
         # the readers' connections; writers never wait behind either
         self._placing = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=kwargs, configure=_configure,
