@@ -1,7 +1,8 @@
 """Two archive nodes on one PostgreSQL index and one data folder (issue 13, "Nodes"):
 what one stores the other serves at once; the same instances stored through both at
 the same moment end as one copy each; of two different contents for one SOP
-Instance UID, the one acknowledged is the one both serve.
+Instance UID, the one acknowledged is the one both serve; a node killed with SIGKILL
+while it stores loses nothing it acknowledged.
 
 The nodes are two app servers in this process with their own index pools and their
 own spool; they share the folder as nodes share an NFS mount (PS3.18 §10.5 for the
@@ -11,7 +12,11 @@ from __future__ import annotations
 
 import io
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from contextlib import nullcontext
 
 import httpx
@@ -20,7 +25,7 @@ import pytest
 from pydicom.uid import generate_uid
 
 from dicomweb_server.store.blobs import BlobStore
-from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.helpers import LiveServer, free_port, make_dataset, multipart, to_bytes
 from tests.server.test_sample_files import split_multipart
 
 WHOLE = {"Accept": 'multipart/related; type="application/dicom"; transfer-syntax=*'}
@@ -110,3 +115,55 @@ def test_one_uid_two_contents_the_acknowledged_one_is_served(nodes, monkeypatch)
         for node in (a, b):
             [(_h, body)] = split_multipart(node.get(url, headers=WHOLE))
             assert body == to_bytes(kept)
+
+
+def test_sigkill_of_a_loses_nothing_it_acknowledged(tmp_path, pg_url):
+    """Node A is a `dicomweb-server` process killed with SIGKILL while a client stores
+    to it; node B (sharing the index and the folder) serves every instance A
+    acknowledged, byte for byte, and finds exactly those."""
+    data = tmp_path / "data"
+    port = free_port()
+    env = {**os.environ, "DICOMWEB_DATABASE_URL": pg_url}
+    node_a = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "--index", "postgresql", "--port",
+                               str(port), "--workers", "1", "--data-dir", str(data)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node_b = LiveServer(data, "postgresql", database_url=pg_url).start()
+    acknowledged: list = []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as a:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    a.get("/")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            study = generate_uid()
+            killer = threading.Timer(1.5, node_a.send_signal, (signal.SIGKILL,))
+            killer.start()
+            try:
+                while node_a.poll() is None:
+                    ds = make_dataset(study=study)
+                    try:
+                        if stow(a, [ds]).status_code == 200:
+                            acknowledged.append(ds)
+                    except httpx.TransportError:
+                        break
+            finally:
+                killer.join()
+        node_a.wait(30)
+        assert acknowledged, "node A acknowledged nothing before it was killed"
+        with httpx.Client(base_url=node_b.url, timeout=60) as b:
+            found = [x["00080018"]["Value"][0] for x in
+                     b.get(f"/studies/{study}/instances", headers=JSON).json()]
+            assert set(found) >= {ds.SOPInstanceUID for ds in acknowledged}
+            assert len(found) - len(acknowledged) <= 1  # at most the request cut by the kill (committed, unanswered)
+            for ds in acknowledged:
+                url = f"/studies/{study}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
+                [(_h, body)] = split_multipart(b.get(url, headers=WHOLE))
+                assert body == to_bytes(ds)
+    finally:
+        if node_a.poll() is None:
+            node_a.kill()
+            node_a.wait(30)
+        node_b.stop()
