@@ -137,7 +137,7 @@ class PostgreSQLIndex(SQLIndex):
 
     dialect = POSTGRESQL
 
-    def __init__(self, url: str, pool_size: int = 8, auto_migrate: bool = True) -> None:
+    def __init__(self, url: str, pool_size: int = 8) -> None:
         from psycopg_pool import ConnectionPool
 
         kwargs = {"autocommit": True}
@@ -155,10 +155,7 @@ class PostgreSQLIndex(SQLIndex):
         try:
             with self._writer.connection() as con:
                 check_durable(con)
-                if auto_migrate:
-                    migrate(con)
-                elif con.execute("SELECT to_regclass('schema_version')").fetchone()[0] is None:
-                    raise DatabaseRefused("the database has no archive schema: run dicomweb-server migrate")
+                migrate(con)
         except BaseException:
             self.close()
             raise
