@@ -56,6 +56,16 @@ class Dialect:
             return f"{expr} GLOB ?", _glob_escape(pattern)
         return f"{expr} LIKE ? ESCAPE '\\'", _like_escape(pattern).replace("*", "%").replace("?", "_")
 
+    def column(self, value: object) -> object:
+        """A matching key's value as its column holds it. PostgreSQL text cannot hold
+        NUL: it becomes U+FFFF, a noncharacter, so that the value is still stored (an
+        error would fail every instance of the group commit), wildcards still count it
+        as one character, and no query can name it (queries refuse NUL, and U+FFFF is
+        not a character a sender means)."""
+        if self.name == "postgresql" and isinstance(value, str) and "\x00" in value:
+            return value.replace("\x00", "\uffff")
+        return value
+
     def insert_ignore(self, table: str, columns: list[str]) -> str:
         """INSERT of one row that does nothing when a unique key already holds it."""
         values = ",".join("?" * len(columns))
@@ -241,16 +251,16 @@ class SQLIndex(Index):
             if refused is not None or old is not None:
                 added.append(refused if refused is not None else False)
                 continue
-            x(con, study_insert, [r.study[c] for c in scols] + [r.study_json])
+            x(con, study_insert, [d.column(r.study[c]) for c in scols] + [r.study_json])
             study_pk, modalities, classes = x(
                 con, "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE StudyInstanceUID = ?",
                 (r.study_uid,)).fetchone()
             new_series = x(con, series_insert,
-                           [study_pk] + [r.series[c] for c in secols] + [r.series_json]).rowcount == 1
+                           [study_pk] + [d.column(r.series[c]) for c in secols] + [r.series_json]).rowcount == 1
             series_pk, modality = x(con, "SELECT pk, Modality FROM series WHERE SeriesInstanceUID = ?",
                                     (r.series_uid,)).fetchone()
             x(con, instance_insert,
-              [series_pk] + [r.instance[c] for c in icols]
+              [series_pk] + [d.column(r.instance[c]) for c in icols]
               + [r.transfer_syntax_uid, r.path, r.size,
                  orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata])
             x(con, "UPDATE series SET NumberOfSeriesRelatedInstances = NumberOfSeriesRelatedInstances + 1 "
@@ -273,7 +283,7 @@ class SQLIndex(Index):
         values, json = level_record(orjson.loads(row[0]), level)  # type: ignore[arg-type]
         names = [c for c in cols(level) if c not in ("StudyInstanceUID", "SeriesInstanceUID")]
         self._x(con, f"UPDATE {level} SET {', '.join(f'{c} = ?' for c in names)}, _json = ? WHERE pk = ?",
-                [values[c] for c in names] + [dumps(json), pk])
+                [self.dialect.column(values[c]) for c in names] + [dumps(json), pk])
 
     def _recompute(self, con, series_pks: set[int], study_pks: set[int]) -> None:
         x = self._x

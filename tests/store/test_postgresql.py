@@ -70,3 +70,29 @@ def test_settings_need_a_database_url_for_postgresql(monkeypatch):
         Settings(index="postgresql")
     monkeypatch.setenv("DICOMWEB_DATABASE_URL", "postgresql://u@h:5/db")
     assert Settings(index="postgresql").database_url == "postgresql://u@h:5/db"
+
+
+def test_nul_in_a_stored_value_fails_nothing_and_matches_as_elsewhere(pg_url, tmp_path):
+    """PostgreSQL text cannot hold NUL: without the mapping the whole batch (every
+    request of a group commit) failed with DataError."""
+    from dicomweb_server.dicom.instance import describe_instance
+    from dicomweb_server.dicom.matching import parse_query
+    from dicomweb_server.store.memory import MemoryIndex
+    from tests.helpers import make_dataset
+
+    recs = []
+    for i, kw in enumerate(({"PatientName": "Doe\x00John", "StudyDescription": "a\x00b"}, {"PatientName": "Doe^Jo"})):
+        path = tmp_path / f"{i}.dcm"
+        make_dataset(**kw).save_as(path, enforce_file_format=True)
+        recs.append(describe_instance(path))
+    pg, mem = PostgreSQLIndex(pg_url), MemoryIndex()
+    try:
+        assert pg.add(recs) == mem.add(recs) == [True, True]
+        for params in ({"PatientName": "doe*"}, {"PatientName": "doe?john"}, {"StudyDescription": "a?b"},
+                       {"StudyDescription": "a*"}, {"PatientName": "john"}):
+            q = parse_query("study", [*params.items(), ("fuzzymatching", "true")])
+            got = [(h.study_uid, h.study_json) for h in pg.search(q)]
+            assert got == [(h.study_uid, h.study_json) for h in mem.search(q)], params
+        assert len(pg.search(parse_query("study", [("PatientName", "doe?john")]))) == 1
+    finally:
+        pg.close()
