@@ -97,6 +97,10 @@ class Archive:
                 from .store.sqlite import SQLiteIndex
 
                 index: Index = SQLiteIndex(data / "index.sqlite")
+            elif settings.index == "postgresql":
+                from .store.postgresql import PostgreSQLIndex
+
+                index = PostgreSQLIndex(settings.database_url, settings.database_pool_size)  # type: ignore[arg-type]
             else:
                 from .store.memory import MemoryIndex
 
@@ -222,7 +226,8 @@ class Archive:
             failure.source = part.path
         first = len(outcome.failed)
         if described:
-            with self.blobs.locked(r.sop_uid for r, _ in described):
+            uids = [r.sop_uid for r, _ in described]
+            with self.blobs.locked(uids), self.index.locked(uids):
                 self._place_and_index(described, outcome)
         spooled = {r.sop_uid: p for r, p in described}
         for failure in outcome.failed[first:]:
@@ -327,7 +332,7 @@ class Archive:
                             raise DiskFull(f"the index cannot record the delete: {e2}") from e2
                         raise
             uids = {Path(rel).stem: rel for rel in paths}
-            with self.blobs.locked(uids):
+            with self.blobs.locked(uids), self.index.locked(uids):
                 for uid, rel in uids.items():
                     if self.index.locate(uid) is not None:
                         continue  # stored again since the rows were deleted: keep its file

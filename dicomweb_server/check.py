@@ -96,7 +96,7 @@ def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
         problem = Problem("orphan", rel, f"SOP Instance {rec.sop_uid} is on disk but not in the index "
                                          "(never acknowledged: a stop between writing and indexing)")
         if repair:
-            with blobs.locked([rec.sop_uid]):
+            with blobs.locked([rec.sop_uid]), archive.index.locked([rec.sop_uid]):
                 refused = _index(archive, rec)
             problem.action = "indexed" if refused is None else \
                 f"not indexed ({refused.message}): moved to {_to_lost_and_found(archive, rel)}"
@@ -105,7 +105,7 @@ def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
     if not target.exists():
         problem = Problem("misfiled", rel, f"SOP Instance {rec.sop_uid} belongs at {rec.path}, where no file is")
         if repair:
-            with blobs.locked([rec.sop_uid]):
+            with blobs.locked([rec.sop_uid]), archive.index.locked([rec.sop_uid]):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.link(blobs.resolve(rel), target)
                 fsync_dir(target.parent)

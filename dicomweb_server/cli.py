@@ -5,6 +5,7 @@
     dicomweb-server check [--repair]
     dicomweb-server queue [--retry-failed] [--json]       (routing: forwards owed per destination)
     dicomweb-server export --routes FILE --to DEST STUDY [SERIES [SOP]]
+    dicomweb-server migrate --database-url postgresql://user@host:port/db
     dicomweb-server --help | --version
 
 Every serve flag is also a ``DICOMWEB_*`` environment variable (see settings.py);
@@ -29,7 +30,9 @@ _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "
 
 def _add_settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="archive folder (default ./data; env DICOMWEB_DATA_DIR)")
-    p.add_argument("--index", choices=["sqlite", "memory"], help="metadata index (default sqlite)")
+    p.add_argument("--index", choices=["sqlite", "memory", "postgresql"], help="metadata index (default sqlite)")
+    p.add_argument("--database-url", dest="database_url",
+                   help="PostgreSQL index: postgresql://user@host:port/db (env DICOMWEB_DATABASE_URL)")
 
 
 def _settings(args: argparse.Namespace):
@@ -38,6 +41,27 @@ def _settings(args: argparse.Namespace):
     overrides = {k: v for k, v in vars(args).items()
                  if k in Settings.model_fields and v is not None}
     return Settings(**overrides)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """Create or migrate the PostgreSQL schema (store/postgresql.py) and say what was done."""
+    import psycopg
+
+    from .store.postgresql import DatabaseRefused, check_durable, migrate
+
+    url = args.database_url or os.environ.get("DICOMWEB_DATABASE_URL")
+    if not url:
+        print("dicomweb-server migrate: give --database-url (or DICOMWEB_DATABASE_URL)", file=sys.stderr)
+        return 2
+    try:
+        with psycopg.connect(url, autocommit=True) as con:
+            check_durable(con)
+            before, after = migrate(con)
+    except (psycopg.Error, DatabaseRefused) as e:
+        print(f"dicomweb-server migrate: {e}", file=sys.stderr)
+        return 1
+    print(f"schema version {after}" + (" (already current)" if before == after else f" (was {before})"))
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -412,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("sop", nargs="?")
     _add_settings_args(exp)
     exp.set_defaults(func=_export)
+
+    mig = sub.add_parser("migrate", help="create or migrate the PostgreSQL index schema (archives also do it "
+                                         "when they start)")
+    mig.add_argument("--database-url", dest="database_url",
+                     help="postgresql://user@host:port/db (env DICOMWEB_DATABASE_URL)")
+    mig.set_defaults(func=_migrate)
 
     args = parser.parse_args(argv)
     if args.command == "serve" and not all(k in os.environ for k in _MALLOC_ENV):

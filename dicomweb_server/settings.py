@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,7 +23,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     data_dir: Path = Path("./data")
-    index: Literal["sqlite", "memory"] = "sqlite"
+    index: Literal["sqlite", "memory", "postgresql"] = "sqlite"
+    database_url: str | None = Field(
+        None, description="PostgreSQL index: postgresql://user@host:port/db (libpq URL; env DICOMWEB_DATABASE_URL)")
+    database_pool_size: int = Field(
+        8, ge=1, description="PostgreSQL: read connections per worker process (as many again for placement locks)")
     workers: int | None = Field(None, ge=1, description="default: one per core with sqlite, 1 with memory")
     prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. /dicomweb")
     public_url: str | None = Field(
@@ -71,6 +75,12 @@ class Settings(BaseSettings):
     dimse_network_timeout: float = Field(60.0, gt=0, description="idle connection timeout (s)")
     dimse_max_pdu: int = Field(4 * 1024**2, ge=0, description="maximum PDU received (bytes; 0 = unlimited)")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
+
+    @model_validator(mode="after")
+    def _database(self) -> "Settings":
+        if self.index == "postgresql" and not self.database_url:
+            raise ValueError("--index postgresql needs --database-url (DICOMWEB_DATABASE_URL)")
+        return self
 
     @field_validator("prefix")
     @classmethod

@@ -2,12 +2,14 @@
 # Install everything the tests need into .venv and run them (the README's test command).
 # The viewer test drives Debian's Chromium (never a downloaded browser), the client's peer
 # suite (tests/peers) Debian's Orthanc with its DICOMweb plugin and nginx: installed here with
-# apt-get when missing (as root, or with sudo).
+# apt-get when missing (as root, or with sudo). The PostgreSQL index's tests start Debian's
+# PostgreSQL server themselves (tests/postgres.py; DICOMWEB_POSTGRES=skip skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ORTHANC_DICOMWEB=/usr/share/orthanc/plugins/libOrthancDicomWeb.so
 if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
-   || [ ! -x /usr/sbin/Orthanc ] || [ ! -e "$ORTHANC_DICOMWEB" ] || ! [ -x /usr/sbin/nginx ]; then
+   || [ ! -x /usr/sbin/Orthanc ] || [ ! -e "$ORTHANC_DICOMWEB" ] || ! [ -x /usr/sbin/nginx ] \
+   || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -15,6 +17,7 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
   command -v npm >/dev/null 2>&1 || $SUDO apt-get install -y -qq npm
   { [ -x /usr/sbin/Orthanc ] && [ -e "$ORTHANC_DICOMWEB" ]; } || $SUDO apt-get install -y -qq orthanc orthanc-dicomweb
   [ -x /usr/sbin/nginx ] || $SUDO apt-get install -y -qq nginx-light
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $SUDO apt-get install -y -qq postgresql
 fi
 python3 -m venv .venv
 . .venv/bin/activate

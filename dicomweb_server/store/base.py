@@ -5,7 +5,8 @@ every implementation (tests/store/test_index_contract.py)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from ..dicom.instance import InstanceRecord
@@ -144,6 +145,12 @@ class Index(ABC):
     @abstractmethod
     def paths(self) -> Iterator[tuple[str, str]]:
         """(sop_uid, relative path) of every indexed instance (for ``check``)."""
+
+    def locked(self, sop_uids: Iterable[str]) -> AbstractContextManager:
+        """Exclusive right to place the files of these instances across the nodes
+        that share this index. One machine needs none beyond the blob store's
+        ``flock`` stripes; a shared index (store/postgresql.py) takes its locks."""
+        return nullcontext()
 
     def close(self) -> None:  # pragma: no cover - default no-op
         """Release resources."""

@@ -17,9 +17,10 @@ INSTANCE = f"/studies/{S}/series/{SE}/instances/{I}"
 MR = 'multipart/related; type="application/dicom"; boundary=zz'
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory):
-    srv = LiveServer(tmp_path_factory.mktemp("data"), "sqlite", max_request_bytes=2_000_000).start()
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def archive(tmp_path_factory, request):
+    extra = {"database_url": request.getfixturevalue("postgres").fresh_url()} if request.param == "postgresql" else {}
+    srv = LiveServer(tmp_path_factory.mktemp("data"), request.param, max_request_bytes=2_000_000, **extra).start()
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         body, ctype = multipart([GOOD_BYTES])
         assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200

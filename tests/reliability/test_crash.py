@@ -120,18 +120,26 @@ def _run(tmp_path: Path, index: str, fault: str | None, kill_after: float | None
     return acked
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory"])
+def _database(request, monkeypatch, index: str) -> None:
+    """PostgreSQL: the server processes find a new, empty schema in DICOMWEB_DATABASE_URL."""
+    if index == "postgresql":
+        monkeypatch.setenv("DICOMWEB_DATABASE_URL", request.getfixturevalue("postgres").fresh_url())
+
+
+@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql"])
 @pytest.mark.parametrize("fault", ["spooled:6", "fsynced:6", "linked:6", "placed:6", "indexed:6"])
-def test_kill_at_each_step_of_the_write_path(tmp_path, index, fault):
+def test_kill_at_each_step_of_the_write_path(tmp_path, index, fault, request, monkeypatch):
+    _database(request, monkeypatch, index)
     acked = _run(tmp_path, index, fault, None)
     assert len(acked) >= 1  # requests before the 6th reached the step and were acknowledged
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory"])
-def test_kill_at_random_moments(tmp_path, index):
+@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql"])
+def test_kill_at_random_moments(tmp_path, index, request, monkeypatch):
     rng = random.Random(7)
     total = 0
     for round_ in range(3):
+        _database(request, monkeypatch, index)  # each round has its own data folder
         acked = _run(tmp_path / str(round_), index, None, rng.uniform(0.3, 1.2))
         total += len(acked)
     assert total > 0

@@ -14,6 +14,8 @@ from pydicom.uid import JPEGBaseline8Bit, RLELossless
 from tests.helpers import make_dataset, multipart, to_bytes
 from tests.server.test_sample_files import split_multipart
 
+POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+
 
 def store(http, ds) -> str:
     body, ctype = multipart([to_bytes(ds)])

@@ -14,6 +14,8 @@ from pydicom.uid import generate_uid
 
 from tests.helpers import MR_IMAGE_STORAGE, make_dataset, multipart, to_bytes
 
+POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+
 FAILED, REFERENCED, REASON = "00081198", "00081199", "00081197"
 
 

@@ -7,6 +7,8 @@ from pydicom.uid import generate_uid
 
 from tests.helpers import BASIC_TEXT_SR, MR_IMAGE_STORAGE, make_dataset, multipart, to_bytes
 
+POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+
 
 def store(http, datasets) -> None:
     body, ctype = multipart([to_bytes(ds) for ds in datasets])

@@ -9,6 +9,8 @@ import pytest
 from tests.helpers import make_dataset, multipart, to_bytes
 from tests.helpers import spool_files as helpers_spool_files
 
+POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+
 FAILED, REFERENCED = "00081198", "00081199"
 
 

@@ -9,6 +9,8 @@ from pydicom.uid import generate_uid
 from tests.helpers import BASIC_TEXT_SR, make_dataset, multipart, to_bytes
 from tests.server.test_sample_files import split_multipart
 
+POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+
 ELE = "1.2.840.10008.1.2.1"
 
 

@@ -1,5 +1,5 @@
-"""The two indexes answer alike: the same random data (conflicting UIDs, odd names,
-dates and modalities included) stored in a memory and a SQLite index, the same random
+"""The indexes answer alike: the same random data (conflicting UIDs, odd names,
+dates and modalities included) stored in a memory, a SQLite and a PostgreSQL index, the same random
 queries (wildcards, fuzzy names, ranges, UID lists, person-name case) before and after
 a random DELETE; every answer must be equal, down to the study/series JSON returned."""
 
@@ -8,14 +8,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from pydicom.uid import generate_uid
 
 from dicomweb_server.dicom.instance import describe_instance
 from dicomweb_server.dicom.matching import QueryError, parse_query
 from dicomweb_server.store.memory import MemoryIndex
+from dicomweb_server.store.postgresql import PostgreSQLIndex
 from dicomweb_server.store.sqlite import SQLiteIndex
 from tests.helpers import MR_IMAGE_STORAGE, make_dataset
+from tests.postgres import skipped
 
 STUDIES = [generate_uid() for _ in range(3)]
 SERIES = [generate_uid() for _ in range(4)]
@@ -83,14 +86,22 @@ def compare(indexes, queries) -> None:
             query = parse_query(level, items, study_uid=None if scope is None else STUDIES[scope])
         except QueryError:
             continue
-        mem, sql = (answers(i, query) for i in indexes)
-        assert mem == sql, (level, items)
+        mem, *sql = (answers(i, query) for i in indexes)
+        for other in sql:
+            assert mem == other, (level, items)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.fixture(scope="module")
+def postgres_or_none(request):
+    """The test PostgreSQL server, or None when DICOMWEB_POSTGRES=skip."""
+    return None if skipped() else request.getfixturevalue("postgres")
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(INSTANCE, min_size=1, max_size=7), st.lists(QUERY, min_size=1, max_size=8),
        st.sampled_from(["study", "series", "instance"]), st.integers(0, 6))
-def test_memory_and_sqlite_give_the_same_answers(instances, queries, delete_level, victim):
+def test_memory_and_sqlite_give_the_same_answers(postgres_or_none, instances, queries, delete_level, victim):
     with tempfile.TemporaryDirectory() as tmp:
         records = []
         for i, spec in enumerate(instances):
@@ -99,19 +110,22 @@ def test_memory_and_sqlite_give_the_same_answers(instances, queries, delete_leve
             ds.save_as(path, enforce_file_format=True)
             records.append(describe_instance(path))
         indexes = (MemoryIndex(), SQLiteIndex(Path(tmp) / "index.sqlite"))
+        if postgres_or_none is not None:
+            indexes += (PostgreSQLIndex(postgres_or_none.fresh_url(), pool_size=2),)
         try:
             # in two batches, as two requests would be: refusals must also agree
             half = len(records) // 2
             for batch in (records[:half], records[half:]):
-                mem, sql = (i.add(batch) for i in indexes)
-                assert [getattr(r, "reason", r) for r in mem] == [getattr(r, "reason", r) for r in sql]
+                mem, *sql = ([getattr(r, "reason", r) for r in i.add(batch)] for i in indexes)
+                assert all(mem == other for other in sql)
             compare(indexes, queries)
             rec = records[victim % len(records)]
             scope = {"study": (rec.study_uid,), "series": (rec.study_uid, rec.series_uid),
                      "instance": (rec.study_uid, rec.series_uid, rec.sop_uid)}[delete_level]
-            assert sorted(indexes[0].delete(*scope)) == sorted(indexes[1].delete(*scope))
+            mem, *sql = (sorted(i.delete(*scope)) for i in indexes)
+            assert all(mem == other for other in sql)
             compare(indexes, queries)
-            assert indexes[0].count() == indexes[1].count()
+            assert len({i.count() for i in indexes}) == 1
         finally:
             for i in indexes:
                 i.close()

@@ -18,13 +18,23 @@ from dicomweb_server.dicom.status import FailureReason
 from dicomweb_server.store.base import Refused
 from dicomweb_server.store.commit import GroupCommitter
 from dicomweb_server.store.memory import MemoryIndex
+from dicomweb_server.store.postgresql import PostgreSQLIndex
 from dicomweb_server.store.sqlite import SQLiteIndex
 from tests.helpers import BASIC_TEXT_SR, CT_IMAGE_STORAGE, MR_IMAGE_STORAGE, make_dataset
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def open_index(kind: str, request, tmp_path):
+    """A new, empty index of this kind (PostgreSQL: in a schema of the test server)."""
+    if kind == "memory":
+        return MemoryIndex()
+    if kind == "sqlite":
+        return SQLiteIndex(tmp_path / "index.sqlite")
+    return PostgreSQLIndex(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
 def index(request, tmp_path):
-    idx = MemoryIndex() if request.param == "memory" else SQLiteIndex(tmp_path / "index.sqlite")
+    idx = open_index(request.param, request, tmp_path)
     yield idx
     idx.close()
 
@@ -310,19 +320,23 @@ def race(writers: list[GroupCommitter], recs: list, directory: Path) -> list:
     return results
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_two_concurrent_stores_cannot_both_file_one_series(kind, tmp_path):
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgresql"])
+def test_two_concurrent_stores_cannot_both_file_one_series(kind, tmp_path, request):
     """Two writers (for SQLite: two index connections with their own group committers,
-    as two worker processes have) store instances of two studies reusing one series
-    at the same moment: exactly one gets in."""
+    as two worker processes have; for PostgreSQL: two nodes, each with its own pool
+    and its own lock file, so no flock serialises them) store instances of two
+    studies reusing one series at the same moment: exactly one gets in."""
     for _round in range(5):
         se = generate_uid()
         recs = [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
         if kind == "memory":
             writers = [GroupCommitter(MemoryIndex(), tmp_path / "index.lock")] * 2
-        else:
+        elif kind == "sqlite":
             path = tmp_path / f"{se}.sqlite"
             writers = [GroupCommitter(SQLiteIndex(path), tmp_path / "index.lock") for _ in range(2)]
+        else:
+            url = request.getfixturevalue("postgres").fresh_url()
+            writers = [GroupCommitter(PostgreSQLIndex(url), tmp_path / f"node{n}.lock") for n in range(2)]
         results = race(writers, recs, tmp_path)
         assert sum(r is True for r in results) == 1, results
         assert sum(isinstance(r, Refused) and r.reason == 0xA900 for r in results) == 1, results

@@ -1,0 +1,210 @@
+"""PostgreSQL metadata index (``--index postgresql --database-url postgresql://...``):
+the index several archive nodes share. Same tables, queries and statements as the
+SQLite index (store/sql.py); what differs is here:
+
+- Connections: psycopg 3 pools: reads, placement locks (see below), and one
+  connection for writes (the group commit, store/commit.py, already makes one
+  writer per process): at most 2 x ``pool_size`` + 1 per worker process.
+- Durability (PS3.18 §10.5: a stored instance is acknowledged only when kept):
+  every session runs with ``synchronous_commit = on`` (forced when the server's
+  default is ``off``), and an archive refuses a server running with ``fsync = off``.
+- Across nodes the ``flock`` files of one machine do not serialise anything:
+  a write transaction first takes ``pg_advisory_xact_lock`` on every study, series
+  and SOP Instance UID it touches (in ascending key order: no deadlock), so the
+  hierarchy check (store/base.py ``hierarchy_conflict``) and the inserts are
+  atomic across nodes; the unique constraints on the UIDs stay as the last guard.
+  :meth:`PostgreSQLIndex.locked` (session advisory locks) keeps two nodes from
+  placing the file of one SOP Instance UID at the same time.
+- Schema: created and migrated by the archive (table ``schema_version``, one
+  migration step per version, under an advisory lock so that nodes starting
+  together migrate once); ``dicomweb-server migrate`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from ..dicom.instance import InstanceRecord
+from .base import Refused
+from .sql import POSTGRESQL, SQLIndex, coldefs
+
+log = logging.getLogger(__name__)
+
+_MIGRATE_LOCK = 0x44434D57  # "DCMW": advisory lock key of the schema migration
+_PLACE_LOCKS = 0x44434D50  # "DCMP": namespace of the per-instance placement locks
+
+
+def _v1() -> list[str]:
+    pg = POSTGRESQL
+    return [f"""
+CREATE TABLE study (
+  pk BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  StudyInstanceUID {pg.text} NOT NULL UNIQUE,
+  {coldefs(pg, "study", "StudyInstanceUID")},
+  ModalitiesInStudy {pg.text}, SOPClassesInStudy {pg.text},
+  NumberOfStudyRelatedSeries BIGINT NOT NULL DEFAULT 0,
+  NumberOfStudyRelatedInstances BIGINT NOT NULL DEFAULT 0,
+  _json BYTEA NOT NULL
+)""", f"""
+CREATE TABLE series (
+  pk BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  study_pk BIGINT NOT NULL REFERENCES study(pk),
+  SeriesInstanceUID {pg.text} NOT NULL UNIQUE,
+  {coldefs(pg, "series", "SeriesInstanceUID")},
+  NumberOfSeriesRelatedInstances BIGINT NOT NULL DEFAULT 0,
+  _json BYTEA NOT NULL
+)""", f"""
+CREATE TABLE instance (
+  pk BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  series_pk BIGINT NOT NULL REFERENCES series(pk),
+  SOPInstanceUID {pg.text} NOT NULL UNIQUE,
+  {coldefs(pg, "instance", "SOPInstanceUID")},
+  _transfer_syntax TEXT NOT NULL,
+  _path TEXT NOT NULL,
+  _size BIGINT NOT NULL,
+  _pixel BYTEA,
+  _metadata BYTEA NOT NULL
+)""",
+        "CREATE INDEX study_patient_id ON study(PatientID)",
+        "CREATE INDEX study_patient_name ON study(PatientName)",
+        "CREATE INDEX study_date ON study(StudyDate)",
+        "CREATE INDEX study_accession ON study(AccessionNumber)",
+        "CREATE INDEX series_study ON series(study_pk)",
+        "CREATE INDEX series_modality ON series(Modality)",
+        "CREATE INDEX instance_series ON instance(series_pk)",
+    ]
+
+
+# version -> the statements that bring the schema from version - 1 to it
+MIGRATIONS = {1: _v1}
+SCHEMA_VERSION = max(MIGRATIONS)
+
+
+class DatabaseRefused(RuntimeError):
+    """The database cannot keep the archive's promises (durability, schema version)."""
+
+
+def _key(text: str) -> int:
+    """A signed 64-bit advisory lock key for a UID (any stable hash does)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+def _key32(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big", signed=True)
+
+
+def _configure(con) -> None:
+    """Every session: durable commits (PS3.18 §10.5), whatever the server's default."""
+    if con.execute("SHOW synchronous_commit").fetchone()[0] == "off":
+        con.execute("SET synchronous_commit = on")
+
+
+def migrate(con) -> tuple[int, int]:
+    """Create or migrate the schema on ``con`` (autocommit). Returns (version before,
+    version after); refuses a database migrated by a newer archive."""
+    with con.transaction():
+        con.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+        con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+        before = row[0] or 0
+        if before > SCHEMA_VERSION:
+            raise DatabaseRefused(f"the database schema is version {before}; this archive knows up to "
+                                  f"{SCHEMA_VERSION}: upgrade the archive")
+        for version in range(before + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version]():
+                con.execute(statement)
+            con.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+            log.info("index schema migrated to version %d", version)
+    return before, SCHEMA_VERSION
+
+
+def check_durable(con) -> None:
+    """Refuse a server that acknowledges commits it may lose."""
+    if con.execute("SHOW fsync").fetchone()[0] != "on":
+        raise DatabaseRefused("PostgreSQL runs with fsync = off: a commit could be lost on power failure, "
+                              "so the archive refuses it (set fsync = on)")
+    if con.execute("SHOW synchronous_commit").fetchone()[0] == "off":
+        raise DatabaseRefused("synchronous_commit is off for the archive's sessions")
+    if con.execute("SHOW server_encoding").fetchone()[0] != "UTF8":
+        raise DatabaseRefused("the database encoding must be UTF8 (createdb -E UTF8)")
+
+
+class PostgreSQLIndex(SQLIndex):
+    """Index on a PostgreSQL database shared by any number of archive nodes."""
+
+    dialect = POSTGRESQL
+
+    def __init__(self, url: str, pool_size: int = 8) -> None:
+        from psycopg_pool import ConnectionPool
+
+        kwargs = {"autocommit": True}
+        # reads: no check per checkout (it would double every look-up's round trips); a connection
+        # that broke (server restart) is dropped by the pool when its query fails
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=kwargs, configure=_configure,
+                                    open=True, name="dicomweb-read")
+        # stores wait here for their placement locks' sessions (back-pressure, not errors), never taking
+        # the readers' connections; writers never wait behind either
+        self._placing = ConnectionPool(url, min_size=1, max_size=pool_size, kwargs=kwargs, configure=_configure,
+                                       check=ConnectionPool.check_connection, open=True, name="dicomweb-place",
+                                       timeout=600.0)
+        self._writer = ConnectionPool(url, min_size=1, max_size=1, kwargs=kwargs, configure=_configure,
+                                      check=ConnectionPool.check_connection, open=True, name="dicomweb-write")
+        try:
+            with self._writer.connection() as con:
+                check_durable(con)
+                migrate(con)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._pool.close()
+        self._placing.close()
+        self._writer.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator:
+        with self._pool.connection() as con:
+            yield con
+
+    @contextmanager
+    def _writing(self, uids: Iterable[str]) -> Iterator:
+        """A write transaction holding the advisory locks of ``uids`` until it ends."""
+        with self._writer.connection() as con, con.transaction():
+            keys = sorted({_key(u) for u in uids})
+            con.cursor().executemany("SELECT pg_advisory_xact_lock(%s)", [(k,) for k in keys])
+            yield con
+
+    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
+        """Index.add in one transaction, atomic across nodes: the locks of every
+        study, series and SOP Instance UID of ``records`` are held from before the
+        hierarchy check until the (synchronous) commit."""
+        uids = [u for r in records for u in (r.study_uid, r.series_uid, r.sop_uid)]
+        with self._writing(uids) as con:
+            added = self._add_rows(con, records)
+            # routing's outbox (data/outbox.sqlite, as with the in-memory index): committed
+            # inside this transaction, before it commits (routing.Routing._on_add)
+            self._run_write_hooks(con, records, added)
+            return added
+
+    def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
+        # every add into this study holds its study lock: they serialise with this
+        with self._writing([study_uid]) as con:
+            return self._delete_rows(con, study_uid, series_uid, sop_uid)
+
+    @contextmanager
+    def locked(self, sop_uids: Iterable[str]) -> Iterator[None]:
+        """Exclusive right, across nodes, to place the files of these instances
+        (session advisory locks on a connection held meanwhile; a separate key
+        space from the transactions' locks, so a holder's own commit never waits
+        for it)."""
+        keys = sorted({_key32(u) for u in sop_uids})
+        with self._placing.connection() as con:
+            con.cursor().executemany("SELECT pg_advisory_lock(%s, %s)", [(_PLACE_LOCKS, k) for k in keys])
+            try:
+                yield
+            finally:
+                con.execute("SELECT pg_advisory_unlock_all()")

@@ -1,0 +1,367 @@
+"""What the two SQL indexes (store/sqlite.py, store/postgresql.py) share: the
+QIDO-RS query model (dicom/matching.py) compiled to SQL, the table columns, and
+the read queries. A :class:`Dialect` says what differs between SQLite and
+PostgreSQL: placeholders, column types, wildcard matching, upserts.
+
+Both dialects compare text byte for byte (SQLite's BINARY collation; PostgreSQL
+columns are ``COLLATE "C"`` in a UTF-8 database), so wildcard, range and single
+value matching give the same answers (tests/store/test_index_agreement.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import orjson
+
+from ..dicom.attributes import STORED, Attribute, Kind
+from ..dicom.instance import InstanceRecord, dumps
+from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record
+from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
+
+ALIAS = {"study": "s", "series": "se", "instance": "i"}
+
+
+def _glob_escape(text: str) -> str:
+    """Escape GLOB's own metacharacters; DICOM's ``*``/``?`` keep their meaning."""
+    return text.replace("[", "[[]")
+
+
+def _like_escape(text: str) -> str:
+    """Escape LIKE's own metacharacters (``%``, ``_`` and the escape ``\\``)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the SQL engines, for the statements written once here."""
+
+    name: str
+    placeholder: str  # "?" (sqlite3) or "%s" (psycopg)
+    text: str  # column type of matching keys
+    integer: str  # column type of IS/US matching keys
+    blob: str  # column type of stored JSON
+    contains: str  # SQL function: position of a substring, 0 when absent
+
+    def sql(self, text: str) -> str:
+        """Statements are written with ``?``; psycopg wants ``%s``."""
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def wildcard(self, expr: str, pattern: str) -> tuple[str, str]:
+        """``expr`` matches the DICOM wildcard ``pattern`` (``*`` any run, ``?`` one
+        character; everything else literal, case-sensitive)."""
+        if self.name == "sqlite":
+            return f"{expr} GLOB ?", _glob_escape(pattern)
+        return f"{expr} LIKE ? ESCAPE '\\'", _like_escape(pattern).replace("*", "%").replace("?", "_")
+
+    def column(self, value: object) -> object:
+        """A matching key's value as its column holds it. PostgreSQL text cannot hold
+        NUL: it becomes U+FFFF, a noncharacter, so that the value is still stored (an
+        error would fail every instance of the group commit), wildcards still count it
+        as one character, and no query can name it (queries refuse NUL, and U+FFFF is
+        not a character a sender means)."""
+        if self.name == "postgresql" and isinstance(value, str) and "\x00" in value:
+            return value.replace("\x00", "\uffff")
+        return value
+
+    def insert_ignore(self, table: str, columns: list[str]) -> str:
+        """INSERT of one row that does nothing when a unique key already holds it."""
+        values = ",".join("?" * len(columns))
+        if self.name == "sqlite":
+            return f"INSERT OR IGNORE INTO {table} ({','.join(columns)}) VALUES ({values})"
+        return f"INSERT INTO {table} ({','.join(columns)}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+
+SQLITE = Dialect("sqlite", "?", "TEXT", "INTEGER", "BLOB", "instr")
+POSTGRESQL = Dialect("postgresql", "%s", 'TEXT COLLATE "C"', "BIGINT", "BYTEA", "strpos")
+
+
+def cols(level: str) -> list[str]:
+    return [a.keyword for a in STORED[level]]  # type: ignore[index]
+
+
+def coldefs(dialect: Dialect, level: str, skip: str) -> str:
+    """Column definitions of a level's matching keys (all but its UID)."""
+    return ",\n  ".join(f"{a.keyword} {dialect.integer if a.kind is Kind.INT else dialect.text}"
+                        for a in STORED[level] if a.keyword != skip)  # type: ignore[index]
+
+
+def compile_match(dialect: Dialect, m: Match, fuzzy: bool) -> tuple[str, list]:
+    """One matching key (PS3.4 C.2.2.2) as an SQL condition and its parameters."""
+    a: Attribute = m.attribute
+    col = f"{ALIAS[a.level]}.{a.keyword}"
+    t = m.type
+    if t == "universal":
+        return "", []
+    if a.kind is Kind.MULTI:
+        return ("(" + " OR ".join(f"{dialect.contains}({col}, ?) > 0" for _ in m.values) + ")",
+                [f"\\{v}\\" for v in m.values])
+    if a.kind is Kind.PN and fuzzy and t in ("single", "wildcard"):
+        words = col
+        for sep in PN_WORD_SEPARATORS.strip():
+            words = f"replace({words}, '{sep}', ' ')"
+        words = f"(' ' || {words})"
+        toks = fuzzy_tokens(m.values[0])
+        if not toks:
+            return f"{col} IS NOT NULL", []
+        conds = [dialect.wildcard(words, f"* {tok}*") for tok in toks]
+        return "(" + " AND ".join(c for c, _ in conds) + ")", [p for _, p in conds]
+    if t == "single":
+        return f"{col} = ?", [m.values[0]]
+    if t == "list":
+        return f"{col} IN ({','.join('?' * len(m.values))})", list(m.values)
+    if t == "wildcard":
+        cond, param = dialect.wildcard(col, m.values[0])
+        return cond, [param]
+    if t == "range":
+        lo, hi = m.values
+        parts, params = [f"substr({col}, 1, 1) BETWEEN '0' AND '9'"], []
+        if lo is not None:
+            parts.append(f"{col} >= ?")
+            params.append(lo)
+        if hi is not None:
+            parts.append(f"{col} <= ?")
+            params.append(hi)
+        return "(" + " AND ".join(parts) + ")", params
+    raise AssertionError(t)
+
+
+def compile_search(dialect: Dialect, query: Query) -> tuple[str, list]:
+    """The QIDO-RS query as one SELECT (columns as :func:`hit` reads them)."""
+    level = query.level
+    select = ["s.StudyInstanceUID", "s._json", "s.ModalitiesInStudy", "s.SOPClassesInStudy",
+              "s.NumberOfStudyRelatedSeries", "s.NumberOfStudyRelatedInstances"]
+    frm = "study s"
+    order = "s.pk"
+    if level in ("series", "instance"):
+        select += ["se.SeriesInstanceUID", "se._json", "se.NumberOfSeriesRelatedInstances"]
+        frm = "series se JOIN study s ON s.pk = se.study_pk"
+        order = "se.pk"
+    if level == "instance":
+        select += ["i.SOPInstanceUID", "i._metadata"]
+        frm = "instance i JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk"
+        order = "i.pk"
+    where: list[str] = []
+    params: list = []
+    if query.study_uid is not None:
+        where.append("s.StudyInstanceUID = ?")
+        params.append(query.study_uid)
+    if query.series_uid is not None:
+        where.append("se.SeriesInstanceUID = ?")
+        params.append(query.series_uid)
+    for m in query.matches:
+        cond, p = compile_match(dialect, m, query.fuzzy)
+        if cond:
+            where.append(cond)
+            params += p
+    sql = f"SELECT {', '.join(select)} FROM {frm}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY {order} LIMIT ? OFFSET ?"
+    params += [query.limit, query.offset]
+    return dialect.sql(sql), params
+
+
+def hit(level: str, row: tuple) -> SearchHit:
+    computed: dict[str, object] = {
+        "ModalitiesInStudy": split_multi(row[2]),
+        "SOPClassesInStudy": split_multi(row[3]),
+        "NumberOfStudyRelatedSeries": row[4],
+        "NumberOfStudyRelatedInstances": row[5],
+    }
+    series_uid = series_json = sop_uid = instance_json = None
+    if level != "study":
+        series_uid, series_json = row[6], row[7]
+        computed["NumberOfSeriesRelatedInstances"] = row[8]
+    if level == "instance":
+        sop_uid, instance_json = row[9], row[10]
+    return SearchHit(row[0], series_uid, sop_uid, row[1], series_json, instance_json, computed)
+
+
+def modality_values(modality: str | None) -> set[str]:
+    """The values of a (possibly multi-valued) Modality column."""
+    return {m for m in (modality or "").split("\\") if m}
+
+
+def split_multi(v: str | None) -> list[str]:
+    return [x for x in (v or "").split("\\") if x]
+
+
+def join_multi(values: set[str]) -> str | None:
+    """Multi-valued columns are stored as ``\\A\\B\\`` so that ``instr`` finds ``\\A\\``."""
+    return "\\" + "\\".join(sorted(values)) + "\\" if values else None
+
+
+def scope(study_uid: str, series_uid: str | None, sop_uid: str | None = None) -> tuple[str, list]:
+    """WHERE clause (with ``?``) selecting a study, series or instance by its UIDs."""
+    where, params = ["s.StudyInstanceUID = ?"], [study_uid]
+    if series_uid is not None:
+        where.append("se.SeriesInstanceUID = ?")
+        params.append(series_uid)
+    if sop_uid is not None:
+        where.append("i.SOPInstanceUID = ?")
+        params.append(sop_uid)
+    return "WHERE " + " AND ".join(where), params
+
+
+_LOC = ("SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID, i.SOPClassUID, "
+        "i._transfer_syntax, i._path, i._size, i._pixel FROM instance i "
+        "JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk ")
+
+
+def _loc(row: tuple) -> InstanceLocation:
+    return InstanceLocation(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
+                            orjson.loads(row[7]) if row[7] is not None else None)
+
+
+class SQLIndex(Index):
+    """An SQL index, written once for both engines. A subclass sets ``dialect``,
+    gives :meth:`_reading` (a connection for one read: ``execute`` returns a cursor
+    with ``fetchone``/``fetchall``, iterable), and wraps :meth:`_add_rows` and
+    :meth:`_delete_rows` in its engine's write transaction."""
+
+    dialect: Dialect
+
+    def _x(self, con, sql: str, params: list | tuple = ()):
+        return con.execute(self.dialect.sql(sql), params)
+
+    # --- writes, inside the caller's transaction ----------------------------------------
+
+    def _add_rows(self, con, records: list[InstanceRecord]) -> list[bool | Refused]:
+        """Insert instances and update the computed study/series attributes
+        incrementally (constant work per instance, whatever the study's size).
+        The caller's transaction keeps other writers of these UIDs out, so the
+        hierarchy check (store/base.py) and the inserts are atomic."""
+        d, x = self.dialect, self._x
+        added: list[bool | Refused] = []
+        scols, secols, icols = cols("study"), cols("series"), cols("instance")
+        study_insert = d.insert_ignore("study", [*scols, "_json"])
+        series_insert = d.insert_ignore("series", ["study_pk", *secols, "_json"])
+        instance_insert = (f"INSERT INTO instance (series_pk, {','.join(icols)}, _transfer_syntax, _path, _size, "
+                           f"_pixel, _metadata) VALUES (?, {','.join('?' * (len(icols) + 5))})")
+        for r in records:
+            old = x(con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID FROM instance i JOIN series se "
+                    "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE i.SOPInstanceUID = ?",
+                    (r.sop_uid,)).fetchone()
+            old_series = x(con, "SELECT s.StudyInstanceUID FROM series se JOIN study s ON s.pk = se.study_pk "
+                           "WHERE se.SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
+            refused = hierarchy_conflict(r, tuple(old) if old else None, old_series[0] if old_series else None)
+            if refused is not None or old is not None:
+                added.append(refused if refused is not None else False)
+                continue
+            x(con, study_insert, [d.column(r.study[c]) for c in scols] + [r.study_json])
+            study_pk, modalities, classes = x(
+                con, "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE StudyInstanceUID = ?",
+                (r.study_uid,)).fetchone()
+            new_series = x(con, series_insert,
+                           [study_pk] + [d.column(r.series[c]) for c in secols] + [r.series_json]).rowcount == 1
+            series_pk, modality = x(con, "SELECT pk, Modality FROM series WHERE SeriesInstanceUID = ?",
+                                    (r.series_uid,)).fetchone()
+            x(con, instance_insert,
+              [series_pk] + [d.column(r.instance[c]) for c in icols]
+              + [r.transfer_syntax_uid, r.path, r.size,
+                 orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata])
+            x(con, "UPDATE series SET NumberOfSeriesRelatedInstances = NumberOfSeriesRelatedInstances + 1 "
+              "WHERE pk = ?", (series_pk,))
+            mods = set(split_multi(modalities)) | modality_values(modality)
+            sops = set(split_multi(classes)) | {r.sop_class_uid}
+            x(con, "UPDATE study SET NumberOfStudyRelatedInstances = NumberOfStudyRelatedInstances + 1, "
+              "NumberOfStudyRelatedSeries = NumberOfStudyRelatedSeries + ?, ModalitiesInStudy = ?, "
+              "SOPClassesInStudy = ? WHERE pk = ?",
+              (1 if new_series else 0, join_multi(mods), join_multi(sops), study_pk))
+            added.append(True)
+        return added
+
+    def _speak(self, con, level: str, pk: int, where: str) -> None:
+        """Set the study/series record to what its earliest instance still stored says."""
+        row = self._x(con, "SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
+                      f"WHERE {where} = ? ORDER BY i.pk LIMIT 1", (pk,)).fetchone()
+        if row is None:
+            return  # empty: the row is about to be deleted
+        values, json = level_record(orjson.loads(row[0]), level)  # type: ignore[arg-type]
+        names = [c for c in cols(level) if c not in ("StudyInstanceUID", "SeriesInstanceUID")]
+        self._x(con, f"UPDATE {level} SET {', '.join(f'{c} = ?' for c in names)}, _json = ? WHERE pk = ?",
+                [self.dialect.column(values[c]) for c in names] + [dumps(json), pk])
+
+    def _recompute(self, con, series_pks: set[int], study_pks: set[int]) -> None:
+        x = self._x
+        for pk in series_pks:
+            x(con, "UPDATE series SET NumberOfSeriesRelatedInstances = "
+              "(SELECT count(*) FROM instance WHERE series_pk = ?) WHERE pk = ?", (pk, pk))
+            self._speak(con, "series", pk, "i.series_pk")
+        for pk in study_pks:
+            self._speak(con, "study", pk, "se.study_pk")
+            mods = {v for (m,) in x(
+                con, "SELECT DISTINCT Modality FROM series WHERE study_pk = ? AND Modality IS NOT NULL", (pk,))
+                for v in modality_values(m)}
+            classes = {c for (c,) in x(
+                con, "SELECT DISTINCT i.SOPClassUID FROM instance i JOIN series se ON se.pk = i.series_pk "
+                "WHERE se.study_pk = ?", (pk,))}
+            x(con, "UPDATE study SET ModalitiesInStudy = ?, SOPClassesInStudy = ?, "
+              "NumberOfStudyRelatedSeries = (SELECT count(*) FROM series WHERE study_pk = ?), "
+              "NumberOfStudyRelatedInstances = (SELECT coalesce(sum(NumberOfSeriesRelatedInstances), 0) "
+              "FROM series WHERE study_pk = ?) WHERE pk = ?",
+              (join_multi(mods), join_multi(classes), pk, pk, pk))
+
+    def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None) -> list[str]:
+        """Remove a study, series or instance and recompute what is left; returns the paths."""
+        where, params = scope(study_uid, series_uid, sop_uid)
+        rows = self._x(con, "SELECT i.pk, i._path, se.pk, s.pk FROM instance i JOIN series se "
+                       "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk " + where, params).fetchall()
+        con.cursor().executemany(self.dialect.sql("DELETE FROM instance WHERE pk = ?"), [(r[0],) for r in rows])
+        series_pks = {r[2] for r in rows}
+        study_pks = {r[3] for r in rows}
+        # series and studies left empty are removed as they are; only those that keep
+        # instances are recomputed (fewer pages written: a DELETE must also work on a
+        # nearly full disk, where it is how space is freed)
+        emptied = self._emptied(con, series_pks, "SELECT 1 FROM instance WHERE series_pk = ? LIMIT 1")
+        con.cursor().executemany(self.dialect.sql("DELETE FROM series WHERE pk = ?"), [(pk,) for pk in emptied])
+        self._recompute(con, series_pks - emptied, set())
+        gone = self._emptied(con, study_pks, "SELECT 1 FROM series WHERE study_pk = ? LIMIT 1")
+        con.cursor().executemany(self.dialect.sql("DELETE FROM study WHERE pk = ?"), [(pk,) for pk in gone])
+        self._recompute(con, set(), study_pks - gone)
+        return [r[1] for r in rows]
+
+    def _emptied(self, con, pks: set[int], child: str) -> set[int]:
+        """Those of ``pks`` that the ``child`` query (one ``?``: the pk) finds nothing for."""
+        return {pk for pk in pks if self._x(con, child, (pk,)).fetchone() is None}
+
+    # --- reads ------------------------------------------------------------------------
+
+    def _reading(self) -> AbstractContextManager:
+        raise NotImplementedError
+
+    def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
+        with self._reading() as con:
+            return con.execute(self.dialect.sql(sql), params).fetchall()
+
+    def locate(self, sop_uid: str) -> InstanceLocation | None:
+        rows = self._rows(_LOC + "WHERE i.SOPInstanceUID = ?", (sop_uid,))
+        return _loc(rows[0]) if rows else None
+
+    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
+        where, params = scope(study_uid, series_uid)
+        return [_loc(r) for r in self._rows(_LOC + where + " ORDER BY se.pk, i.pk", params)]
+
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[bytes]:
+        where, params = scope(study_uid, series_uid, sop_uid)
+        return [bytes(r[0]) for r in self._rows(
+            "SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
+            "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY se.pk, i.pk", params)]
+
+    def search(self, query: Query) -> list[SearchHit]:
+        sql, params = compile_search(self.dialect, query)
+        with self._reading() as con:
+            return [hit(query.level, row) for row in con.execute(sql, params)]
+
+    def count(self) -> int:
+        return self._rows("SELECT count(*) FROM instance")[0][0]
+
+    def counts(self) -> IndexCounts:
+        return IndexCounts(*self._rows(
+            "SELECT (SELECT count(*) FROM study), (SELECT count(*) FROM series), (SELECT count(*) FROM instance)")[0])
+
+    def paths(self) -> Iterator[tuple[str, str]]:
+        yield from self._rows("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk")
