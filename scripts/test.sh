@@ -5,6 +5,7 @@
 # apt-get when missing (as root, or with sudo). The PostgreSQL index's tests start Debian's
 # PostgreSQL server themselves (tests/postgres.py; DICOMWEB_POSTGRES=skip skips them).
 set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive  # CI has no terminal: apt must never ask
 cd "$(dirname "$0")/.."
 ORTHANC_DICOMWEB=/usr/share/orthanc/plugins/libOrthancDicomWeb.so
 if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
