@@ -2,6 +2,11 @@
 
     python -m loadtests.route --archive URL --sink URL --sink-data DIR [--clients 1,4] [--instances 200]
     python -m loadtests.route --spawn [--workers 2] [--clients 1,4] [--instances 200] [--size 512]
+    python -m loadtests.route --spawn --via dimse [--dimse-port P] [--ae-title T] ...
+
+With ``--via dimse`` the clients send C-STORE instead (pynetdicom SCU, one association
+per client carrying all its instances; acknowledged = C-STORE-RSP status 0x0000 Success,
+PS3.4 B.2.3) to the archive's DIMSE port; delivery and reconciliation are unchanged.
 
 The archive forwards (``--routes``) to the sink. Per client count, the clients send
 STOW-RS (one instance per request) of new MR images (``--size`` squared, 16 bits)
@@ -58,11 +63,12 @@ def _free_port() -> int:
 class Spawned:
     """A sink archive and a forwarding archive in a temporary folder."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, dimse: bool = False) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="route-load-"))
         self.sink_data = self.root / "sink"
         self.archive_data = self.root / "archive"
         sink_port, arch_port = _free_port(), _free_port()
+        self.dimse_port = _free_port() if dimse else 0
         self.sink = f"http://127.0.0.1:{sink_port}"
         self.archive = f"http://127.0.0.1:{arch_port}"
         routes = self.root / "routes.toml"
@@ -72,14 +78,28 @@ class Spawned:
         env["DICOMWEB_LOG_LEVEL"] = "warning"
         cmd = [sys.executable, "-m", "dicomweb_server.cli", "serve"]
         self.procs = [
-            subprocess.Popen(cmd + ["--data-dir", str(self.sink_data), "--port", str(sink_port), "--workers", "1"],
+            subprocess.Popen(cmd + ["--data-dir", str(self.sink_data), "--port", str(sink_port), "--workers", "1",
+                                    "--dimse-port", "0"],
                              env=env, start_new_session=True),
             subprocess.Popen(cmd + ["--data-dir", str(self.archive_data), "--port", str(arch_port),
-                                    "--workers", str(workers), "--routes", str(routes)],
+                                    "--workers", str(workers), "--routes", str(routes),
+                                    "--dimse-port", str(self.dimse_port)],
                              env=env, start_new_session=True),
         ]
         wait_http(self.sink + "/studies?limit=1", proc=self.procs[0])
         wait_http(self.archive + "/studies?limit=1", proc=self.procs[1])
+        if self.dimse_port:  # the DIMSE listener is its own process: wait until it accepts
+            import socket
+
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", self.dimse_port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
 
     def close(self) -> None:
         for p in self.procs:
@@ -101,8 +121,45 @@ def queue_depth(archive: str) -> tuple[int, dict] | None:
     return sum((s["pending"] or 0) + (s["in_flight"] or 0) for s in d.values()), d
 
 
+def _dimse_client(dimse: tuple[str, int, str], base: bytes, count: int, ack) -> list[str]:
+    """C-STORE ``count`` copies of ``base`` (new SOP Instance UIDs) over one association;
+    ``ack(sop)`` on each C-STORE-RSP Success (0x0000, PS3.4 B.2.3). Returns the errors."""
+    from io import BytesIO
+
+    from pydicom import dcmread
+    from pynetdicom import AE
+
+    ds = dcmread(BytesIO(base))
+    ae = AE(ae_title="ROUTELOAD")
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 120
+    ae.add_requested_context(ds.SOPClassUID, [ds.file_meta.TransferSyntaxUID])
+    host, port, called = dimse
+    assoc = ae.associate(host, port, ae_title=called)
+    if not assoc.is_established:
+        return ["association refused or aborted"] * count
+    errors: list[str] = []
+    try:
+        for _ in range(count):
+            sop = fixed_length_uid()
+            ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = sop
+            try:
+                status = assoc.send_c_store(ds).get("Status")
+            except Exception as e:  # noqa: BLE001 - a broken association is an error of the step
+                errors.append(str(e))
+                continue
+            if status == 0:
+                ack(sop)
+            else:
+                errors.append(f"C-STORE status {status}")
+    finally:
+        if assoc.is_established:
+            assoc.release()
+    return errors
+
+
 def run_step(archive: str, sink: str, sink_data: Path, clients: int, n: int, size: int,
-             archive_data: Path | None = None) -> dict:
+             archive_data: Path | None = None, dimse: tuple[str, int, str] | None = None) -> dict:
+    """One step; ``dimse`` = (host, port, called AE title) sends C-STORE instead of STOW-RS."""
     template, (ph_study, ph_series, ph_sop) = stow_template(size)
     study = fixed_length_uid()
     series = [fixed_length_uid() for _ in range(clients)]
@@ -115,6 +172,16 @@ def run_step(archive: str, sink: str, sink_data: Path, clients: int, n: int, siz
 
     def client(i: int) -> None:
         base = template.replace(ph_study.encode(), study.encode()).replace(ph_series.encode(), series[i].encode())
+        if dimse is not None:
+            def ack(sop: str) -> None:
+                with lock:
+                    acked[sop] = series[i]
+                    ack_times.append(time.time())
+
+            errs = _dimse_client(dimse, base, per_client[i], ack)
+            with lock:
+                errors.extend(errs)
+            return
         with httpx.Client(timeout=120) as c:
             for _ in range(per_client[i]):
                 sop = fixed_length_uid()
@@ -192,6 +259,7 @@ def run_step(archive: str, sink: str, sink_data: Path, clients: int, n: int, siz
     ingest = len(acked) / ingest_s if ingest_s else None
     delivery = len(mtimes) / deliver_s if deliver_s else None
     return {
+        "via": "C-STORE" if dimse else "STOW-RS",
         "clients": clients, "sent": n, "acked": len(acked), "errors": len(errors), "body_bytes": body_size,
         "ingest_s": ingest_s, "ingest_per_s": ingest,
         "delivery_s": deliver_s, "delivery_per_s": delivery,
@@ -224,9 +292,11 @@ def report(results: list[dict], args: argparse.Namespace, busy: str) -> str:
         "# Routing: ingest vs delivery (`python -m loadtests.route`)",
         "",
         f"Objects: MR {args.size}x{args.size}, 16 bits allocated, Explicit VR Little Endian, "
-        f"**{size:,} bytes** per PS3.10 file, one instance per STOW-RS request; the archive forwards every "
+        f"**{size:,} bytes** per PS3.10 file, ingest by "
+        + ("C-STORE (one association per client, acknowledged = C-STORE-RSP Success)" if args.via == "dimse"
+           else "STOW-RS (one instance per request)") + f"; the archive forwards every "
         f"instance to a sink archive by STOW-RS (batches of up to 20, 2 in flight). "
-        f"Ingest: acknowledged/s on the sender's clock (first request to last 200). Delivery: first to last "
+        f"Ingest: acknowledged/s on the sender's clock (first request to last acknowledgement: HTTP 200 or C-STORE-RSP 0x0000). Delivery: first to last "
         f"arrival on the **sink's clock** (mtime of the sink's stored files). Lag: last arrival after the last "
         f"acknowledgement; end-to-end: arrivals per second from the first request sent to the last arrival (same "
         f"host, so the two clocks are one).",
@@ -255,21 +325,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default="1,4", help="client counts, comma separated")
     p.add_argument("--instances", type=int, default=200, help="instances per step")
     p.add_argument("--size", type=int, default=512, help="image rows = columns")
+    p.add_argument("--via", choices=("stow", "dimse"), default="stow",
+                   help="ingest by STOW-RS (default) or C-STORE to the archive's DIMSE port")
+    p.add_argument("--dimse-host", default="127.0.0.1", help="the archive's DIMSE host with --via dimse")
+    p.add_argument("--dimse-port", type=int, help="the archive's DIMSE port with --via dimse (free port with --spawn)")
+    p.add_argument("--ae-title", default="DICOMWEB", help="the archive's AE title (called AE) with --via dimse")
     p.add_argument("--out", type=Path, help="also write the markdown report here")
     args = p.parse_args(argv)
     spawned = None
     if args.spawn:
-        spawned = Spawned(args.workers)
+        spawned = Spawned(args.workers, dimse=args.via == "dimse")
+        args.dimse_port = spawned.dimse_port or args.dimse_port
         args.archive, args.sink, args.sink_data = spawned.archive, spawned.sink, spawned.sink_data
         args.archive_data = spawned.archive_data
     elif not (args.archive and args.sink and args.sink_data):
         p.error("give --archive, --sink and --sink-data, or --spawn")
+    if args.via == "dimse" and not args.dimse_port:
+        p.error("--via dimse needs --dimse-port (or --spawn)")
+    dimse = (args.dimse_host, args.dimse_port, args.ae_title) if args.via == "dimse" else None
     try:
         load0 = os.getloadavg()
         results = []
         for n in (int(x) for x in args.clients.split(",")):
             r = run_step(args.archive.rstrip("/"), args.sink.rstrip("/"), args.sink_data, n, args.instances,
-                         args.size, args.archive_data)
+                         args.size, args.archive_data, dimse)
             print(f"{n} client(s): ingest {fmt(r['ingest_per_s'])}/s, delivery {fmt(r['delivery_per_s'])}/s, "
                   f"at sink {r['at_sink']}/{r['acked']}, missing {r['missing']}, extra {r['extra']}",
                   file=sys.stderr, flush=True)
