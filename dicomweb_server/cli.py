@@ -101,6 +101,11 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.viewer:
         print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
               file=sys.stderr, flush=True)
+    taken = _port_taken(settings.host, settings.port)
+    if taken:  # uvicorn would only log "[Errno 98] Address already in use", naming no port
+        print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
+              "(another program on that port? start with --port PORT)", file=sys.stderr)
+        return 2
     dimse = _start_dimse(settings)  # if this process dies, PR_SET_PDEATHSIG ends it too
     uvicorn.run(
         "dicomweb_server.app:create_app_from_env",
@@ -124,6 +129,21 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _stop_dimse(dimse)
     return 0
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the HTTP port cannot be bound (bound and released at once, with SO_REUSEADDR as
+    uvicorn binds it), or None."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def _start_dimse(settings):

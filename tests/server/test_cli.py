@@ -175,3 +175,18 @@ def test_check_names_and_repairs_each_kind_of_misfiled_or_unreadable_file(tmp_pa
     assert pydicom.dcmread(archive.blobs.resolve(paths[kept.SOPInstanceUID])).PatientName == "Test^Patient"
     assert not (data / "blobs" / "misc").exists()
     archive.close()
+
+
+def test_serve_names_a_taken_http_port(tmp_path):
+    """uvicorn alone logs "[Errno 98] Address already in use" without the port: serve names
+    it and the flag, exits 2, and starts no DIMSE listener."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("serve", "--data-dir", str(tmp_path), "--port", str(port), "--dimse-port", "0", "--workers", "1")
+    assert r.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert "--port PORT" in r.stderr
