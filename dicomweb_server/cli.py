@@ -88,6 +88,12 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)
+    taken = settings.dimse_port and _port_taken(settings.host, settings.dimse_port)
+    if taken:  # HTTP goes on; the landing page then claims no DIMSE port
+        from .dimse.scp import listen_error
+
+        print(f"dicomweb-server: {listen_error(settings, OSError(taken))}", file=sys.stderr, flush=True)
+        settings.dimse_port = 0
     settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
