@@ -99,14 +99,13 @@ def _start_dimse_in_worker(archive: Archive, settings: Settings):
     """The DIMSE listener inside this worker (the in-memory index: one process)."""
     if not (settings.dimse_in_worker and settings.dimse_port):
         return None
-    from .dimse.scp import DimseServer
+    from .dimse.scp import DimseServer, listen_error
 
     server = DimseServer(archive, settings)
     try:
         server.start()
     except OSError as e:
-        logging.getLogger("dicomweb_server.dimse").error(
-            "DIMSE listener cannot listen on %s:%s: %s", settings.host, settings.dimse_port, e)
+        logging.getLogger("dicomweb_server.dimse").error("%s", listen_error(settings, e))
         return None
     return server
 

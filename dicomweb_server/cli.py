@@ -112,6 +112,12 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)
+    taken = settings.dimse_port and _port_taken(settings.host, settings.dimse_port)
+    if taken:  # HTTP goes on; the landing page then claims no DIMSE port
+        from .dimse.scp import listen_error
+
+        print(f"dicomweb-server: {listen_error(settings, OSError(taken))}", file=sys.stderr, flush=True)
+        settings.dimse_port = 0
     settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
@@ -125,6 +131,11 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.viewer:
         print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
               file=sys.stderr, flush=True)
+    taken = _port_taken(settings.host, settings.port)
+    if taken:  # uvicorn would only log "[Errno 98] Address already in use", naming no port
+        print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
+              "(another program on that port? start with --port PORT)", file=sys.stderr)
+        return 2
     dimse = _start_dimse(settings)  # if this process dies, PR_SET_PDEATHSIG ends it too
     uvicorn.run(
         "dicomweb_server.app:create_app_from_env",
@@ -148,6 +159,21 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _stop_dimse(dimse)
     return 0
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the HTTP port cannot be bound (bound and released at once, with SO_REUSEADDR as
+    uvicorn binds it), or None."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def _start_dimse(settings):

@@ -381,6 +381,14 @@ class DimseServer:
         yield from self._send(event, locations, failure)
 
 
+def listen_error(settings: Settings, e: OSError) -> str:
+    """What a user reads when the DIMSE port cannot be bound: the port, the reason and the
+    way out (HTTP keeps serving without DIMSE)."""
+    return (f"DIMSE listener cannot listen on {settings.host}:{settings.dimse_port}: {e}; "
+            "DIMSE is off, HTTP goes on (another program on that port? start with "
+            "--dimse-port PORT, or --dimse-port 0 to turn DIMSE off)")
+
+
 def run_forever(settings: Settings, stop: threading.Event) -> int:
     """The listener as a process (started by ``dicomweb-server serve``): opens the
     archive, listens until ``stop`` is set."""
@@ -389,7 +397,7 @@ def run_forever(settings: Settings, stop: threading.Event) -> int:
     try:
         port = server.start()
     except OSError as e:
-        log.error("DIMSE listener cannot listen on %s:%s: %s", settings.host, settings.dimse_port, e)
+        log.error("%s", listen_error(settings, e))
         archive.close()
         return 1
     log.warning("DIMSE listener %s at %s:%d", settings.ae_title, settings.host, port)

@@ -48,3 +48,25 @@ def test_serve_with_dimse(tmp_path, index):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
+
+
+def test_port_taken_names_the_way_out(tmp_path, caplog):
+    """The README's first command starts DIMSE on 11112; when another program holds the
+    port, the log names the port, the reason and the flag to use (HTTP goes on)."""
+    import logging
+    import socket
+    import threading
+
+    from dicomweb_server.dimse.scp import run_forever
+    from dicomweb_server.settings import Settings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        settings = Settings(data_dir=tmp_path / "d", dimse_port=port)
+        with caplog.at_level(logging.ERROR, logger="dicomweb_server.dimse"):
+            assert run_forever(settings, threading.Event()) == 1
+    [msg] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"127.0.0.1:{port}" in msg and "Address already in use" in msg
+    assert "--dimse-port PORT" in msg and "--dimse-port 0" in msg

@@ -175,3 +175,55 @@ def test_check_names_and_repairs_each_kind_of_misfiled_or_unreadable_file(tmp_pa
     assert pydicom.dcmread(archive.blobs.resolve(paths[kept.SOPInstanceUID])).PatientName == "Test^Patient"
     assert not (data / "blobs" / "misc").exists()
     archive.close()
+
+
+def test_serve_names_a_taken_http_port(tmp_path):
+    """uvicorn alone logs "[Errno 98] Address already in use" without the port: serve names
+    it and the flag, exits 2, and starts no DIMSE listener."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("serve", "--data-dir", str(tmp_path), "--port", str(port), "--dimse-port", "0", "--workers", "1")
+    assert r.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert "--port PORT" in r.stderr
+
+
+def test_serve_with_a_taken_dimse_port_goes_on_without_dimse(tmp_path):
+    """The first command starts DIMSE on 11112; when another program holds it, serve says so
+    with the flag to use and HTTP serves, its landing page claiming no DIMSE port."""
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    from tests.helpers import free_port
+
+    http_port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        dport = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path), "--port",
+             str(http_port), "--dimse-port", str(dport), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    page = httpx.get(f"http://127.0.0.1:{http_port}/").json()
+                    break
+                except httpx.HTTPError:
+                    assert proc.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=20)[1]
+    assert page["dimse_port"] is None or page["dimse_port"] == 0
+    assert f"DIMSE listener cannot listen on 127.0.0.1:{dport}: Address already in use" in err
+    assert "--dimse-port 0" in err and f"DIMSE DICOMWEB at 127.0.0.1:{dport}" not in err
