@@ -158,6 +158,24 @@ def _fill_source_ae(path: Path, ae_title: str) -> None:
         f.write(ae_title.strip().encode("ascii", "replace")[:16].ljust(16))
 
 
+def _command_mismatch(request, path: Path) -> str | None:
+    """Why the C-STORE-RQ's Affected SOP Class/Instance UID (0000,0002)/(0000,1000) are not
+    the data set's SOP Class/Instance UID (0008,0016)/(0008,0018), or None (PS3.7 9.1.1.1,
+    PS3.4 B.2.3: 0xA900; DCMTK's storescp answers the same). Without this a success status
+    confirmed an instance that was not the one stored. A data set that does not decode is
+    left to the archive, which names the fault."""
+    try:
+        ds = dcmread(path, stop_before_pixels=True, specific_tags=[0x00080016, 0x00080018])
+    except Exception:
+        return None
+    for keyword, command in (("SOPInstanceUID", "AffectedSOPInstanceUID"),
+                             ("SOPClassUID", "AffectedSOPClassUID")):
+        have, said = str(ds.get(keyword, "")).strip("\x00 "), str(getattr(request, command, "")).strip("\x00 ")
+        if have and have != said:
+            return f"{command} {said[:64]!r} of the command is not the data set's {keyword} {have[:64]!r}"
+    return None
+
+
 def _drop_partial(assoc) -> None:
     """Remove the spool file of a C-STORE data set the association did not finish
     (aborted or closed mid data set): nothing is left in the spool."""
@@ -282,6 +300,11 @@ class DimseServer:
     def _on_store(self, event):
         path = Path(event.dataset_path)
         try:
+            mismatch = _command_mismatch(event.request, path)
+            if mismatch:
+                path.unlink(missing_ok=True)
+                log.warning("C-STORE from %s refused: %s", event.assoc.requestor.ae_title, mismatch)
+                return _status(S.STORE_DATASET_MISMATCH, mismatch)
             _fill_source_ae(path, event.assoc.requestor.ae_title)
             part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
             outcome = self.archive.store([part])
