@@ -124,22 +124,43 @@ def _copy_contexts(obj, memo=None):
     return copy.deepcopy(obj, memo)
 
 
+# Largest PDU read: the Maximum Length this listener announces (PS3.8 D.1.1: the peer's
+# P-DATA-TF PDUs must not exceed it), and at least 1 MiB for an A-ASSOCIATE-RQ, which the
+# announced maximum does not bound (128 presentation contexts with many transfer syntaxes,
+# user identity). pynetdicom reads whatever length a PDU header declares (up to 4 GiB) into
+# memory, before any calling AE check: one connection could hold gigabytes.
+_PDU_FLOOR = 1 << 20
+_pdu_limit = _PDU_FLOOR
+
+
+def _bounded_recv(self, nr_bytes: int):
+    if nr_bytes > _pdu_limit:
+        # OSError: pynetdicom's DUL treats it as the connection closed (event 17)
+        raise OSError(f"PDU of {nr_bytes} bytes is longer than the {_pdu_limit} bytes accepted")
+    return _recv(self, nr_bytes)
+
+
+_recv = transport.AssociationSocket.recv
 _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
               _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
-              dimse_messages.create_file_meta)  # type: ignore[attr-defined]
+              dimse_messages.create_file_meta, transport.AssociationSocket.recv)  # type: ignore[attr-defined]
 
 
 def _unpatch() -> None:
     """Undo :func:`_receive_into` (the listener stopped: other pynetdicom users in this
     process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
-     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta) = _UNPATCHED
+     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv) = _UNPATCHED
 
 
-def _receive_into(spool: Path) -> None:
+def _receive_into(spool: Path, max_pdu: int) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
-    aborts its association, a cheap copy of the presentation contexts."""
+    aborts its association, a cheap copy of the presentation contexts, PDUs no longer
+    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced)."""
+    global _pdu_limit
+    _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
+    transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
@@ -232,7 +253,7 @@ class DimseServer:
 
     def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port."""
-        _receive_into(self._spool())
+        _receive_into(self._spool(), self.settings.dimse_max_pdu)
         handlers = [
             (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
             (evt.EVT_C_STORE, self._on_store),
