@@ -140,17 +140,26 @@ def _bounded_recv(self, nr_bytes: int):
     return _recv(self, nr_bytes)
 
 
+def _verify_request(self, request, client_address) -> bool:
+    """socketserver's accept hook: at most twice ``maximum_associations`` connections at a
+    time. pynetdicom checks the maximum only when an A-ASSOCIATE-RQ arrives, and gives
+    every connection two threads from accept on: idle connections were not bounded."""
+    return len(self.active_associations) < 2 * self.ae.maximum_associations
+
+
 _recv = transport.AssociationSocket.recv
 _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
               _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
-              dimse_messages.create_file_meta, transport.AssociationSocket.recv)  # type: ignore[attr-defined]
+              dimse_messages.create_file_meta, transport.AssociationSocket.recv,  # type: ignore[attr-defined]
+              transport.AssociationServer.verify_request)
 
 
 def _unpatch() -> None:
     """Undo :func:`_receive_into` (the listener stopped: other pynetdicom users in this
     process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
-     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv) = _UNPATCHED
+     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
+     transport.AssociationServer.verify_request) = _UNPATCHED
 
 
 def _receive_into(spool: Path, max_pdu: int) -> None:
@@ -161,6 +170,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     global _pdu_limit
     _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
+    transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
