@@ -144,7 +144,9 @@ def _verify_request(self, request, client_address) -> bool:
     """socketserver's accept hook: at most twice ``maximum_associations`` connections at a
     time. pynetdicom checks the maximum only when an A-ASSOCIATE-RQ arrives, and gives
     every connection two threads from accept on: idle connections were not bounded."""
-    return len(self.active_associations) < 2 * self.ae.maximum_associations
+    # + connections still being handed to their Association (ThreadingMixIn's per-request thread)
+    starting = sum(1 for t in threading.enumerate() if t.name.endswith("(process_request_thread)"))
+    return len(self.active_associations) + starting < 2 * self.ae.maximum_associations
 
 
 _recv = transport.AssociationSocket.recv
