@@ -124,22 +124,55 @@ def _copy_contexts(obj, memo=None):
     return copy.deepcopy(obj, memo)
 
 
+# Largest PDU read: the Maximum Length this listener announces (PS3.8 D.1.1: the peer's
+# P-DATA-TF PDUs must not exceed it), and at least 1 MiB for an A-ASSOCIATE-RQ, which the
+# announced maximum does not bound (128 presentation contexts with many transfer syntaxes,
+# user identity). pynetdicom reads whatever length a PDU header declares (up to 4 GiB) into
+# memory, before any calling AE check: one connection could hold gigabytes.
+_PDU_FLOOR = 1 << 20
+_pdu_limit = _PDU_FLOOR
+
+
+def _bounded_recv(self, nr_bytes: int):
+    if nr_bytes > _pdu_limit:
+        # OSError: pynetdicom's DUL treats it as the connection closed (event 17)
+        raise OSError(f"PDU of {nr_bytes} bytes is longer than the {_pdu_limit} bytes accepted")
+    return _recv(self, nr_bytes)
+
+
+def _verify_request(self, request, client_address) -> bool:
+    """socketserver's accept hook: at most twice ``maximum_associations`` connections at a
+    time. pynetdicom checks the maximum only when an A-ASSOCIATE-RQ arrives, and gives
+    every connection two threads from accept on: idle connections were not bounded."""
+    # + connections still being handed to their Association (ThreadingMixIn's per-request thread)
+    starting = sum(1 for t in threading.enumerate() if t.name.endswith("(process_request_thread)"))
+    return len(self.active_associations) + starting < 2 * self.ae.maximum_associations
+
+
+_recv = transport.AssociationSocket.recv
 _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
               _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
-              dimse_messages.create_file_meta)  # type: ignore[attr-defined]
+              dimse_messages.create_file_meta, transport.AssociationSocket.recv,  # type: ignore[attr-defined]
+              transport.AssociationServer.verify_request)
 
 
 def _unpatch() -> None:
     """Undo :func:`_receive_into` (the listener stopped: other pynetdicom users in this
     process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
-     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta) = _UNPATCHED
+     dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
+     transport.AssociationServer.verify_request) = _UNPATCHED
 
 
-def _receive_into(spool: Path) -> None:
+def _receive_into(spool: Path, max_pdu: int) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
-    aborts its association, a cheap copy of the presentation contexts."""
+    aborts its association, a cheap copy of the presentation contexts, PDUs no longer
+    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced)."""
+    global _pdu_limit
+    _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
+    transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
+    transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
@@ -156,6 +189,24 @@ def _fill_source_ae(path: Path, ae_title: str) -> None:
             return
         f.seek(at + len(_AE_SLOT_BYTES) - 16)
         f.write(ae_title.strip().encode("ascii", "replace")[:16].ljust(16))
+
+
+def _command_mismatch(request, path: Path) -> str | None:
+    """Why the C-STORE-RQ's Affected SOP Class/Instance UID (0000,0002)/(0000,1000) are not
+    the data set's SOP Class/Instance UID (0008,0016)/(0008,0018), or None (PS3.7 9.1.1.1,
+    PS3.4 B.2.3: 0xA900; DCMTK's storescp answers the same). Without this a success status
+    confirmed an instance that was not the one stored. A data set that does not decode is
+    left to the archive, which names the fault."""
+    try:
+        ds = dcmread(path, stop_before_pixels=True, specific_tags=[0x00080016, 0x00080018])
+    except Exception:
+        return None
+    for keyword, command in (("SOPInstanceUID", "AffectedSOPInstanceUID"),
+                             ("SOPClassUID", "AffectedSOPClassUID")):
+        have, said = str(ds.get(keyword, "")).strip("\x00 "), str(getattr(request, command, "")).strip("\x00 ")
+        if have and have != said:
+            return f"{command} {said[:64]!r} of the command is not the data set's {keyword} {have[:64]!r}"
+    return None
 
 
 def _drop_partial(assoc) -> None:
@@ -214,7 +265,7 @@ class DimseServer:
 
     def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port."""
-        _receive_into(self._spool())
+        _receive_into(self._spool(), self.settings.dimse_max_pdu)
         handlers = [
             (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
             (evt.EVT_C_STORE, self._on_store),
@@ -282,6 +333,11 @@ class DimseServer:
     def _on_store(self, event):
         path = Path(event.dataset_path)
         try:
+            mismatch = _command_mismatch(event.request, path)
+            if mismatch:
+                path.unlink(missing_ok=True)
+                log.warning("C-STORE from %s refused: %s", event.assoc.requestor.ae_title, mismatch)
+                return _status(S.STORE_DATASET_MISMATCH, mismatch)
             _fill_source_ae(path, event.assoc.requestor.ae_title)
             part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
             outcome = self.archive.store([part])

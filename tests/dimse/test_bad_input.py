@@ -175,3 +175,41 @@ def test_store_survives_another_process_opening_the_archive(dimse, monkeypatch):
     status = rsp.Status
     assert status == S.SUCCESS
     assert _count(dimse) == 1
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("pdu_type", [0x01, 0x04])  # A-ASSOCIATE-RQ (before any AE check), P-DATA-TF
+def test_pdu_longer_than_announced_is_refused_at_its_header(dimse, pdu_type):
+    """A PDU header declaring 1 GiB (PS3.8 9.3: 4-byte length) is refused when read, not
+    buffered in memory while the peer trickles bytes (pynetdicom reads any declared length)."""
+    with socket.create_connection(("127.0.0.1", dimse.port), timeout=5) as s:
+        s.sendall(bytes([pdu_type, 0]) + (1 << 30).to_bytes(4, "big") + b"\x00" * 1000)
+        try:
+            assert s.recv(4096) == b""  # closed by the server; without the bound: the recv times out
+        except ConnectionResetError:
+            pass
+    _still_serving(dimse)
+
+
+def test_idle_connections_are_bounded(tmp_path):
+    """Connections that never send an A-ASSOCIATE-RQ: at most 2 x dimse_max_associations
+    are served at a time (pynetdicom gave each one threads until its ARTIM timer fired)."""
+    import threading
+
+    from tests.helpers import LiveServer, free_port
+
+    port = free_port()
+    srv = LiveServer(tmp_path / "d", "memory", dimse_port=port, dimse_in_worker=True,
+                     dimse_max_associations=2, dimse_peers_file=None).start()
+    socks = []
+    try:
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(30)]
+        probe = socket.create_connection(("127.0.0.1", port), timeout=10)  # accepted after the 30: in order
+        probe.close()
+        acceptors = [t for t in threading.enumerate() if "AcceptorThread" in t.name
+                     and t._server.server_address[1] == port]  # not other tests' winding-down ones
+        assert len(acceptors) <= 4
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
