@@ -53,6 +53,7 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
+from . import reactor
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
@@ -134,12 +135,15 @@ def _unpatch() -> None:
     process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
      dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta) = _UNPATCHED
+    reactor.uninstall()
 
 
 def _receive_into(spool: Path) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
-    aborts its association, a cheap copy of the presentation contexts."""
+    aborts its association, a cheap copy of the presentation contexts; and blocking
+    reactors instead of pynetdicom's polling ones (:mod:`.reactor`)."""
+    reactor.install()
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
