@@ -53,6 +53,7 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
+from . import reactor
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
@@ -162,17 +163,20 @@ def _unpatch() -> None:
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
      dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
      transport.AssociationServer.verify_request) = _UNPATCHED
+    reactor.uninstall()
 
 
 def _receive_into(spool: Path, max_pdu: int) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
     aborts its association, a cheap copy of the presentation contexts, PDUs no longer
-    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced)."""
+    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced); and blocking
+    reactors instead of pynetdicom's polling ones (:mod:`.reactor`)."""
     global _pdu_limit
     _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
     transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
+    reactor.install()
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
