@@ -146,7 +146,9 @@ def _verify_request(self, request, client_address) -> bool:
     time. pynetdicom checks the maximum only when an A-ASSOCIATE-RQ arrives, and gives
     every connection two threads from accept on: idle connections were not bounded."""
     # + connections still being handed to their Association (ThreadingMixIn's per-request thread)
-    starting = sum(1 for t in threading.enumerate() if t.name.endswith("(process_request_thread)"))
+    # of this server only (other listeners in the process, e.g. winding down, do not count)
+    starting = sum(1 for t in threading.enumerate() if t.name.endswith("(process_request_thread)")
+                   and getattr(getattr(t, "_target", None), "__self__", None) is self)
     return len(self.active_associations) + starting < 2 * self.ae.maximum_associations
 
 
