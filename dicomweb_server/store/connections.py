@@ -2,8 +2,7 @@
 threads that write), all closed together. WAL journal, ``synchronous=FULL``: a
 commit survives power loss; writers wait up to 30 s for the database lock.
 
-Used by the routing outbox; ``store/sqlite.py`` keeps its own copy of the same
-pattern for now (with two more pragmas) and can adopt this class in one edit.
+Used by the SQLite index (``store/sqlite.py``, with two more pragmas) and the routing outbox.
 """
 
 from __future__ import annotations

@@ -9,13 +9,13 @@ connection; writers serialise on ``BEGIN IMMEDIATE`` (busy timeout 30 s).
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
 from .base import Refused
+from .connections import ThreadConnections
 from .sql import SQLITE, SQLIndex, coldefs
 
 
@@ -77,35 +77,16 @@ class SQLiteIndex(SQLIndex):
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._connections = ThreadConnections(path, ("foreign_keys=ON", "cache_size=-32000"))
         con = self._con()
         with con:
             con.executescript(_schema())
 
     def _con(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
-            con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=FULL")
-            con.execute("PRAGMA foreign_keys=ON")
-            con.execute("PRAGMA cache_size=-32000")
-            self._local.con = con
-            with self._lock:
-                self._all.append(con)
-        return con
+        return self._connections.get()
 
     def close(self) -> None:
-        with self._lock:
-            for con in self._all:
-                try:
-                    con.close()
-                except sqlite3.Error:
-                    pass
-            self._all.clear()
-        self._local = threading.local()
+        self._connections.close()
 
     # --- writes -----------------------------------------------------------------------
 
