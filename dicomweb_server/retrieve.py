@@ -28,7 +28,7 @@ from pydicom.encaps import generate_frames
 
 from .dicom import pixels
 from .dicom.frames import PixelLayout, frame_spans, read_spans
-from .dicom.json_model import resolve_bulkdata
+from .dicom.bulkdata import resolve_bulkdata
 from .dicom.media_types import (
     EXPLICIT_VR_LE,
     NATIVE_LE,

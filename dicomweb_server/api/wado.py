@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from .. import retrieve
 from ..dicom import pixels
 from ..dicom.instance import BASE_URL_TOKEN
-from ..dicom.json_model import bulkdata_tagpath_parse
+from ..dicom.bulkdata import bulkdata_tagpath_parse
 from ..dicom.media_types import (
     DICOM,
     OCTET_STREAM,

@@ -30,15 +30,13 @@ from pydicom.uid import (
     JPEGBaseline8Bit,
 )
 
-from dicomweb_server.dicom.json_model import (
-    MAX_ITEM_INDEX,
+from dicomweb_server.dicom.bulkdata import (
     bulkdata_tagpath_parse,
-    dataset_to_json,
     is_encapsulated_pixel_data,
-    level_attributes,
     resolve_bulkdata,
     resolve_pixel_data_frames,
 )
+from dicomweb_server.dicom.json_model import MAX_ITEM_INDEX, dataset_to_json, level_attributes
 
 PREFIX = "@@BASE@@/studies/1.2/series/3.4/instances/5.6/bulkdata"
 CT_IMAGE = "1.2.840.10008.5.1.4.1.1.2"
