@@ -26,7 +26,8 @@ import httpx
 import orjson
 
 from .errors import NetworkError, RequestTimeout, ResponseError, StoreError, error_for_status
-from .multipart import Part, aiter_parts, iter_parts, parse_media_type
+from .media_type import parse_media_type
+from .multipart import Part, aiter_parts, iter_parts
 from .results import parse_store_response
 from .stow import StowBody
 

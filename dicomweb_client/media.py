@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Sequence, Tuple, Union
 
-from .multipart import parse_media_type
+from .media_type import parse_media_type
 
 __all__ = [
     "DICOM",

@@ -18,7 +18,7 @@ import os
 import uuid
 from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Union
 
-from .multipart import format_media_type
+from .media_type import format_media_type
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "PartSource", "StowBody", "encode_multipart", "make_boundary", "stow_body"]
 
