@@ -1,28 +1,23 @@
 """DICOM JSON Model (PS3.18 Annex F) of stored instances: cases J1 and J2,
-pydicom's bundled test files, bulk data resolution and tag paths."""
+pydicom's bundled test files and bulk data resolution (tag paths: test_bulkdata.py)."""
 
 from __future__ import annotations
 
 import base64
-import io
 import math
 import struct
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import orjson
 import pydicom
 import pytest
-from PIL import Image
 from pydicom import Dataset, dcmread
 from pydicom.data import get_testdata_file
 from pydicom.dataelem import RawDataElement
-from pydicom.dataset import FileMetaDataset
 from pydicom.encaps import encapsulate
 from pydicom.sequence import Sequence
-from pydicom.tag import Tag
 from pydicom.uid import (
     ExplicitVRBigEndian,
     ExplicitVRLittleEndian,
@@ -31,102 +26,25 @@ from pydicom.uid import (
 )
 
 from dicomweb_server.dicom.bulkdata import (
-    bulkdata_tagpath_parse,
     is_encapsulated_pixel_data,
     resolve_bulkdata,
     resolve_pixel_data_frames,
 )
-from dicomweb_server.dicom.json_model import MAX_ITEM_INDEX, dataset_to_json, level_attributes
+from dicomweb_server.dicom.json_model import dataset_to_json, level_attributes
 
-PREFIX = "@@BASE@@/studies/1.2/series/3.4/instances/5.6/bulkdata"
-CT_IMAGE = "1.2.840.10008.5.1.4.1.1.2"
-SC_IMAGE = "1.2.840.10008.5.1.4.1.1.7"
-
-
-# --------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------
-def new_dataset(ts: str, sop_class: str = CT_IMAGE, sop_uid: str = "1.2.3.4.5") -> Dataset:
-    ds = Dataset()
-    ds.file_meta = FileMetaDataset()
-    ds.file_meta.TransferSyntaxUID = ts
-    ds.file_meta.MediaStorageSOPClassUID = sop_class
-    ds.file_meta.MediaStorageSOPInstanceUID = sop_uid
-    ds.SOPClassUID = sop_class
-    ds.SOPInstanceUID = sop_uid
-    return ds
-
-
-def put_raw(ds: Dataset, tag: int, vr: str | None, value: bytes, *, little: bool = True) -> None:
-    """Store `value` as the element's exact bytes (no validation, no padding)."""
-    t = Tag(tag)
-    ds._dict[t] = RawDataElement(t, vr, len(value), value, 0, vr is None, little)
-
-
-def save(ds: Dataset, *, implicit: bool = False, little: bool = True) -> bytes:
-    """PS3.10 bytes; raw elements are written as they are."""
-    ds.set_original_encoding(implicit, little, ds._character_set)
-    out = io.BytesIO()
-    ds.save_as(out, implicit_vr=implicit, little_endian=little, enforce_file_format=True)
-    return out.getvalue()
-
-
-def read(data: bytes) -> Dataset:
-    return dcmread(io.BytesIO(data))
-
-
-def jpeg(seed: int, size: int = 64) -> bytes:
-    rng = np.random.default_rng(seed)
-    arr = (np.add.outer(np.arange(size), np.arange(size)) * 2 + rng.integers(0, 20, (size, size)))
-    out = io.BytesIO()
-    Image.fromarray(arr.astype(np.uint8)).save(out, format="JPEG", quality=90)
-    return out.getvalue()
-
-
-def walk(obj: Any, path: str = "") -> Iterator[tuple[str, dict]]:
-    """Yield (tagpath, attribute object) for every attribute, depth first."""
-    for key, attr in obj.items():
-        p = f"{path}{key}"
-        yield p, attr
-        if attr.get("vr") == "SQ":
-            for i, item in enumerate(attr.get("Value", [])):
-                yield from walk(item, f"{p}/{i}/")
-
-
-def assert_json_safe(obj: dict) -> None:
-    """No NaN/Infinity anywhere, dataset keys ascending, orjson round trip."""
-
-    def scalar(v: Any) -> None:
-        if isinstance(v, float):
-            assert math.isfinite(v), v
-        else:
-            assert v is None or isinstance(v, (str, int)), type(v)
-
-    def dataset(d: dict) -> None:
-        keys = list(d)
-        assert keys == sorted(keys)
-        assert all(len(k) == 8 and k == k.upper() for k in keys), keys
-        for attr in d.values():
-            assert set(attr) <= {"vr", "Value", "InlineBinary", "BulkDataURI"}, attr
-            for v in attr.get("Value", []):
-                if attr["vr"] == "SQ":
-                    dataset(v)
-                elif attr["vr"] == "PN" and v is not None:
-                    assert v and set(v) <= {"Alphabetic", "Ideographic", "Phonetic"}
-                    assert all(isinstance(x, str) and x for x in v.values())
-                else:
-                    scalar(v)
-
-    dataset(obj)
-    assert orjson.loads(orjson.dumps(obj)) == obj
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def model_tags(ds: Dataset) -> set[str]:
-    return {f"{t:08X}" for t in ds.keys() if t.element != 0 and t.group != 2}
+from .json_helpers import (
+    PREFIX,
+    SC_IMAGE,
+    assert_json_safe,
+    b64,
+    jpeg,
+    model_tags,
+    new_dataset,
+    put_raw,
+    read,
+    save,
+    walk,
+)
 
 
 # --------------------------------------------------------------------------
@@ -714,65 +632,6 @@ def test_level_attributes() -> None:
 def test_not_a_dataset() -> None:
     with pytest.raises(TypeError):
         dataset_to_json({"00100010": {}}, "P")  # type: ignore[arg-type]
-
-
-# --------------------------------------------------------------------------
-# tag paths
-# --------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("path", "expected"),
-    [
-        ("7FE00010", [(0x7FE00010, None)]),
-        ("00091010", [(0x00091010, None)]),
-        ("00540016/0/00181072", [(0x00540016, 0), (0x00181072, None)]),
-        ("7fe00010", [(0x7FE00010, None)]),
-        (
-            "00400275/12/00081140/0/00420011",
-            [(0x00400275, 12), (0x00081140, 0), (0x00420011, None)],
-        ),
-        ("/".join(["00081140/0"] * 7 + ["00420011"]), [(0x00081140, 0)] * 7 + [(0x00420011, None)]),
-        (f"00081140/{MAX_ITEM_INDEX}/00420011", [(0x00081140, MAX_ITEM_INDEX), (0x00420011, None)]),
-    ],
-)
-def test_tagpath_parse(path: str, expected: list) -> None:
-    assert bulkdata_tagpath_parse(path) == expected
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        "",
-        "7FE0001",  # 7 digits
-        "7FE000100",  # 9 digits
-        "7FE0001G",  # not hex
-        "0x7FE0010",
-        "+7FE0010",
-        " 7FE00010",
-        "7FE00010 ",
-        "7FE00010/",
-        "/7FE00010",
-        "00540016/0",  # ends in an index: odd element count
-        "00540016/00181072",  # tag after tag
-        "00540016/0/0/00181072",
-        "00540016//00181072",
-        "00540016/-1/00181072",
-        "00540016/+1/00181072",
-        "00540016/01/00181072",  # leading zero
-        "00540016/x/00181072",
-        "00540016/1.0/00181072",
-        f"00540016/{MAX_ITEM_INDEX + 1}/00181072",
-        "00540016/99999999999999999999/00181072",
-        "/".join(["00081140/0"] * 8 + ["00420011"]),  # 9 levels
-        "7FE00010\x00",
-        "..",
-        "../00100010",
-        "７FE00010",  # non-ASCII digit
-    ],
-)
-def test_tagpath_parse_rejects(path: str) -> None:
-    with pytest.raises(ValueError) as exc:
-        bulkdata_tagpath_parse(path)
-    assert str(exc.value)
 
 
 # --------------------------------------------------------------------------
