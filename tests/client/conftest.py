@@ -118,3 +118,13 @@ async def api(request, make_client, real_server):
     yield runner
     if is_async:
         await client.aclose()
+
+
+@pytest.fixture
+def loaded(archive):
+    """The archive holding the sample files; returns {file name: Dataset}."""
+    return {name: archive.add_file(str(sample_path(name))) for name in SAMPLE_FILES}
+
+
+def uids(ds):
+    return str(ds.StudyInstanceUID), str(ds.SeriesInstanceUID), str(ds.SOPInstanceUID)
