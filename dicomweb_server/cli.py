@@ -322,16 +322,15 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> int:
-    from .routing import Outbox, outbox_path
+    from .routing import open_outbox, outbox_path
     from .store.commit import GroupCommitter
 
     settings = _settings(args)
-    path = outbox_path(Path(settings.data_dir), settings.index)
-    if not path.exists():
+    if settings.index != "postgresql" and not outbox_path(Path(settings.data_dir), settings.index).exists():
         print(f"dicomweb-server queue: no outbox in {Path(settings.data_dir).resolve()}", file=sys.stderr)
         return 1
-    # the index writer lock (not the index): serialise with a running server's commits
-    outbox = Outbox(path, GroupCommitter(None, Path(settings.data_dir) / "index.lock").writer)  # type: ignore[arg-type]
+    # the index writer lock (not the index): serialise with a running server's commits (SQLite files)
+    outbox = open_outbox(settings, GroupCommitter(None, Path(settings.data_dir) / "index.lock").writer)  # type: ignore[arg-type]
     try:
         if args.retry_failed is not None:
             n = outbox.retry_failed(args.retry_failed or None)
