@@ -90,7 +90,11 @@ def main() -> int:
     ap.add_argument("--database-url")
     ap.add_argument("--sample", type=int, default=1000, help="instances with a real file (WADO-RS)")
     ap.add_argument("--output", type=Path, default=Path("benchmarks/results/scale-http.json"))
+    ap.add_argument("--table", type=Path, help="only print the table of an earlier run's JSON")
     args = ap.parse_args()
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())["rows"]))
+        return 0
     server = None
     if args.database_url is None and "postgresql" in args.kinds:
         from tests.postgres import PostgresServer
@@ -159,7 +163,8 @@ def main() -> int:
 
 
 def table(results: list[dict]) -> str:
-    head = ("| instances | index | build (s) | index size | " + " | ".join(f"{q} p50 / p99 ms" for q in QUERIES)
+    head = ("| instances | index | build (s) | index size | "
+            + " | ".join(f"{q} p50 / p99 ms (answer KiB)" for q in QUERIES)
             + " | WADO-RS instances/s (MB/s) | server CPU / other CPU % (WADO) | load avg before / after |")
     lines = [head, "|" + "---|" * (len(QUERIES) + 7)]
     for r in results:
@@ -169,7 +174,8 @@ def table(results: list[dict]) -> str:
         bad = sum(m[q]["status"] + m[q]["invalid"] for q in QUERIES) + w["status"] + w["invalid"]
         lines.append(
             f"| {r['instances']:,} | {r['index']} | {r['build_s']:.0f} | {r['index_bytes'] / 2**20:,.0f} MiB | "
-            + " | ".join(f"{m[q]['p50_us'] / 1000:.1f} / {m[q]['p99_us'] / 1000:.1f}" for q in QUERIES)
+            + " | ".join(f"{m[q]['p50_us'] / 1000:.1f} / {m[q]['p99_us'] / 1000:.1f} "
+                         f"({m[q]['bytes'] / max(1, m[q]['requests']) / 1024:.0f})" for q in QUERIES)
             + f" | {w['requests'] / secs:,.0f} ({w['bytes'] / secs / 1e6:,.0f}) | {w['server_cpu_pct']:.0f} / "
             f"{w['other_cpu_pct'] if w['other_cpu_pct'] is not None else '-'} | {r['load_before']} / "
             f"{r['load_after']} |" + (f" {bad} bad answers |" if bad else ""))
