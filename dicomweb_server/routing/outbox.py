@@ -226,8 +226,15 @@ class Outbox(ABC):
                 if r[4] not in seen and (not r[8] or not chosen):
                     seen.add(r[4])
                     chosen.append(Row(*r[:7], r[7] - skew))
-            self._many(con, sql("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ?"),
-                       [(owner, now + lease, r.id) for r in chosen])
+            # only rows still pending and free: a row settled meanwhile by the worker whose lease had
+            # expired (PostgreSQL's settle does not wait for the claim lock) is not sent again
+            if self._many(con, sql("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ? AND "
+                                   "_state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?)"),
+                          [(owner, now + lease, r.id, now) for r in chosen]) < len(chosen):
+                held = {i for (i,) in con.execute(sql(
+                    f"SELECT id FROM outbox WHERE _lease_owner = ? AND id IN ({','.join('?' * len(chosen))})"),
+                    (owner, *(r.id for r in chosen))).fetchall()}
+                chosen = [r for r in chosen if r.id in held]
         return chosen, None
 
     def settle(self, s: Settlement, owner: str) -> None:

@@ -128,3 +128,29 @@ def test_a_version_1_database_migrates_to_the_outbox(pg_url):
         assert con.execute("SELECT max(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
         assert SCHEMA_VERSION >= 2
         assert con.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+
+
+def test_a_row_settled_while_another_node_claims_it_is_not_sent_again(tmp_path, pg_url, monkeypatch):
+    """A's lease ran out while it was still sending; B's claim picks the row; A records the
+    delivery before B's claim writes its lease (PostgreSQL: A's settle does not wait for
+    the claim lock). B must not take the row: the instance arrived already."""
+    a = _open(tmp_path, Backend("postgresql", pg_url))
+    b_outbox = open_outbox(a.settings)
+    try:
+        _store(a, 1)
+        (row,), _ = a.routing.outbox.claim("pacs", 5, "host-a:1:x:0", 0.001, 2)  # a lease that ends at once
+        time.sleep(0.05)
+        many = type(b_outbox)._many
+
+        def settle_first(con, sql, params):
+            if "SET _lease_owner = %s, _lease_until" in sql:  # B's lease, after B chose the row
+                a.routing.outbox.settle(Settlement([row.id], [], [], []), "host-a:1:x:0")
+            return many(con, sql, params)
+
+        monkeypatch.setattr(b_outbox, "_many", settle_first)
+        assert b_outbox.claim("pacs", 5, "host-b:1:x:0", 60, 2)[0] == []
+        [r] = b_outbox.rows()
+        assert (r["state"], r["attempts"]) == ("delivered", 1)
+    finally:
+        b_outbox.close()
+        a.close()
