@@ -29,7 +29,7 @@ from . import faults, metrics
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
-from .routing import Outbox, Routes, Routing, load_routes, outbox_path
+from .routing import Routes, Routing, load_routes, open_outbox
 from .settings import Settings
 from .store.base import Index, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
@@ -120,7 +120,7 @@ class Archive:
     def attach_routing(self, routes: Routes) -> Routing:
         """Match every instance indexed from now on against ``routes`` and owe its
         forwards in the same commit (routing/). Raises RoutesError for a bad file."""
-        outbox = Outbox(outbox_path(Path(self.settings.data_dir), self.settings.index), self.committer.writer)
+        outbox = open_outbox(self.settings, self.committer.writer)
         self.routing = Routing.attach(routes, self.index, outbox)
         return self.routing
 

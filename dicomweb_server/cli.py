@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -67,7 +68,7 @@ def _migrate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .api.limits import raise_open_files_limit, uvicorn_options
+    from .api.limits import raise_open_files_limit
 
     settings = _settings(args)
     if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
@@ -105,11 +106,6 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"dicomweb-server: --dimse-peers-file: {e}", file=sys.stderr)
             return 2
     workers = settings.effective_workers()
-    if workers > 1:  # prometheus-client multi-process mode: /metrics sums every worker (metrics.py)
-        metrics_dir = Path(settings.data_dir) / "metrics"
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        metrics_dir.mkdir(parents=True)
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)
     taken = settings.dimse_port and _port_taken(settings.host, settings.dimse_port)
@@ -119,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"dicomweb-server: {listen_error(settings, OSError(taken))}", file=sys.stderr, flush=True)
         settings.dimse_port = 0
     settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
+    metrics_dir = _metrics_dir(workers > 1 or (bool(settings.dimse_port) and not settings.dimse_in_worker))
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
@@ -137,6 +134,52 @@ def _serve(args: argparse.Namespace) -> int:
               "(another program on that port? start with --port PORT)", file=sys.stderr)
         return 2
     dimse = _start_dimse(settings)  # if this process dies, PR_SET_PDEATHSIG ends it too
+    # uvicorn (one worker) re-raises the SIGTERM it handled once it has shut down: as SystemExit
+    # here, the clean-up below runs (the default action would end the process first)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        _run_uvicorn(uvicorn, settings, workers)
+    finally:
+        _stop_dimse(dimse)
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def _metrics_dir(several_processes: bool) -> Path | None:
+    """prometheus-client's multi-process mode when this node serves from more than one
+    process (uvicorn workers, the DIMSE listener process), so that ``/metrics`` from any
+    worker sums them all (metrics.py). The folder is this node's own, on local disk (a
+    temporary folder removed when serve ends): a data folder that several nodes share
+    must not mix their counters, and its mmap'ed files do not belong on NFS. A
+    ``PROMETHEUS_MULTIPROC_DIR`` already set is used as it is. Returns the folder to
+    remove at the end, if this function made it; the folders of serve processes that
+    are gone (SIGKILL) are removed here."""
+    if not several_processes or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return None
+    tmp = Path(tempfile.gettempdir())
+    for old in tmp.glob("dicomweb-metrics-*-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=f"dicomweb-metrics-{os.getpid()}-", dir=tmp))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _run_uvicorn(uvicorn, settings, workers: int) -> None:
+    from .api.limits import uvicorn_options
+
     uvicorn.run(
         "dicomweb_server.app:create_app_from_env",
         factory=True,
@@ -157,8 +200,6 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_worker_healthcheck=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
-    _stop_dimse(dimse)
-    return 0
 
 
 def _port_taken(host: str, port: int) -> str | None:
@@ -322,16 +363,15 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> int:
-    from .routing import Outbox, outbox_path
+    from .routing import open_outbox, outbox_path
     from .store.commit import GroupCommitter
 
     settings = _settings(args)
-    path = outbox_path(Path(settings.data_dir), settings.index)
-    if not path.exists():
+    if settings.index != "postgresql" and not outbox_path(Path(settings.data_dir), settings.index).exists():
         print(f"dicomweb-server queue: no outbox in {Path(settings.data_dir).resolve()}", file=sys.stderr)
         return 1
-    # the index writer lock (not the index): serialise with a running server's commits
-    outbox = Outbox(path, GroupCommitter(None, Path(settings.data_dir) / "index.lock").writer)  # type: ignore[arg-type]
+    # the index writer lock (not the index): serialise with a running server's commits (SQLite files)
+    outbox = open_outbox(settings, GroupCommitter(None, Path(settings.data_dir) / "index.lock").writer)  # type: ignore[arg-type]
     try:
         if args.retry_failed is not None:
             n = outbox.retry_failed(args.retry_failed or None)

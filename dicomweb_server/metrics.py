@@ -1,10 +1,12 @@
 """Prometheus metrics, served at ``/metrics`` (outside the DICOMweb prefix).
 
-Counters and the delivery latency histogram are kept per process; with several
-uvicorn workers the server runs prometheus-client's multi-process mode
-(``PROMETHEUS_MULTIPROC_DIR`` = ``data/metrics``, set by ``dicomweb-server serve``
-before the workers start), so any worker's answer sums all workers. The queue
-gauges are read from the outbox table at scrape time: one truth for every worker.
+Counters and the delivery latency histogram are kept per process; when a node
+serves from several processes (uvicorn workers, the DIMSE listener process) the
+server runs prometheus-client's multi-process mode (``PROMETHEUS_MULTIPROC_DIR``: a
+temporary folder of this node on local disk, set by ``dicomweb-server serve``
+before the other processes start, cli.py ``_metrics_dir``), so any worker's answer
+sums all of the node's processes, and only them. The queue gauges are read from
+the outbox table at scrape time: one truth for every worker and node.
 """
 
 from __future__ import annotations

@@ -247,9 +247,10 @@ def run_step(archive: str, sink: str, sink_data: Path, clients: int, n: int, siz
     q = queue_depth(archive)
     resends = None
     if archive_data is not None:  # sends beyond the first, from the archive's outbox
-        from dicomweb_server.routing import Outbox, outbox_path
+        from dicomweb_server.routing import outbox_path
+        from dicomweb_server.routing.outbox import SQLiteOutbox
 
-        outbox = Outbox(outbox_path(archive_data, "sqlite"))
+        outbox = SQLiteOutbox(outbox_path(archive_data, "sqlite"))
         try:
             resends = sum(max(0, row["attempts"] - 1) for row in outbox.rows() if row["SOPInstanceUID"] in acked)
         finally:

@@ -14,8 +14,15 @@
 - Basic auth (optional): users from a JSON file ``{"user": {"password_sha256": hex,
   "scopes": [...]}}``.
 Missing or invalid credentials: 401 with ``WWW-Authenticate``; a valid identity
-without the scope: 403. CORS preflight (OPTIONS), the API description and the
-viewer's static files need no credentials.
+without the scope: 403. The API description and the viewer's static files need no
+credentials. ``OPTIONS`` needs them like ``GET`` (the ``write`` scope under
+``/admin/``): its answer (``204`` with ``Allow``, or ``404``) tells which resources
+exist and what they accept, more than a 401 may tell an unauthenticated client.
+CORS preflights carry no credentials (Fetch standard, "CORS-preflight request"):
+when origins are configured, the CORS middleware outside this one answers them
+before authentication, the same for every path (allowed methods and headers, or
+400 for an origin not allowed); without CORS configured there is no cross-origin
+access to grant, and a preflight is an OPTIONS like any other.
 
 The audit log (JSON lines, one per DICOMweb request) records who did what to
 which study, when, from where, and the outcome: the questions of an IHE ATNA
@@ -245,7 +252,7 @@ class AuthAuditMiddleware:
         path = scope["path"]
         rel = path[len(self.prefix):] if self.prefix and path.startswith(self.prefix) else path
         identity = Identity("anonymous", frozenset(SCOPES), "anonymous")
-        if self.auth.enabled and method != "OPTIONS" and not rel.startswith(_OPEN_PREFIXES):
+        if self.auth.enabled and not rel.startswith(_OPEN_PREFIXES):  # OPTIONS too: see the module docstring
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
             found = await self.auth.identify(header)
             if found is None:

@@ -7,8 +7,9 @@
   ``Content-Length`` is the exact length GET sends (§8.6 forbids any other value);
   streamed answers (study, series, large files) stop after their first piece, so
   no further file is read.
-- ``OPTIONS`` (§9.3.7) on a resource: ``204`` with ``Allow``. CORS preflights are
-  answered before this by the CORS middleware when origins are configured.
+- ``OPTIONS`` (§9.3.7) on a resource: ``204`` with ``Allow``, to an authenticated
+  client only when authentication is configured (api/auth.py runs first). CORS
+  preflights are answered before both by the CORS middleware when origins are configured.
 - A method the resource does not support: ``405`` with ``Allow`` listing every
   method of that path (§15.5.6), gathered from all routes of the path (GET search
   and POST store of ``/studies`` are separate routes). A method RFC 9110 does not

@@ -13,23 +13,35 @@ indexes it, whichever front door received it.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
 from ..store.base import Index
-from .outbox import Entry, Outbox
+from .outbox import Entry, Outbox, SQLiteOutbox
 from .rules import Routes, RoutesError, load_routes
 
-__all__ = ["Routing", "Routes", "RoutesError", "load_routes", "outbox_path", "Outbox", "Entry"]
+__all__ = ["Routing", "Routes", "RoutesError", "load_routes", "outbox_path", "open_outbox", "Outbox", "Entry"]
 
 
 def outbox_path(data_dir: Path, index: str) -> Path:
     """The SQLite file holding the outbox: the index itself, or ``outbox.sqlite``
-    next to the files for the in-memory index (which must survive a restart)."""
+    next to the files for the in-memory index (which must survive a restart).
+    (The PostgreSQL index keeps it in its database: :func:`open_outbox`.)"""
     return Path(data_dir) / ("index.sqlite" if index == "sqlite" else "outbox.sqlite")
+
+
+def open_outbox(settings, writer: Callable[[], AbstractContextManager] | None = None) -> Outbox:
+    """The outbox that lives where the index's transactions are: the PostgreSQL
+    database for ``index = "postgresql"`` (shared by every node), else a SQLite file
+    (:func:`outbox_path`) whose writes take ``writer`` (the index writer lock)."""
+    if settings.index == "postgresql":
+        from .outbox_pg import PostgreSQLOutbox
+
+        return PostgreSQLOutbox(settings.database_url)
+    return SQLiteOutbox(outbox_path(Path(settings.data_dir), settings.index), writer)
 
 
 class Routing:
@@ -50,11 +62,12 @@ class Routing:
 
     def _on_add(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
         """Index write hook: owe the forwards of the newly added records, in the
-        index's transaction (SQLite) or before the index changes (memory)."""
+        index's transaction ``con`` (SQLite, PostgreSQL) or before the index
+        changes (memory: ``con`` is None)."""
         entries = [Entry(dest, r.study_uid, r.series_uid, r.sop_uid, r.path, rule)
                    for r, new in zip(records, added) if new for dest, rule in self.routes.destinations_for(r)]
         if entries:
-            self.outbox.insert(entries, con if isinstance(con, sqlite3.Connection) else None)
+            self.outbox.insert(entries, con)
             with self._lock:
                 self._owed.update(e.destination for e in entries)
 

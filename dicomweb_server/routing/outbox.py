@@ -2,11 +2,17 @@
 
 Rows are inserted by an index write hook (:meth:`store.base.Index.add_write_hook`)
 inside the transaction that indexes the instance: with the SQLite index they live in
-``index.sqlite`` and commit atomically with the instance row; with the in-memory
-index they live in ``outbox.sqlite`` in the data folder and are committed
+``index.sqlite`` and commit atomically with the instance row; with the PostgreSQL
+index in its database (table ``outbox``, schema version 2: routing/outbox_pg.py),
+committed in the same transaction, shared by every node; with the in-memory index
+they live in ``outbox.sqlite`` in the data folder and are committed
 (``synchronous=FULL``) before the index changes and before the STOW-RS answer. Once
 an instance is acknowledged, its forwards are on disk; a crash at any moment neither
 loses nor forgets them.
+
+The statements are written once (:class:`Outbox`); a back end says how it gets a
+connection, a transaction and the time (:class:`SQLiteOutbox` here, the
+PostgreSQL one in routing/outbox_pg.py).
 
 States: ``pending`` (owed; "in flight" while a worker holds its lease), ``delivered``,
 ``failed`` (dead letter, with the last error). A worker claims a batch by writing
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -75,7 +82,7 @@ class Row:
     sop_uid: str
     path: str
     attempts: int
-    enqueued: float
+    enqueued: float  # this process's clock (time.time())
 
 
 @dataclass(slots=True)
@@ -83,7 +90,7 @@ class Settlement:
     """What became of a claimed batch (ids of rows)."""
 
     delivered: list[int]
-    retry: list[tuple[int, float, str]]  # id, due, error
+    retry: list[tuple[int, float, str]]  # id, due (this process's clock), error
     failed: list[tuple[int, str]]  # id, error (dead letter)
     solo: list[int]  # send alone next time (a batch the receiver refused as a whole)
 
@@ -106,67 +113,78 @@ _INSERT = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID
            "_enqueued, _due) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE "
            "SOPInstanceUID = ? AND destination = ? AND _state = 'pending' AND "
            "(_lease_until IS NULL OR _lease_until < ?))")
+_PENDING = ("FROM outbox WHERE destination = ? AND _state = 'pending' AND "
+            "(_lease_until IS NULL OR _lease_until < ?)")
+_ROWS = ("id", "destination", "SOPInstanceUID", "state", "attempts", "enqueued", "delivered", "last_error")
 
 
-class Outbox:
-    """The outbox table in one SQLite file (``index.sqlite`` or ``outbox.sqlite``).
+class Outbox(ABC):
+    """The outbox's statements, written once for both SQL back ends (``?``
+    placeholders, SQL that SQLite and PostgreSQL read alike). A back end gives
+    connections, transactions, the time leases are measured on, and the lock that
+    serialises claims of one destination.
 
-    ``writer`` serialises this object's write transactions with the index's group
-    commit (the same ``flock``), so they queue instead of meeting SQLite's
-    sleep-and-retry busy handler.
+    Times in the table are on the back end's clock (:meth:`_now`): the database's
+    for PostgreSQL, so that nodes whose clocks differ still agree on when a lease
+    ends. Times crossing this interface (:class:`Row`, :class:`Settlement`, the
+    next due time :meth:`claim` returns) are on this process's ``time.time()``.
     """
 
-    def __init__(self, path: Path, writer: Callable[[], AbstractContextManager] | None = None) -> None:
-        self.path = Path(path)
-        self._writer = writer or nullcontext
-        self._connections = ThreadConnections(self.path)
-        self._con = self._connections.get
-        with self._writer():
-            self._con().executescript(_SCHEMA)
+    placeholder = "?"
 
-    def close(self) -> None:
-        self._connections.close()
+    def _sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._writer():
-            con = self._con()
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+    @abstractmethod
+    def _reading(self) -> AbstractContextManager:
+        """A connection for reads (no transaction)."""
+
+    @abstractmethod
+    def _transaction(self, hooked: bool = False) -> AbstractContextManager:
+        """A connection in a write transaction, committed on exit. ``hooked``: the
+        caller already holds the index writer lock (an index write hook)."""
+
+    def _now(self, con) -> float:
+        """The time on the clock leases are measured on."""
+        return time.time()
+
+    def _claim_lock(self, con, destination: str) -> None:
+        """Serialise the claims of ``destination`` until the transaction ends (a
+        back end whose write transactions are already serial needs nothing)."""
+
+    def close(self) -> None:  # pragma: no cover - default no-op
+        """Release connections."""
+
+    @staticmethod
+    def _many(con, sql: str, params: list) -> int:
+        if not params:
+            return 0
+        cur = con.cursor()
+        cur.executemany(sql, params)
+        return max(cur.rowcount, 0)
 
     # --- enqueue ------------------------------------------------------------------------
 
-    def insert(self, entries: Iterable[Entry], con: sqlite3.Connection | None = None) -> int:
-        """Owe these forwards. With ``con`` (the index's open transaction) the rows
-        commit with it; without, in a durable transaction of their own (the caller
-        holds the index writer lock, as :meth:`store.base.Index.add` hooks do).
-        An entry equal to a pending row that no worker holds is not repeated."""
-        now = time.time()
-        params = [(e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now,
-                   e.sop_uid, e.destination, now) for e in entries]
-        if not params:
+    def insert(self, entries: Iterable[Entry], con=None) -> int:
+        """Owe these forwards. With ``con`` (the index's open transaction, from its
+        write hook) the rows commit with it; without, in a durable transaction of
+        their own (the caller holds the index writer lock, as the in-memory index's
+        hooks do). An entry equal to a pending row that no worker holds is not repeated."""
+        entries = list(entries)
+        if not entries:
             return 0
-        if con is not None:
-            return con.executemany(_INSERT, params).rowcount
-        own = self._con()
-        own.execute("BEGIN IMMEDIATE")
-        try:
-            n = own.executemany(_INSERT, params).rowcount
-            own.execute("COMMIT")
-        except BaseException:
-            own.execute("ROLLBACK")
-            raise
-        return n
+        if con is None:
+            with self._transaction(hooked=True) as own:
+                return self.insert(entries, own)
+        now = self._now(con)
+        return self._many(con, self._sql(_INSERT), [
+            (e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now, e.sop_uid,
+             e.destination, now) for e in entries])
 
     def enqueue(self, entries: Iterable[Entry]) -> int:
         """Owe these forwards (manual export): one durable transaction."""
-        with self._writer():
-            return self.insert(entries)
+        with self._transaction() as con:
+            return self.insert(entries, con)
 
     # --- delivery -----------------------------------------------------------------------
 
@@ -177,115 +195,175 @@ class Outbox:
         earliest time another row of the destination becomes due (None if none).
 
         Nothing is claimed while ``concurrency`` leases of the destination are live
-        (across all workers). A row whose instance another live lease of the same
-        destination holds is skipped. A row marked solo is claimed alone.
+        (across all workers and nodes). A row whose instance another live lease of
+        the same destination holds is skipped. A row marked solo is claimed alone.
         """
-        now = time.time()
-        pending = ("FROM outbox WHERE destination = ? AND _state = 'pending' AND "
-                   "(_lease_until IS NULL OR _lease_until < ?)")
-        con = self._con()
-        first = con.execute(f"SELECT min(_due) {pending}", (destination, now)).fetchone()[0]
+        sql = self._sql
+        with self._reading() as con:
+            now = self._now(con)
+            first = con.execute(sql(f"SELECT min(_due) {_PENDING}"), (destination, now)).fetchone()[0]
+        skew = now - time.time()
         if first is None or first > now:
-            return [], first
+            return [], None if first is None else first - skew
         with self._transaction() as con:
-            live = con.execute(
+            self._claim_lock(con, destination)
+            now = self._now(con)
+            skew = now - time.time()
+            live = con.execute(sql(
                 "SELECT count(DISTINCT _lease_owner) FROM outbox WHERE destination = ? AND _state = 'pending' "
-                "AND _lease_until >= ?", (destination, now)).fetchone()[0]
+                "AND _lease_until >= ?"), (destination, now)).fetchone()[0]
             if live >= concurrency:
-                return [], first
-            rows = con.execute(
+                return [], first - skew
+            rows = con.execute(sql(
                 "SELECT id, destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _attempts, "
-                f"_enqueued, _solo {pending} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
+                f"_enqueued, _solo {_PENDING} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
                 "outbox WHERE destination = ? AND _state = 'pending' AND _lease_until >= ?) ORDER BY _solo DESC, id "
-                "LIMIT ?", (destination, now, now, destination, now, limit)).fetchall()
+                "LIMIT ?"), (destination, now, now, destination, now, limit)).fetchall()
             if rows and rows[0][8]:
                 rows = rows[:1]
             chosen, seen = [], set()
             for r in rows:  # one instance once per batch (an export may repeat a routed one)
                 if r[4] not in seen and (not r[8] or not chosen):
                     seen.add(r[4])
-                    chosen.append(Row(*r[:8]))
-            con.executemany("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ?",
-                            [(owner, now + lease, r.id) for r in chosen])
+                    chosen.append(Row(*r[:7], r[7] - skew))
+            # only rows still pending and free: a row settled meanwhile by the worker whose lease had
+            # expired (PostgreSQL's settle does not wait for the claim lock) is not sent again
+            if self._many(con, sql("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ? AND "
+                                   "_state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?)"),
+                          [(owner, now + lease, r.id, now) for r in chosen]) < len(chosen):
+                held = {i for (i,) in con.execute(sql(
+                    f"SELECT id FROM outbox WHERE _lease_owner = ? AND id IN ({','.join('?' * len(chosen))})"),
+                    (owner, *(r.id for r in chosen))).fetchall()}
+                chosen = [r for r in chosen if r.id in held]
         return chosen, None
 
     def settle(self, s: Settlement, owner: str) -> None:
         """Record the outcome of a claimed batch and drop its lease (only rows this
         ``owner`` still holds: a lease taken over after expiry is not touched)."""
-        now = time.time()
+        sql = self._sql
         with self._transaction() as con:
+            now = self._now(con)
+            skew = now - time.time()
             own = "id = ? AND _lease_owner = ?"
-            con.executemany(f"UPDATE outbox SET _state = 'delivered', _delivered = ?, _attempts = _attempts + 1, "
-                            f"_lease_owner = NULL, _lease_until = NULL WHERE {own}",
-                            [(now, i, owner) for i in s.delivered])
-            con.executemany(f"UPDATE outbox SET _due = ?, _last_error = ?, _attempts = _attempts + 1, "
-                            f"_lease_owner = NULL, _lease_until = NULL WHERE {own}",
-                            [(due, err, i, owner) for i, due, err in s.retry])
-            con.executemany(f"UPDATE outbox SET _state = 'failed', _last_error = ?, _attempts = _attempts + 1, "
-                            f"_lease_owner = NULL, _lease_until = NULL WHERE {own}",
-                            [(err, i, owner) for i, err in s.failed])
-            con.executemany(f"UPDATE outbox SET _solo = 1, _lease_owner = NULL, _lease_until = NULL WHERE {own}",
-                            [(i, owner) for i in s.solo])
+            self._many(con, sql(f"UPDATE outbox SET _state = 'delivered', _delivered = ?, "
+                                f"_attempts = _attempts + 1, _lease_owner = NULL, _lease_until = NULL WHERE {own}"),
+                       [(now, i, owner) for i in s.delivered])
+            self._many(con, sql(f"UPDATE outbox SET _due = ?, _last_error = ?, _attempts = _attempts + 1, "
+                                f"_lease_owner = NULL, _lease_until = NULL WHERE {own}"),
+                       [(due + skew, err, i, owner) for i, due, err in s.retry])
+            self._many(con, sql(f"UPDATE outbox SET _state = 'failed', _last_error = ?, _attempts = _attempts + 1, "
+                                f"_lease_owner = NULL, _lease_until = NULL WHERE {own}"),
+                       [(err, i, owner) for i, err in s.failed])
+            self._many(con, sql(f"UPDATE outbox SET _solo = 1, _lease_owner = NULL, _lease_until = NULL WHERE {own}"),
+                       [(i, owner) for i in s.solo])
 
     def release(self, owner_prefix: str) -> None:
         """Drop the leases of a stopping worker (rows become claimable at once)."""
         with self._transaction() as con:
-            con.execute("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE _state = 'pending' "
-                        "AND substr(_lease_owner, 1, length(?1)) = ?1", (owner_prefix,))
+            con.execute(self._sql("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE "
+                                  "_state = 'pending' AND substr(_lease_owner, 1, length(?)) = ?"),
+                        (owner_prefix, owner_prefix))
 
     def reap(self, host: str) -> int:
         """Drop the leases held by forwarders of ``host`` whose process is gone (a
         crash or SIGKILL): their rows are claimable now rather than when the lease
         expires. Owner tokens are ``host:pid:...``; a pid that exists (even reused by
-        another program) keeps its leases until they expire. Returns rows freed."""
-        con = self._con()
-        owners = [o for (o,) in con.execute(
-            "SELECT DISTINCT _lease_owner FROM outbox WHERE _state = 'pending' AND _lease_owner IS NOT NULL")]
-        dead = [o for o in owners if _process_gone(o, host)]
+        another program) keeps its leases until they expire, and so do the leases
+        of other hosts' forwarders (another node's process cannot be asked).
+        Returns rows freed."""
+        with self._reading() as con:
+            owners = [o for (o,) in con.execute(
+                "SELECT DISTINCT _lease_owner FROM outbox WHERE _state = 'pending' AND _lease_owner IS NOT NULL")]
+        dead = [(o,) for o in owners if _process_gone(o, host)]
         if not dead:
             return 0
         with self._transaction() as con:
-            return con.executemany("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE "
-                                   "_state = 'pending' AND _lease_owner = ?", [(o,) for o in dead]).rowcount
+            return self._many(con, self._sql("UPDATE outbox SET _lease_owner = NULL, _lease_until = NULL WHERE "
+                                             "_state = 'pending' AND _lease_owner = ?"), dead)
 
     # --- operations ----------------------------------------------------------------------
 
     def stats(self) -> dict[str, dict]:
         """Per destination: pending, in_flight, delivered, failed, oldest pending age
-        (seconds), last error (of a pending or failed row), latest delivery time."""
-        now = time.time()
+        (seconds), last error (of a pending or failed row), latest delivery time
+        (this process's clock)."""
+        sql = self._sql
         out: dict[str, dict] = {}
-        con = self._con()
-        for dest, pending, in_flight, delivered, failed, oldest, last in con.execute(
-                "SELECT destination, "
-                "sum(_state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?)), "
-                "sum(_state = 'pending' AND _lease_until >= ?), sum(_state = 'delivered'), sum(_state = 'failed'), "
-                "min(CASE WHEN _state = 'pending' THEN _enqueued END), max(_delivered) "
-                "FROM outbox GROUP BY destination ORDER BY destination", (now, now)):
-            err = con.execute("SELECT _last_error FROM outbox WHERE destination = ? AND _state != 'delivered' AND "
-                              "_last_error IS NOT NULL ORDER BY id DESC LIMIT 1", (dest,)).fetchone()
-            out[dest] = {"pending": pending, "in_flight": in_flight, "delivered": delivered, "failed": failed,
-                         "oldest_pending_age": round(now - oldest, 3) if oldest is not None else None,
-                         "last_error": err[0] if err else None, "last_delivered": last}
+        with self._reading() as con:
+            now = self._now(con)
+            skew = now - time.time()
+            for dest, pending, in_flight, delivered, failed, oldest, last in con.execute(sql(
+                    "SELECT destination, "
+                    "sum(CASE WHEN _state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?) THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN _state = 'pending' AND _lease_until >= ? THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN _state = 'delivered' THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN _state = 'failed' THEN 1 ELSE 0 END), "
+                    "min(CASE WHEN _state = 'pending' THEN _enqueued END), max(_delivered) "
+                    "FROM outbox GROUP BY destination ORDER BY destination"), (now, now)).fetchall():
+                err = con.execute(sql("SELECT _last_error FROM outbox WHERE destination = ? AND "
+                                      "_state != 'delivered' AND _last_error IS NOT NULL ORDER BY id DESC LIMIT 1"),
+                                  (dest,)).fetchone()
+                out[dest] = {"pending": pending, "in_flight": in_flight, "delivered": delivered, "failed": failed,
+                             "oldest_pending_age": round(now - oldest, 3) if oldest is not None else None,
+                             "last_error": err[0] if err else None,
+                             "last_delivered": last - skew if last is not None else None}
         return out
 
     def retry_failed(self, destination: str | None = None) -> int:
         """Dead letters back to pending, due now, attempts reset. Returns how many."""
-        now = time.time()
         with self._transaction() as con:
+            now = self._now(con)
             sql = ("UPDATE outbox SET _state = 'pending', _attempts = 0, _due = ?, _enqueued = ?, _solo = 1 "
                    "WHERE _state = 'failed'")
             params: list = [now, now]
             if destination is not None:
                 sql += " AND destination = ?"
                 params.append(destination)
-            return con.execute(sql, params).rowcount
+            return con.execute(self._sql(sql), params).rowcount
 
     def rows(self, destination: str | None = None) -> list[dict]:
-        """Every row (for tests and the load test's reconciliation)."""
-        cur = self._con().execute(
-            "SELECT id, destination, SOPInstanceUID, _state, _attempts, _enqueued, _delivered, _last_error "
-            "FROM outbox" + (" WHERE destination = ?" if destination else "") + " ORDER BY id",
-            (destination,) if destination else ())
-        names = [c[0].lstrip("_") for c in cur.description]
-        return [dict(zip(names, r)) for r in cur.fetchall()]
+        """Every row (for tests and the load test's reconciliation); times on the
+        back end's clock."""
+        with self._reading() as con:
+            cur = con.execute(self._sql(
+                "SELECT id, destination, SOPInstanceUID, _state, _attempts, _enqueued, _delivered, _last_error "
+                "FROM outbox" + (" WHERE destination = ?" if destination else "") + " ORDER BY id"),
+                (destination,) if destination else ())
+            return [dict(zip(_ROWS, r)) for r in cur.fetchall()]
+
+
+class SQLiteOutbox(Outbox):
+    """The outbox table in one SQLite file (``index.sqlite`` or ``outbox.sqlite``).
+
+    ``writer`` serialises this object's write transactions with the index's group
+    commit (the same ``flock``), so they queue instead of meeting SQLite's
+    sleep-and-retry busy handler; ``BEGIN IMMEDIATE`` makes every write
+    transaction (claims included) serial across processes.
+    """
+
+    def __init__(self, path: Path, writer: Callable[[], AbstractContextManager] | None = None) -> None:
+        self.path = Path(path)
+        self._writer = writer or nullcontext
+        self._connections = ThreadConnections(self.path)
+        with self._writer():
+            self._connections.get().executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._connections.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        yield self._connections.get()
+
+    @contextmanager
+    def _transaction(self, hooked: bool = False) -> Iterator[sqlite3.Connection]:
+        with nullcontext() if hooked else self._writer():
+            con = self._connections.get()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                yield con
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise

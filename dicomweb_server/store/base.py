@@ -159,8 +159,9 @@ class Index(ABC):
 
     def add_write_hook(self, hook: "WriteHook") -> None:
         """Run ``hook(con, records, added)`` inside every :meth:`add`, before it
-        commits: ``con`` is the open SQLite transaction of the index (None for an
-        index without one), ``added`` says which records are new. An exception
+        commits: ``con`` is the index's connection in its open transaction
+        (sqlite3 or psycopg; None for an index without one), ``added`` says
+        which records are new. An exception
         from the hook fails (rolls back) the whole add."""
         self._write_hooks = (*getattr(self, "_write_hooks", ()), hook)
 

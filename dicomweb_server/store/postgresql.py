@@ -17,7 +17,8 @@ SQLite index (store/sql.py); what differs is here:
   placing the file of one SOP Instance UID at the same time.
 - Schema: created and migrated by the archive (table ``schema_version``, one
   migration step per version, under an advisory lock so that nodes starting
-  together migrate once); ``dicomweb-server migrate`` runs it alone.
+  together migrate once); ``dicomweb-server migrate`` runs it alone. Version 2
+  adds routing's outbox table (its rows: routing/outbox_pg.py).
 """
 
 from __future__ import annotations
@@ -78,8 +79,37 @@ CREATE TABLE instance (
     ]
 
 
+def _v2() -> list[str]:
+    """Routing's outbox (routing/outbox.py, routing/outbox_pg.py): in the index's
+    database, so that its rows commit in the transaction of the instance rows and
+    every node shares one queue. The same columns as the SQLite outbox; times are
+    seconds since the epoch on the database server's clock."""
+    return [f"""
+CREATE TABLE outbox (
+  id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  destination TEXT NOT NULL,
+  StudyInstanceUID {POSTGRESQL.text} NOT NULL,
+  SeriesInstanceUID {POSTGRESQL.text} NOT NULL,
+  SOPInstanceUID {POSTGRESQL.text} NOT NULL,
+  _path TEXT NOT NULL,
+  _rule TEXT,
+  _state TEXT NOT NULL DEFAULT 'pending',
+  _attempts INTEGER NOT NULL DEFAULT 0,
+  _enqueued DOUBLE PRECISION NOT NULL,
+  _due DOUBLE PRECISION NOT NULL,
+  _solo INTEGER NOT NULL DEFAULT 0,
+  _lease_owner TEXT,
+  _lease_until DOUBLE PRECISION,
+  _delivered DOUBLE PRECISION,
+  _last_error TEXT
+)""",
+        "CREATE INDEX outbox_pending ON outbox(destination, _state, _due)",
+        "CREATE INDEX outbox_sop ON outbox(SOPInstanceUID, destination)",
+    ]
+
+
 # version -> the statements that bring the schema from version - 1 to it
-MIGRATIONS = {1: _v1}
+MIGRATIONS = {1: _v1, 2: _v2}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -185,8 +215,8 @@ class PostgreSQLIndex(SQLIndex):
         uids = [u for r in records for u in (r.study_uid, r.series_uid, r.sop_uid)]
         with self._writing(uids) as con:
             added = self._add_rows(con, records)
-            # routing's outbox (data/outbox.sqlite, as with the in-memory index): committed
-            # inside this transaction, before it commits (routing.Routing._on_add)
+            # routing's outbox rows (routing/outbox_pg.py): on this connection, in this
+            # transaction: the instances and their forwards commit together
             self._run_write_hooks(con, records, added)
             return added
 

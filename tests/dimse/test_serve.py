@@ -45,6 +45,10 @@ def test_serve_with_dimse(tmp_path, index):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert [h["00080018"]["Value"][0] for h in hits] == [ds.SOPInstanceUID]
+        # counted in /metrics, whichever process stored it (with SQLite the DIMSE listener is
+        # its own process: it was missing from the one worker's /metrics)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
+        assert "dicomweb_instances_stored_total 1.0" in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)

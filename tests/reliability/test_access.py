@@ -146,6 +146,54 @@ def test_h1_cors(secured):
         assert "access-control-allow-origin" not in r.headers
 
 
+ADMIN = "/admin/export/pacs/studies/1.2.3"
+
+
+def _options_reveal_nothing(c: httpx.Client) -> None:
+    denied = c.get("/studies")
+    assert denied.status_code == 401
+    for path in (ADMIN, "/admin/queue", "/studies", "/metrics", "/no/such/resource"):
+        r = c.options(path)
+        assert (r.status_code, r.content, r.headers["www-authenticate"]) == (401, denied.content,
+                                                                             'Bearer realm="dicomweb"'), path
+        assert "allow" not in r.headers, path
+    # with credentials: the methods of the resource (the write scope under /admin/, as for POST)
+    assert c.options("/studies", headers=bearer("reader-key")).headers["allow"] == "GET, HEAD, OPTIONS, POST"
+    assert c.options(ADMIN, headers=bearer("reader-key")).status_code == 403
+    r = c.options(ADMIN, headers=bearer("writer-key"))
+    assert (r.status_code, r.headers["allow"]) == (204, "OPTIONS, POST")
+
+
+def test_options_tells_an_unauthenticated_client_no_more_than_a_401(tmp_path):
+    """OPTIONS skipped authentication: ``Allow: OPTIONS, POST`` on /admin/export/...
+    told anyone that routing's export exists, and 204 vs 404 which paths do."""
+    srv = LiveServer(tmp_path / "data", "sqlite", api_keys=KEYS).start()
+    try:
+        with httpx.Client(base_url=srv.url) as c:
+            _options_reveal_nothing(c)
+            # no CORS configured: a preflight is an OPTIONS like any other
+            pre = c.options(ADMIN, headers={"Origin": "https://viewer.example", "Access-Control-Request-Method": "POST"})
+            assert pre.status_code == 401 and "allow" not in pre.headers
+    finally:
+        srv.stop()
+
+
+def test_cors_preflights_stay_answered_and_say_the_same_for_every_path(secured):
+    """With CORS origins configured, preflights (sent without credentials, Fetch
+    standard) are answered before authentication, and identically whether the path
+    exists or not; any other OPTIONS needs credentials."""
+    srv, _key, _audit = secured
+    with httpx.Client(base_url=srv.url) as c:
+        _options_reveal_nothing(c)
+        for origin, status in (("https://viewer.example", 200), ("https://evil.example", 400)):
+            pre = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+            answers = [c.options(p, headers=pre) for p in (ADMIN, "/studies", "/no/such/resource")]
+            seen = {(r.status_code, r.content, tuple(sorted((k, v) for k, v in r.headers.items() if k != "date")))
+                    for r in answers}
+            assert len(seen) == 1 and answers[0].status_code == status, seen
+            assert "allow" not in answers[0].headers
+
+
 def test_audit_log(secured):
     srv, _key, audit = secured
     with httpx.Client(base_url=srv.url) as c:

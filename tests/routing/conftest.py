@@ -1,6 +1,13 @@
+"""Routing tests run on each index whose transaction holds the outbox: SQLite
+(``index.sqlite``), PostgreSQL (its database, shared by nodes) and, where a test
+says so, the in-memory index (``outbox.sqlite``). A test takes the ``backend``
+fixture; ``@pytest.mark.parametrize("backend", [...], indirect=True)`` chooses
+other kinds than the default two."""
+
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -50,3 +57,36 @@ def sink(tmp_path):
     s = Sink(tmp_path / "sink").start()
     yield s
     s.stop()
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An index kind and what a server needs to open it."""
+
+    index: str
+    database_url: str | None = None
+
+    @property
+    def settings(self) -> dict:
+        """Settings fields (``Settings(index=..., **backend.settings)``)."""
+        return {"database_url": self.database_url} if self.database_url else {}
+
+    @property
+    def args(self) -> list[str]:
+        """Command-line flags for a ``dicomweb-server`` command."""
+        return ["--index", self.index] + (["--database-url", self.database_url] if self.database_url else [])
+
+    def env(self, monkeypatch) -> None:
+        """Server processes started from here open this index (``DICOMWEB_DATABASE_URL``)."""
+        if self.database_url:
+            monkeypatch.setenv("DICOMWEB_DATABASE_URL", self.database_url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request) -> Backend:
+    if request.param == "postgresql":
+        return Backend("postgresql", request.getfixturevalue("pg_url"))
+    return Backend(request.param)
+
+
+ALL = ["sqlite", "memory", "postgresql"]  # for tests that cover the in-memory index's outbox.sqlite too

@@ -11,16 +11,16 @@ import httpx
 import pytest
 
 from tests.reliability.test_crash import CLIENTS, Server, _storer
-from tests.routing.conftest import wait_for, write_routes
+from tests.routing.conftest import ALL, wait_for, write_routes
 
 
-
-
-@pytest.mark.parametrize("index", ["sqlite", "memory"])
+@pytest.mark.parametrize("backend", ALL, indirect=True)
 @pytest.mark.parametrize("fault", [None, "forwarded:3"])
-def test_sigkill_while_forwarding_loses_nothing(tmp_path, sink, monkeypatch, index, fault):
+def test_sigkill_while_forwarding_loses_nothing(tmp_path, sink, monkeypatch, backend, fault):
     routes = write_routes(tmp_path / "routes.toml", sink.url)
     monkeypatch.setenv("DICOMWEB_ROUTES_FILE", str(routes))
+    backend.env(monkeypatch)
+    index = backend.index
     data = tmp_path / "data"
     srv = Server(data, index, fault)
     acked: dict[str, bytes] = {}

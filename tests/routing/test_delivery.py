@@ -1,6 +1,7 @@
 """Forwarding (issue 12): what is stored is delivered, a destination that is down
 gets the backlog, one refused instance is dead-lettered without blocking the others,
-two workers on one data folder never send an instance twice."""
+two workers on one data folder never send an instance twice. Each on the SQLite and
+the PostgreSQL index (tests/routing/conftest.py ``backend``)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import httpx
 import pytest
 
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
-from tests.routing.conftest import wait_for, write_routes
+from tests.routing.conftest import ALL, Backend, wait_for, write_routes
 
 
 @contextmanager
-def forwarding(tmp_path, sink, index: str = "sqlite", match: str = ""):
+def forwarding(tmp_path, sink, backend: Backend, match: str = ""):
     """An archive forwarding every instance (or those ``match`` selects) to ``sink``."""
     routes = write_routes(tmp_path / "routes.toml", sink.url, match=match)
-    srv = LiveServer(tmp_path / "data", index, routes_file=routes).start()
+    srv = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings).start()
     try:
         yield srv
     finally:
@@ -53,9 +54,9 @@ def queue(url: str) -> dict:
     return r.json()["destinations"]
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory"])
-def test_stored_instances_are_delivered_byte_identical(tmp_path, sink, index):
-    with forwarding(tmp_path, sink, index, match='match = { Modality = "CT" }') as srv:
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_stored_instances_are_delivered_byte_identical(tmp_path, sink, backend):
+    with forwarding(tmp_path, sink, backend, match='match = { Modality = "CT" }') as srv:
         before = metric(srv.url, 'dicomweb_forwarded_total{destination="sink"}')
         study = "1.2.826.0.1.3680043.8.498.1"
         cts = [make_dataset(study=study, modality="CT") for _ in range(7)]
@@ -81,8 +82,8 @@ def test_stored_instances_are_delivered_byte_identical(tmp_path, sink, index):
 
 
 
-def test_a_sink_down_for_a_while_gets_the_backlog(tmp_path, sink):
-    with forwarding(tmp_path, sink) as srv:
+def test_a_sink_down_for_a_while_gets_the_backlog(tmp_path, sink, backend):
+    with forwarding(tmp_path, sink, backend) as srv:
         sink.stop()  # connection refused
         sent = {}
         for _ in range(3):
@@ -101,8 +102,8 @@ def test_a_sink_down_for_a_while_gets_the_backlog(tmp_path, sink):
 
 
 
-def test_one_instance_refused_is_dead_lettered_without_blocking_the_rest(tmp_path, sink):
-    with forwarding(tmp_path, sink) as srv:
+def test_one_instance_refused_is_dead_lettered_without_blocking_the_rest(tmp_path, sink, backend):
+    with forwarding(tmp_path, sink, backend) as srv:
         # the sink already holds this SOP Instance UID with other content: it answers 0x0111 for it
         clash = make_dataset(PatientID="ours")
         other = make_dataset(study=clash.StudyInstanceUID, series=clash.SeriesInstanceUID, sop=clash.SOPInstanceUID,
@@ -126,8 +127,8 @@ def test_one_instance_refused_is_dead_lettered_without_blocking_the_rest(tmp_pat
 
 
 
-def test_a_batch_refused_whole_with_400_is_split_and_only_the_culprit_dead_lettered(tmp_path, sink):
-    with forwarding(tmp_path, sink) as srv:
+def test_a_batch_refused_whole_with_400_is_split_and_only_the_culprit_dead_lettered(tmp_path, sink, backend):
+    with forwarding(tmp_path, sink, backend) as srv:
         datasets = [make_dataset() for _ in range(4)]
         bad = datasets[1].SOPInstanceUID
         sink.recorder.reject = {bad}
@@ -141,10 +142,10 @@ def test_a_batch_refused_whole_with_400_is_split_and_only_the_culprit_dead_lette
 
 
 
-def test_two_workers_on_one_data_folder_never_double_send(tmp_path, sink):
+def test_two_workers_on_one_data_folder_never_double_send(tmp_path, sink, backend):
     routes = write_routes(tmp_path / "routes.toml", sink.url, extra="")
-    a = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
-    b = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
+    a = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings).start()
+    b = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings).start()
     try:
         sent = {}
         for i in range(8):  # both workers take stores; both forwarders race for the rows
@@ -157,10 +158,10 @@ def test_two_workers_on_one_data_folder_never_double_send(tmp_path, sink):
         b.stop()
 
 
-def test_manual_export_and_scopes(tmp_path, sink):
+def test_manual_export_and_scopes(tmp_path, sink, backend):
     routes = tmp_path / "routes.toml"
     routes.write_text(f'[[destinations]]\nname = "sink"\nstow_url = "{sink.url}"\n')  # no rules
-    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes,
+    srv = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings,
                      api_keys={"w": ["read", "write"], "r": ["read"]}).start()
     try:
         ds = [make_dataset(study="1.2.3.4", series="1.2.3.4.5") for _ in range(2)] + [make_dataset(study="1.2.3.4")]

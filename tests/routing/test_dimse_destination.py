@@ -14,7 +14,7 @@ from tests.routing.conftest import FAST, wait_for
 from tests.routing.test_delivery import queue, store
 
 
-def test_c_store_destination(tmp_path):
+def test_c_store_destination(tmp_path, backend):
     received: dict[str, bytes] = {}
     refuse: set[str] = set()
 
@@ -35,7 +35,7 @@ def test_c_store_destination(tmp_path):
     routes = tmp_path / "routes.toml"
     routes.write_text(f'[[destinations]]\nname = "pacs"\ndimse = {{ ae_title = "PACS", host = "127.0.0.1", '
                       f'port = {port} }}\n[[rules]]\ndestinations = ["pacs"]\n{FAST}')
-    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
+    srv = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings).start()
     try:
         datasets = [make_dataset() for _ in range(3)]
         refuse.add(datasets[0].SOPInstanceUID)

@@ -17,13 +17,13 @@ from tests.routing.conftest import wait_for, write_routes
 from tests.routing.test_delivery import metric
 
 
-def test_two_worker_processes(tmp_path, sink):
+def test_two_worker_processes(tmp_path, sink, backend):
     routes = write_routes(tmp_path / "routes.toml", sink.url)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
-                             "--port", str(port), "--workers", "2", "--routes", str(routes)],
+                             "--port", str(port), "--workers", "2", "--routes", str(routes), *backend.args],
                             env=env, start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         wait_http(url + "/studies?limit=1", proc=proc)
