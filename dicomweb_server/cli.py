@@ -33,6 +33,11 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", choices=["sqlite", "memory", "postgresql"], help="metadata index (default sqlite)")
     p.add_argument("--database-url", dest="database_url",
                    help="PostgreSQL index: postgresql://user@host:port/db (env DICOMWEB_DATABASE_URL)")
+    p.add_argument("--storage", help="s3://bucket/prefix: keep instances in S3-compatible object storage "
+                                     "(default: the data folder's blobs/; env DICOMWEB_STORAGE)")
+    p.add_argument("--s3-endpoint-url", dest="s3_endpoint_url",
+                   help="S3 endpoint, e.g. http://minio:9000 (env DICOMWEB_S3_ENDPOINT_URL; credentials and "
+                        "region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)")
 
 
 def _settings(args: argparse.Namespace):
@@ -313,7 +318,7 @@ def _check(args: argparse.Namespace) -> int:
     settings = _settings(args)
     archive = Archive.open(settings)
     try:
-        report = reconcile(archive, repair=args.repair)
+        report = reconcile(archive, repair=args.repair, grace=args.grace)
     finally:
         archive.close()
     print(report.summary())
@@ -445,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("--repair", action="store_true",
                      help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
     _add_settings_args(chk)
+    chk.add_argument("--grace", type=float, default=900.0, metavar="SECONDS",
+                     help="object storage: leave unindexed objects younger than this alone (a store may be "
+                          "between its PUT and its index commit; default 900)")
     chk.set_defaults(func=_check)
 
     que = sub.add_parser("queue", help="routing: forwards owed, delivered and failed per destination")

@@ -40,6 +40,7 @@ from .dicom.media_types import (
     pixel_media_type,
 )
 from .store.base import InstanceLocation
+from .store.objects import StoredObject
 
 
 class NotFound(LookupError):
@@ -51,8 +52,10 @@ class Gone(NotFound):
     DELETE raced this read (HTTP 404)."""
 
 
-def open_stored(path: Path, loc: InstanceLocation) -> BinaryIO:
-    """The stored file of ``loc``, opened for reading.
+def open_stored(path: Path | StoredObject, loc: InstanceLocation) -> BinaryIO:
+    """The stored file of ``loc``, opened for reading. ``path`` is what
+    ``BlobStorage.source`` gives: a local file, or an object (store/s3.py), whose
+    reader makes each read a ranged GET of that object version.
 
     Raises
     ------
@@ -60,10 +63,11 @@ def open_stored(path: Path, loc: InstanceLocation) -> BinaryIO:
         The file is missing, or is not the file the index row describes.
     """
     try:
-        f = open(path, "rb")
+        f = path.open("rb")
     except FileNotFoundError:
         raise Gone(f"instance {loc.sop_uid} was deleted") from None
-    if os.fstat(f.fileno()).st_size != loc.size:
+    size = getattr(f, "size", None)  # an object reader knows its size (from its HEAD)
+    if (os.fstat(f.fileno()).st_size if size is None else size) != loc.size:
         f.close()
         raise Gone(f"instance {loc.sop_uid} was replaced while being read")
     return f
@@ -97,6 +101,10 @@ def _chunks(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
 
 
 def _read_span(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
+    ranged = getattr(f, "iter_range", None)
+    if ranged is not None:  # an object (store/s3.py): one ranged GET, handed on in CHUNK pieces
+        yield from ranged(offset, length, CHUNK)
+        return
     f.seek(offset)
     left = length if length is not None else -1
     while left != 0:
