@@ -28,6 +28,7 @@ class Request:
     path: str  # /bucket/key (path-style addressing)
     range: str | None
     if_none_match: str | None
+    content_md5: str | None
     status: int
 
 
@@ -40,23 +41,16 @@ class _Recorder:
         self._lock = threading.Lock()
 
     def __call__(self, environ, start_response):
-        seen: dict[str, int] = {}
-
         def start(status, headers, exc_info=None):
-            seen["status"] = int(status.split()[0])
-            return start_response(status, headers, exc_info)
-
-        body = self.app(environ, start)
-        try:
-            yield from body
-        finally:
-            close = getattr(body, "close", None)
-            if close is not None:
-                close()
+            # recorded before any byte of the answer is sent: a client never sees an
+            # answer whose request is not in the log yet
             with self._lock:
                 self.requests.append(Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
                                              environ.get("HTTP_RANGE"), environ.get("HTTP_IF_NONE_MATCH"),
-                                             seen.get("status", 0)))
+                                             environ.get("HTTP_CONTENT_MD5"), int(status.split()[0])))
+            return start_response(status, headers, exc_info)
+
+        return self.app(environ, start)
 
 
 class S3Server:
@@ -108,3 +102,18 @@ class S3Server:
 def storage_settings(server: S3Server) -> dict:
     """Archive settings that keep instances in a new, empty bucket of ``server``."""
     return {"storage": f"s3://{server.fresh_bucket()}/archive", "s3_endpoint_url": server.url}
+
+
+def instance_keys(storage: dict) -> list[str]:
+    """Keys of the ``.dcm`` objects under the prefix of ``storage`` (settings from
+    :func:`storage_settings`), relative to the prefix."""
+    import boto3
+
+    from dicomweb_server.store.s3 import parse_storage_url
+
+    bucket, prefix = parse_storage_url(storage["storage"])
+    client = boto3.client("s3", endpoint_url=storage["s3_endpoint_url"], region_name=AWS_ENV["AWS_DEFAULT_REGION"],
+                          aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"])
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"][len(prefix):] for p in pages for o in p.get("Contents", ()) if o["Key"].endswith(".dcm"))
