@@ -104,9 +104,7 @@ def storage_settings(server: S3Server) -> dict:
     return {"storage": f"s3://{server.fresh_bucket()}/archive", "s3_endpoint_url": server.url}
 
 
-def instance_keys(storage: dict) -> list[str]:
-    """Keys of the ``.dcm`` objects under the prefix of ``storage`` (settings from
-    :func:`storage_settings`), relative to the prefix."""
+def _client_for(storage: dict):
     import boto3
 
     from dicomweb_server.store.s3 import parse_storage_url
@@ -115,5 +113,18 @@ def instance_keys(storage: dict) -> list[str]:
     client = boto3.client("s3", endpoint_url=storage["s3_endpoint_url"], region_name=AWS_ENV["AWS_DEFAULT_REGION"],
                           aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
                           aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"])
+    return client, bucket, prefix
+
+
+def instance_keys(storage: dict) -> list[str]:
+    """Keys of the ``.dcm`` objects under the prefix of ``storage`` (settings from
+    :func:`storage_settings`), relative to the prefix."""
+    client, bucket, prefix = _client_for(storage)
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return sorted(o["Key"][len(prefix):] for p in pages for o in p.get("Contents", ()) if o["Key"].endswith(".dcm"))
+
+
+def instance_object(storage: dict, key: str) -> bytes:
+    """The bytes of the object ``key`` (relative to the prefix of ``storage``)."""
+    client, bucket, prefix = _client_for(storage)
+    return client.get_object(Bucket=bucket, Key=prefix + key)["Body"].read()
