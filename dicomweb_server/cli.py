@@ -101,6 +101,10 @@ def _serve(args: argparse.Namespace) -> int:
         except RoutesError as e:
             print(f"dicomweb-server: --routes: {e}", file=sys.stderr)
             return 2
+    refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
+    if refused:
+        print(f"dicomweb-server: {refused}", file=sys.stderr)
+        return 2
     if settings.dimse_port and settings.dimse_peers_file:
         from .dimse.peers import PeersError, load_peers
 
@@ -164,6 +168,21 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _stop_dimse(dimse)
     return 0
+
+
+def _storage_refused(settings) -> str | None:
+    """Why ``--storage`` cannot be served (None when it can, or for the data folder)."""
+    if settings.storage is None:
+        return None
+    if settings.routes_file is not None:
+        return "--routes with --storage s3://... is not supported yet (the forwarder sends local files)"
+    from .store.s3 import S3BlobStore
+
+    try:
+        S3BlobStore(Path(settings.data_dir), settings.storage, endpoint_url=settings.s3_endpoint_url).check_bucket()
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def _port_taken(host: str, port: int) -> str | None:

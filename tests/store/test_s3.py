@@ -328,3 +328,10 @@ def test_routes_with_object_storage_are_refused(tmp_path, s3_storage):
     with pytest.raises(RuntimeError, match="not supported"):
         Archive.open(Settings(data_dir=tmp_path / "d", routes_file=routes, **s3_storage))
     assert Path(tmp_path / "d").exists()
+
+
+def test_serve_refuses_a_bucket_it_cannot_reach(tmp_path, s3_server):
+    r = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path),
+                        "--port", "0", "--storage", "s3://no-such-bucket/x", "--s3-endpoint-url", s3_server.url],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "s3://no-such-bucket/x: the bucket cannot be reached" in r.stderr, r.stderr
