@@ -6,7 +6,7 @@ the same 2 cores as the archive and the client), so the S3 numbers bound the ove
 from above: a real MinIO or S3 answers faster per request but over a network. The
 S3 requests each operation makes are fixed by the code and asserted in
 tests/store/test_s3.py (STOW-RS: one PUT per instance; an instance or a frame: one
-HEAD and one GET).
+ranged GET; a rendered picture adds a HEAD for the render cache's key).
 
     PYTHONPATH=. python benchmarks/s3_storage.py [--requests 200] [--clients 1 4]
 
@@ -63,18 +63,23 @@ def _archive(data: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
 def _timed(url: str, clients: int, jobs: list, run) -> dict:
     """Run ``run(client, job)`` for every job, ``clients`` threads; ops/s and latency."""
     lat: list[float] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
     it = iter(jobs)
 
     def worker():
         with httpx.Client(base_url=url, timeout=60) as c:
-            while True:
+            while not errors:
                 with lock:
                     job = next(it, None)
                 if job is None:
                     return
                 t = time.perf_counter()
-                run(c, job)
+                try:
+                    run(c, job)
+                except BaseException as e:  # noqa: BLE001 - a wrong answer ends the row: reported below
+                    errors.append(e)
+                    return
                 d = time.perf_counter() - t
                 with lock:
                     lat.append(d)
@@ -86,6 +91,8 @@ def _timed(url: str, clients: int, jobs: list, run) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"a request failed: {errors[0]!r}")
     lat.sort()
     return {"ops": len(lat), "ops_s": len(lat) / wall, "p50": statistics.median(lat) * 1000,
             "p95": lat[int(0.95 * (len(lat) - 1))] * 1000}
@@ -120,6 +127,7 @@ def main() -> int:
                     datasets = [make_dataset(study=study, sop_class=MR_IMAGE_STORAGE, modality="MR", rows=256,
                                              columns=256) for _ in range(args.requests)]
                     bodies = [multipart([to_bytes(ds)]) for ds in datasets]
+                    sizes = {ds.SOPInstanceUID: len(to_bytes(ds)) for ds in datasets}
 
                     def stow(c, job):
                         body, ctype = job
@@ -129,12 +137,12 @@ def main() -> int:
                     def instance(c, ds):
                         u = f"/studies/{study}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
                         r = c.get(u, headers={"Accept": "application/dicom; transfer-syntax=*"})
-                        assert r.status_code == 200 and len(r.content) == size
+                        assert r.status_code == 200 and len(r.content) == sizes[ds.SOPInstanceUID]
 
                     def frame(c, ds):
                         u = f"/studies/{study}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}/frames/1"
                         r = c.get(u, headers={"Accept": 'multipart/related; type="application/octet-stream"'})
-                        assert r.status_code == 200
+                        assert r.status_code == 200 and len(r.content) > 256 * 256 * 2
 
                     for op, jobs, fn in (("STOW-RS 1 instance", bodies, stow), ("WADO-RS instance", datasets, instance),
                                          ("WADO-RS frame", datasets, frame)):
@@ -156,7 +164,7 @@ def main() -> int:
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} cores shared with other work; "
         f"archive: SQLite index, 1 worker; object store: moto's server (Python) on the same machine; "
-        f"instances: MR 256x256 16-bit, {size} bytes; {args.requests} requests per row; "
+        f"instances: MR 256x256 16-bit, about {size} bytes (a frame: 131072); {args.requests} requests per row; "
         "client: httpx threads. Load average (1 min) at the start of each row.",
         "",
         "| operation | clients | storage | ops/s | p50 ms | p95 ms | s3/files ops/s | load avg |",
@@ -166,8 +174,8 @@ def main() -> int:
         ratio = "" if n == "files" else f"{r['ops_s'] / by[(op, c, 'files')]['ops_s']:.2f}"
         lines.append(f"| {op} | {c} | {n} | {r['ops_s']:.0f} | {r['p50']:.1f} | {r['p95']:.1f} | {ratio} | {load:.2f} |")
     lines += ["", "S3 requests per operation (fixed by the code, asserted in tests/store/test_s3.py): STOW-RS one "
-              "conditional PUT per instance (plus a streamed GET only for a duplicate); instance and frame one HEAD "
-              "and one ranged GET each. moto is a Python server sharing the 2 cores: these ratios bound the cost "
+              "conditional PUT per instance (plus a streamed GET only for a duplicate); instance and frame one "
+              "ranged GET each. moto is a Python server sharing the 2 cores: these ratios bound the cost "
               "from above on this machine and say nothing about MinIO or AWS latency.", ""]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))

@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 class StoredObject(Protocol):
     """A stored instance that is not a local file (see :class:`store.s3.S3Source`)."""
 
-    def open(self, mode: str = "rb") -> BinaryIO:
-        """A seekable reader of the object's bytes; FileNotFoundError when it is gone."""
+    def open(self, mode: str = "rb", *, size: int | None = None) -> BinaryIO:
+        """A seekable reader of the object's bytes; FileNotFoundError when it is gone
+        (from ``open``, or, when ``size`` is given, from the first read, which also
+        raises it when the object is not ``size`` bytes long)."""
 
     def version(self) -> Hashable:
         """Changes whenever the object at this name is replaced; FileNotFoundError when gone."""

@@ -26,8 +26,10 @@ ignored, each PUT is preceded by a HEAD. Either way the index's placement lock
 (``Index.locked``: PostgreSQL advisory locks across nodes) is what serialises the
 writers of one SOP Instance UID: a conditional PUT is the second line of defence.
 
-Reads: :class:`S3Reader` is a seekable reader whose reads are ranged GETs of the
-object version seen when it was opened (``If-Match`` its ETag). Small reads (pydicom
+Reads: :class:`S3Reader` is a seekable reader whose reads are ranged GETs of one
+object version: the first GET checks the size the index row holds and notes the
+ETag, every later one asks for that ETag (``If-Match``); no HEAD on the read path.
+Small reads (pydicom
 parsing a header) are served from a 64 KB read-ahead; a read of a frame or a bulk
 data value is one GET of exactly its bytes; a whole instance streams from one GET in
 bounded pieces (:meth:`S3Reader.iter_range`). Nothing reads a whole object into
@@ -115,7 +117,9 @@ def _os_error(err: Exception, what: str) -> OSError:
 
 
 def _gone(err: Exception) -> bool:
-    return _status(err) in (404, 412) or _code(err) in ("NoSuchKey", "404", "PreconditionFailed")
+    """Not there (any more), or not the version asked for (416: a shorter object)."""
+    return _status(err) in (404, 412, 416) or _code(err) in ("NoSuchKey", "404", "PreconditionFailed",
+                                                               "InvalidRange")
 
 
 class S3BlobStore(BlobStore):
@@ -321,9 +325,13 @@ class S3Source:
                 raise FileNotFoundError(errno.ENOENT, "no such object", self.key) from None
             raise _os_error(e, f"HEAD {self.key}") from e
 
-    def open(self, mode: str = "rb") -> "S3Reader":
+    def open(self, mode: str = "rb", *, size: int | None = None) -> "S3Reader":
+        """A reader of the object. With ``size`` (the index row's) no request is made
+        now: the first read's GET checks it (a HEAD otherwise)."""
         if mode != "rb":
             raise ValueError("stored objects are read-only")
+        if size is not None:
+            return S3Reader(self.store, self.key, size, None)
         head = self._head()
         return S3Reader(self.store, self.key, int(head["ContentLength"]), head["ETag"])
 
@@ -338,10 +346,12 @@ class S3Source:
 class S3Reader(io.RawIOBase):
     """Seekable reads of one object version by ranged GETs (module docstring).
 
-    Raises FileNotFoundError from a read when the object was deleted or replaced
-    after it was opened (the ``If-Match`` GET answers 404/412)."""
+    ``etag`` None: the first GET finds the version (its ETag, and its size, which must
+    be ``size``); every later GET asks for that version (``If-Match``). Raises
+    FileNotFoundError from a read when the object is gone or is another version
+    (404, 412, 416, or another size)."""
 
-    def __init__(self, store: S3BlobStore, key: str, size: int, etag: str) -> None:
+    def __init__(self, store: S3BlobStore, key: str, size: int, etag: str | None) -> None:
         super().__init__()
         self.store, self.key, self.size, self.etag = store, key, size, etag
         self.pos = 0
@@ -369,14 +379,23 @@ class S3Reader(io.RawIOBase):
         """The body of a GET of ``length`` bytes from ``offset`` (to the end when None)."""
         end = "" if length is None else str(offset + length - 1)
         self.gets += 1
+        extra = {"IfMatch": self.etag} if self.etag is not None else {}
         try:
             r = self.store.client.get_object(Bucket=self.store.bucket, Key=self.key, Range=f"bytes={offset}-{end}",
-                                             IfMatch=self.etag)
+                                             **extra)
         except Exception as e:  # noqa: BLE001
             if _gone(e):
                 raise FileNotFoundError(errno.ENOENT, "object deleted or replaced while being read",
                                         self.key) from None
             raise _os_error(e, f"GET {self.key}") from e
+        if self.etag is None:  # the first GET: this is the version read from now on
+            cr = r.get("ContentRange") or ""
+            total = int(cr.rpartition("/")[2]) if "/" in cr else int(r["ContentLength"])
+            if total != self.size:
+                r["Body"].close()
+                raise FileNotFoundError(errno.ENOENT, f"object of {total} bytes, not {self.size}: replaced",
+                                        self.key)
+            self.etag = r["ETag"]
         return r["Body"]
 
     def _fetch(self, offset: int, length: int) -> bytes:

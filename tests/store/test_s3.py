@@ -187,14 +187,34 @@ def test_a_frame_is_one_ranged_get_of_its_bytes(tmp_path, s3_server, s3_storage)
             [(_h, frame)] = split_multipart(r)
             assert frame == ds.PixelData[flen : 2 * flen]
             asked = [(q.method, q.path, q.range) for q in s3_server.requests[start:]]
-            # a HEAD (size and ETag of the version read) and one GET of exactly frame 2
-            assert asked == [("HEAD", key, None), ("GET", key, f"bytes={offset + flen}-{offset + 2 * flen - 1}")]
+            # one GET of exactly frame 2 (no HEAD: the GET checks the size the row holds)
+            assert asked == [("GET", key, f"bytes={offset + flen}-{offset + 2 * flen - 1}")]
             # bulk data (native Pixel Data): read from its offset on, not from the start of the object
             start = len(s3_server.requests)
             r = c.get(instance_url(ds) + "/bulkdata/7FE00010", headers={"Accept": "application/octet-stream"})
             assert r.status_code == 200 and r.content == ds.PixelData
             gets = [q.range for q in s3_server.requests[start:] if q.method == "GET"]
             assert gets == [f"bytes={offset}-{len(to_bytes(ds)) - 1}"]
+    finally:
+        srv.stop()
+
+
+def test_an_object_gone_or_replaced_after_the_look_up_is_404(tmp_path, s3_server, s3_storage):
+    """The index row is read first, the object after: deleted meanwhile, or replaced by
+    an object of another size, the read answers 404 before any part is sent."""
+    bucket, prefix = bucket_of(s3_storage)
+    srv = LiveServer(tmp_path / "data", "sqlite", **s3_storage).start()
+    try:
+        small, large = make_dataset(rows=16, columns=16, frames=2), make_dataset(rows=512, columns=512, frames=5)
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            assert stow(c, [small, large]).status_code == 200
+            s3_server.client.put_object(Bucket=bucket, Key=prefix + rel(small), Body=to_bytes(small) + b"\0\0")
+            s3_server.client.delete_object(Bucket=bucket, Key=prefix + rel(large))
+            for ds, what in ((small, ""), (small, "/frames/2"), (large, ""), (large, "/frames/1"),
+                             (large, "/bulkdata/7FE00010"), (small, "/rendered")):
+                r = c.get(instance_url(ds) + what, headers={"Accept": "*/*"})
+                assert r.status_code == 404, (what, r.status_code, r.text[:200])
+            assert c.get(f"/studies/{small.StudyInstanceUID}/metadata").status_code == 200  # the index alone
     finally:
         srv.stop()
 
