@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.s3server import storage_settings
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.s3server import storage_settings
 
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
 # frame 1: -1, -0.75, ... 1.75 with a NaN and a +Inf; frame 2: the same + 10

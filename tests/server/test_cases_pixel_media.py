@@ -22,8 +22,8 @@ from pydicom.encaps import encapsulate
 from pydicom.pixels.encoders import RLELosslessEncoder
 
 from dicomweb_server.dicom.media_types import PIXEL_MEDIA_TYPES
-from tests.s3server import storage_settings
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.s3server import storage_settings
 from tests.server.test_sample_files import split_multipart
 
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
