@@ -355,3 +355,16 @@ def test_serve_refuses_a_bucket_it_cannot_reach(tmp_path, s3_server):
                         "--port", "0", "--storage", "s3://no-such-bucket/x", "--s3-endpoint-url", s3_server.url],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "s3://no-such-bucket/x: the bucket cannot be reached" in r.stderr, r.stderr
+
+
+def test_import_command_stores_into_the_bucket(tmp_path, s3_server, s3_storage):
+    bucket, prefix = bucket_of(s3_storage)
+    ds = make_dataset()
+    f = tmp_path / "one.dcm"
+    f.write_bytes(to_bytes(ds))
+    r = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "import", "--quiet", "--data-dir",
+                        str(tmp_path / "data"), "--storage", s3_storage["storage"], "--s3-endpoint-url",
+                        s3_storage["s3_endpoint_url"], str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "imported 1 new instance(s)" in r.stdout, r.stdout + r.stderr
+    assert s3_server.keys(bucket) == [prefix + rel(ds)] and s3_server.get(bucket, prefix + rel(ds)) == to_bytes(ds)
+    assert not list((tmp_path / "data" / "blobs").rglob("*.dcm"))  # nothing kept on local disk
