@@ -220,15 +220,18 @@ class S3BlobStore(BlobStore):
             raise _os_error(e, f"PUT {key}") from e
         return True
 
-    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True) -> Placed:
-        """Store the spooled part as a new object (``sync_dir`` has no meaning here: a
-        200 answer is durable). ``Placed.EXISTS`` when an object is already there."""
+    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True, synced: bool = False) -> Placed:
+        """Store the spooled part as a new object and remove the spool file, as the
+        file store does (``sync_dir``, ``synced``: no meaning here, a 200 answer is
+        durable and the spool file is never fsynced). ``Placed.EXISTS`` when an object
+        is already there (the spool file is kept, for :meth:`same` and :meth:`replace`)."""
         key = self.key(relpath)
         if not self.conditional_put and self.exists(relpath):
             return Placed.EXISTS
         if not self._put(spooled, key, conditional=True):
             return Placed.EXISTS
         faults.point("linked")
+        os.unlink(spooled)
         return Placed.NEW
 
     def replace(self, spooled: Path, relpath: str) -> None:

@@ -112,6 +112,8 @@ def test_place_is_a_conditional_put_with_content_md5(store, s3_server, tmp_path)
     assert store.probe_conditional_put() is True  # moto refuses the second PUT with 412
     start = len(s3_server.requests)
     assert store.place(one, "1.2/3.4/5.6.dcm") is Placed.NEW
+    assert not one.exists()  # placed: the spool file is gone, as with the file store
+    one.write_bytes(b"A" * 5000)
     [put] = [r for r in s3_server.requests[start:] if r.method == "PUT"]
     assert put.path == f"/{bucket}/archive/1.2/3.4/5.6.dcm" and put.if_none_match == "*"
     assert put.content_md5 == base64.b64encode(hashlib.md5(b"A" * 5000).digest()).decode()
@@ -134,7 +136,7 @@ def test_without_conditional_put_a_head_comes_first(store, s3_server, tmp_path):
     f.write_bytes(b"stored")
     store.conditional_put = False
     assert store.place(f, "1/2/3.dcm") is Placed.NEW
-    f.write_bytes(b"other content")
+    f.write_bytes(b"other content")  # (placed: the spool file was removed)
     start = len(s3_server.requests)
     assert store.place(f, "1/2/3.dcm") is Placed.EXISTS
     assert [r.method for r in s3_server.requests[start:]] == ["HEAD"]
