@@ -111,9 +111,6 @@ class Archive:
         try:
             archive = cls(settings, index)
             if settings.storage is not None:
-                if settings.routes_file is not None:
-                    raise RuntimeError("--routes with --storage s3://... is not supported yet: the forwarder "
-                                       "sends local files")
                 archive.blobs.check_bucket()  # type: ignore[attr-defined]
                 archive.blobs.probe_conditional_put()  # type: ignore[attr-defined]
         except BaseException:

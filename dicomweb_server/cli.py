@@ -174,8 +174,6 @@ def _storage_refused(settings) -> str | None:
     """Why ``--storage`` cannot be served (None when it can, or for the data folder)."""
     if settings.storage is None:
         return None
-    if settings.routes_file is not None:
-        return "--routes with --storage s3://... is not supported yet (the forwarder sends local files)"
     from .store.s3 import S3BlobStore
 
     try:

@@ -344,12 +344,28 @@ def test_check_command_on_object_storage(tmp_path, s3_server, s3_storage):
     assert s3_server.keys(bucket) == [prefix + rel(kept)]
 
 
-def test_routes_with_object_storage_are_refused(tmp_path, s3_storage):
-    routes = tmp_path / "routes.toml"
-    routes.write_text("")
-    with pytest.raises(RuntimeError, match="not supported"):
-        Archive.open(Settings(data_dir=tmp_path / "d", routes_file=routes, **s3_storage))
-    assert Path(tmp_path / "d").exists()
+def test_routes_deliver_from_object_storage(tmp_path, s3_storage, s3_server):
+    """The forwarder sends a local copy of each object (in the spool, removed after the send)."""
+    from tests.routing.conftest import wait_for, write_routes
+    from tests.routing.sink import Sink
+    from tests.routing.test_delivery import at_sink, queue
+
+    sink = Sink(tmp_path / "sink").start()
+    try:
+        routes = write_routes(tmp_path / "routes.toml", sink.url)
+        srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes, **s3_storage).start()
+        try:
+            datasets = [make_dataset() for _ in range(3)]
+            with httpx.Client(base_url=srv.url, timeout=30) as c:
+                assert stow(c, datasets).status_code == 200
+            wait_for(lambda: queue(srv.url).get("sink", {}).get("delivered") == 3, what="3 delivered")
+            for ds in datasets:
+                assert at_sink(sink, ds.SOPInstanceUID) == to_bytes(ds)
+            assert not [p for p in (tmp_path / "data" / "tmp").rglob("*") if p.is_file() and p.suffix == ".dcm"]
+        finally:
+            srv.stop()
+    finally:
+        sink.stop()
 
 
 def test_serve_refuses_a_bucket_it_cannot_reach(tmp_path, s3_server):
