@@ -11,7 +11,6 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pydantic
