@@ -13,7 +13,8 @@ With ``--storage s3://...`` step 2 is a conditional PutObject (store/s3.py), dur
 when the object store answers 200; step 3 has no directory to fsync.
 A crash before 3 leaves a file no index row names: invisible to every search and
 retrieve, re-indexed by ``dicomweb-server check --repair`` (the in-memory index
-indexes it at start-up).
+indexes it at start-up); an object no row names is removed by ``check --repair`` once
+older than the grace period (check.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     dicomweb-server [serve] [--host H] [--port P] [--data-dir D] [--index sqlite|memory] [--workers N]
     dicomweb-server import [--samples] [--report FILE] [--verbose] PATH...
-    dicomweb-server check [--repair]
+    dicomweb-server check [--repair] [--grace SECONDS]
     dicomweb-server queue [--retry-failed] [--json]       (routing: forwards owed per destination)
     dicomweb-server export --routes FILE --to DEST STUDY [SERIES [SOP]]
     dicomweb-server migrate --database-url postgresql://user@host:port/db
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_settings_args(imp)
     imp.set_defaults(func=_import)
 
-    chk = sub.add_parser("check", help="reconcile the index with the files on disk; names each problem")
+    chk = sub.add_parser("check", help="reconcile the index with the stored files or objects; names each problem")
     chk.add_argument("--repair", action="store_true",
                      help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
     _add_settings_args(chk)
