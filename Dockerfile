@@ -19,7 +19,7 @@ COPY pyproject.toml README.md ./
 COPY dicomweb_server ./dicomweb_server
 COPY dicomweb_client ./dicomweb_client
 COPY loadtests ./loadtests
-RUN pip install --no-cache-dir '.[load]'
+RUN pip install --no-cache-dir '.[load,postgresql,s3]'
 
 # glibc: keep large buffers instead of handing them back to the OS after each request
 # (dicomweb-server sets these itself too; stated here for other entry points)

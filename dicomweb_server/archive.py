@@ -9,9 +9,12 @@ Store order for each instance (nothing is acknowledged before step 3 returns):
 3. the group commit (:class:`store.commit.GroupCommitter`) fsyncs the directories and
    commits the index rows of every request waiting, in one durable transaction
    (SQLite ``synchronous=FULL``).
+With ``--storage s3://...`` step 2 is a conditional PutObject (store/s3.py), durable
+when the object store answers 200; step 3 has no directory to fsync.
 A crash before 3 leaves a file no index row names: invisible to every search and
 retrieve, re-indexed by ``dicomweb-server check --repair`` (the in-memory index
-indexes it at start-up).
+indexes it at start-up); an object no row names is removed by ``check --repair`` once
+older than the grace period (check.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .settings import Settings
 from .store.base import Index, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
 from .store.commit import GroupCommitter
+from .store.objects import open_blobs
 
 log = logging.getLogger("dicomweb_server.archive")
 
@@ -73,7 +77,7 @@ class Archive:
 
     def __init__(self, settings: Settings, index: Index) -> None:
         self.settings = settings
-        self.blobs = BlobStore(Path(settings.data_dir))
+        self.blobs: BlobStore = open_blobs(settings)  # files, or objects (store/objects.py)
         self.index = index
         self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
         self._busy = threading.Condition()
@@ -105,7 +109,14 @@ class Archive:
                 from .store.memory import MemoryIndex
 
                 index = MemoryIndex()
-        archive = cls(settings, index)
+        try:
+            archive = cls(settings, index)
+            if settings.storage is not None:
+                archive.blobs.check_bucket()  # type: ignore[attr-defined]
+                archive.blobs.probe_conditional_put()  # type: ignore[attr-defined]
+        except BaseException:
+            index.close()
+            raise
         archive.blobs.ensure_reserve()
         n = archive.blobs.clean_spool()
         if n:
@@ -156,11 +167,11 @@ class Archive:
         the order the files were written, so that search order survives restarts."""
         batch: list[InstanceRecord] = []
         n = 0
-        files = sorted((mtime, rel) for rel in self.blobs.walk()
-                       if (mtime := _mtime_ns(self.blobs.resolve(rel))) is not None)
+        files = sorted((obj.modified, obj.path) for obj in self.blobs.listing())
         for _mtime, rel in files:
             try:
-                rec = describe_instance(self.blobs.resolve(rel), bulk_threshold=self.settings.bulk_threshold)
+                with self.blobs.local_copy(rel) as local:
+                    rec = describe_instance(local, bulk_threshold=self.settings.bulk_threshold)
             except InstanceError as e:
                 log.warning("not indexed: %s: %s", rel, e.message)
                 continue
@@ -273,7 +284,9 @@ class Archive:
                         continue
                     if not same:  # a crash orphan (we hold the lock): never acknowledged, replace it
                         self.blobs.replace(spooled, rec.path)
-                dirs.add(self.blobs.resolve(rec.path).parent)
+                folder = self.blobs.directory(rec.path)  # None: the object store's PUT was durable
+                if folder is not None:
+                    dirs.add(folder)
             except OSError as e:
                 reason = FailureReason.OUT_OF_RESOURCES if is_out_of_resources(e) else FailureReason.PROCESSING_FAILURE
                 outcome.failed.append(Failed(reason, f"cannot write the file: {e.strerror or e}",
@@ -353,13 +366,6 @@ def _disk_full(err: BaseException) -> bool:
     if isinstance(err, OSError):
         return is_out_of_resources(err)
     return "disk is full" in str(err)  # sqlite3.OperationalError (SQLITE_FULL) has no errno
-
-
-def _mtime_ns(path: Path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
 
 
 @contextmanager

@@ -14,13 +14,23 @@ of an index row) with what it is and, with ``repair``, what was done:
 - **missing file**: an index row whose file is gone: the row is dropped.
 
 Without ``repair`` nothing changes (dry run).
+
+Objects (``--storage s3://...``, store/s3.py) are checked by :func:`reconcile_objects`:
+an **orphan** there is an object no index row names that is older than the grace
+period (a PUT whose index commit never came: never acknowledged), removed by
+``repair``; younger ones may belong to a store in flight and are only counted. A
+**missing file** is a row whose object is gone: the row is dropped. Both repairs are
+re-checked under the instance's placement locks (the locks a store holds from its
+PUT to its commit), so a store in flight is never undone.
 """
 
 from __future__ import annotations
 
 import filecmp
 import os
+import time
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from .archive import Archive
 from .dicom.instance import describe_instance
@@ -29,6 +39,8 @@ from .store.base import Refused
 from .store.blobs import fsync_dir
 
 LOST_AND_FOUND = "lost+found"
+#: seconds an unindexed object is left alone (a store may be between its PUT and its commit)
+GRACE = 900.0
 
 
 @dataclass(slots=True)
@@ -45,6 +57,7 @@ class Report:
     files: int = 0
     problems: list[Problem] = field(default_factory=list)
     repaired: bool = False
+    young: int = 0  # unindexed objects younger than the grace period (not examined)
 
     @property
     def clean(self) -> bool:
@@ -53,6 +66,9 @@ class Report:
     def summary(self) -> str:
         lines = [f"{self.indexed} indexed instance(s), {self.files} file(s) on disk, "
                  f"{len(self.problems)} problem(s)"]
+        if self.young:
+            lines.append(f"  {self.young} unindexed object(s) younger than the grace period: left alone "
+                         "(a store may be in flight; --grace SECONDS)")
         for p in self.problems:
             lines.append(f"  {p.kind}: {p.subject}: {p.why}" + (f" -> {p.action}" if p.action else ""))
         if self.problems and not self.repaired:
@@ -61,7 +77,11 @@ class Report:
         return "\n".join(lines)
 
 
-def reconcile(archive: Archive, repair: bool = False) -> Report:
+def reconcile(archive: Archive, repair: bool = False, grace: float = GRACE) -> Report:
+    """Compare the index with the stored instances; with ``repair``, fix each problem.
+    ``grace``: seconds an unindexed object is left alone (object stores only)."""
+    if archive.blobs.orphans == "remove":
+        return reconcile_objects(archive, repair, grace)
     report = Report(repaired=repair)
     rows = dict(archive.index.paths())
     by_path = {p: uid for uid, p in rows.items()}
@@ -150,3 +170,51 @@ def _to_lost_and_found(archive: Archive, rel: str) -> str:
     fsync_dir(dest.parent)
     archive.blobs.remove(rel)
     return str(dest.relative_to(archive.blobs.root))
+
+
+def reconcile_objects(archive: Archive, repair: bool = False, grace: float = GRACE) -> Report:
+    """:func:`reconcile` for an object store (module docstring). The index is read
+    before the listing, so an instance stored in between shows as an unindexed
+    object: young, and looked up again under its locks before anything is removed."""
+    report = Report(repaired=repair)
+    blobs, index = archive.blobs, archive.index
+    by_path = {p: uid for uid, p in index.paths()}
+    listed = {obj.path: obj for obj in blobs.listing()}
+    report.indexed, report.files = len(by_path), len(listed)
+    now = time.time()
+    for rel in sorted(set(listed) - set(by_path)):
+        obj = listed[rel]
+        age = now - obj.modified
+        if age < grace:
+            report.young += 1
+            continue
+        uid = PurePosixPath(rel).stem
+        problem = Problem("orphan", rel, f"an object of {obj.size} bytes, {age:.0f} s old, that no index row "
+                                         "names (never acknowledged: a stop between its PUT and the index commit)")
+        if repair and not by_path:
+            problem.action = "not removed: the index is empty (is this the archive's database?)"
+        elif repair:
+            with blobs.locked([uid]), index.locked([uid]):
+                loc = index.locate(uid)
+                if loc is not None and loc.path == rel:
+                    problem.action = "indexed meanwhile: kept"
+                else:
+                    blobs.remove(rel)
+                    problem.action = "object removed"
+        report.problems.append(problem)
+    for rel, uid in sorted(by_path.items()):
+        if rel in listed:
+            continue
+        problem = Problem("missing file", uid, f"indexed at {rel}, but no object is there")
+        if repair:
+            with blobs.locked([uid]), index.locked([uid]):
+                loc = index.locate(uid)
+                if loc is None or loc.path != rel:
+                    problem.action = "row gone meanwhile"
+                elif blobs.exists(rel):
+                    problem.action = "object present (stored meanwhile): row kept"
+                else:
+                    index.delete(loc.study_uid, loc.series_uid, uid)
+                    problem.action = "index row dropped"
+        report.problems.append(problem)
+    return report

@@ -2,7 +2,7 @@
 
     dicomweb-server [serve] [--host H] [--port P] [--data-dir D] [--index sqlite|memory] [--workers N]
     dicomweb-server import [--samples] [--report FILE] [--verbose] PATH...
-    dicomweb-server check [--repair]
+    dicomweb-server check [--repair] [--grace SECONDS]
     dicomweb-server queue [--retry-failed] [--json]       (routing: forwards owed per destination)
     dicomweb-server export --routes FILE --to DEST STUDY [SERIES [SOP]]
     dicomweb-server migrate --database-url postgresql://user@host:port/db
@@ -34,6 +34,11 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", choices=["sqlite", "memory", "postgresql"], help="metadata index (default sqlite)")
     p.add_argument("--database-url", dest="database_url",
                    help="PostgreSQL index: postgresql://user@host:port/db (env DICOMWEB_DATABASE_URL)")
+    p.add_argument("--storage", help="s3://bucket/prefix: keep instances in S3-compatible object storage "
+                                     "(default: the data folder's blobs/; env DICOMWEB_STORAGE)")
+    p.add_argument("--s3-endpoint-url", dest="s3_endpoint_url",
+                   help="S3 endpoint, e.g. http://minio:9000 (env DICOMWEB_S3_ENDPOINT_URL; credentials and "
+                        "region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)")
 
 
 def _settings(args: argparse.Namespace):
@@ -97,6 +102,10 @@ def _serve(args: argparse.Namespace) -> int:
         except RoutesError as e:
             print(f"dicomweb-server: --routes: {e}", file=sys.stderr)
             return 2
+    refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
+    if refused:
+        print(f"dicomweb-server: {refused}", file=sys.stderr)
+        return 2
     if settings.dimse_port and settings.dimse_peers_file:
         from .dimse.peers import PeersError, load_peers
 
@@ -200,6 +209,19 @@ def _run_uvicorn(uvicorn, settings, workers: int) -> None:
         timeout_worker_healthcheck=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
+
+
+def _storage_refused(settings) -> str | None:
+    """Why ``--storage`` cannot be served (None when it can, or for the data folder)."""
+    if settings.storage is None:
+        return None
+    from .store.s3 import S3BlobStore
+
+    try:
+        S3BlobStore(Path(settings.data_dir), settings.storage, endpoint_url=settings.s3_endpoint_url).check_bucket()
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def _port_taken(host: str, port: int) -> str | None:
@@ -354,7 +376,7 @@ def _check(args: argparse.Namespace) -> int:
     settings = _settings(args)
     archive = Archive.open(settings)
     try:
-        report = reconcile(archive, repair=args.repair)
+        report = reconcile(archive, repair=args.repair, grace=args.grace)
     finally:
         archive.close()
     print(report.summary())
@@ -481,10 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_settings_args(imp)
     imp.set_defaults(func=_import)
 
-    chk = sub.add_parser("check", help="reconcile the index with the files on disk; names each problem")
+    chk = sub.add_parser("check", help="reconcile the index with the stored files or objects; names each problem")
     chk.add_argument("--repair", action="store_true",
                      help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
     _add_settings_args(chk)
+    chk.add_argument("--grace", type=float, default=900.0, metavar="SECONDS",
+                     help="object storage: leave unindexed objects younger than this alone (a store may be "
+                          "between its PUT and its index commit; default 900)")
     chk.set_defaults(func=_check)
 
     que = sub.add_parser("queue", help="routing: forwards owed, delivered and failed per destination")

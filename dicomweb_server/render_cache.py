@@ -17,16 +17,21 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
 
+from .store.objects import StoredObject
 
-def file_version(path: Path) -> tuple[int, int, int, int]:
+
+def file_version(path: Path | StoredObject) -> Hashable:
     """(device, inode, size, mtime in ns) of a stored file: changes whenever the
-    file at that name is replaced (stored files are never rewritten in place).
+    file at that name is replaced (stored files are never rewritten in place); an
+    object's own version (ETag, size, time: store/s3.py).
 
     Raises
     ------
     FileNotFoundError
         The file was deleted.
     """
+    if not isinstance(path, Path):
+        return path.version()
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 

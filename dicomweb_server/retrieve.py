@@ -40,6 +40,7 @@ from .dicom.media_types import (
     pixel_media_type,
 )
 from .store.base import InstanceLocation
+from .store.objects import StoredObject
 
 
 class NotFound(LookupError):
@@ -51,16 +52,22 @@ class Gone(NotFound):
     DELETE raced this read (HTTP 404)."""
 
 
-def open_stored(path: Path, loc: InstanceLocation) -> BinaryIO:
-    """The stored file of ``loc``, opened for reading.
+def open_stored(path: Path | StoredObject, loc: InstanceLocation) -> BinaryIO:
+    """The stored file of ``loc``, opened for reading. ``path`` is what
+    ``BlobStorage.source`` gives: a local file, or an object (store/s3.py), whose
+    reader makes each read a ranged GET of the object version its first read found.
 
     Raises
     ------
     Gone
         The file is missing, or is not the file the index row describes.
     """
+    if not isinstance(path, Path):
+        # an object: no request yet; its first ranged GET checks the size against the row's
+        # (FileNotFoundError from that read: see _started, instance_payload)
+        return path.open("rb", size=loc.size)
     try:
-        f = open(path, "rb")
+        f = path.open("rb")
     except FileNotFoundError:
         raise Gone(f"instance {loc.sop_uid} was deleted") from None
     if os.fstat(f.fileno()).st_size != loc.size:
@@ -86,9 +93,10 @@ LARGE_VALUE = 16 * 1024 * 1024
 
 def file_chunks(path: Path, loc: InstanceLocation, offset: int = 0, length: int | None = None) -> Iterator[bytes]:
     """The stored file of ``loc`` (or ``length`` bytes from ``offset``) in CHUNK
-    pieces. The file is opened now (so :class:`Gone` is raised here, before an
-    answer starts); the pieces are read as the iterator is consumed."""
-    return _chunks(open_stored(path, loc), offset, length)
+    pieces. The file is opened and its first piece read now (so :class:`Gone` is
+    raised here, before an answer starts); the rest as the iterator is consumed."""
+    f = open_stored(path, loc)
+    return _started(f, _chunks(f, offset, length))
 
 
 def _chunks(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
@@ -97,6 +105,10 @@ def _chunks(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
 
 
 def _read_span(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
+    ranged = getattr(f, "iter_range", None)
+    if ranged is not None:  # an object (store/s3.py): one ranged GET, handed on in CHUNK pieces
+        yield from ranged(offset, length, CHUNK)
+        return
     f.seek(offset)
     left = length if length is not None else -1
     while left != 0:
@@ -130,10 +142,13 @@ def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes
     pixels.UnsupportedTransferSyntax
         The stored pixel data cannot be decoded (HTTP 406).
     """
-    with open_stored(path, loc) as f:
-        if not choice.transcode:
-            return f.read()
-        ds = pydicom.dcmread(f)
+    try:
+        with open_stored(path, loc) as f:
+            if not choice.transcode:
+                return f.read()
+            ds = pydicom.dcmread(f)
+    except FileNotFoundError:  # an object deleted or replaced since the look-up
+        raise Gone(f"instance {loc.sop_uid} was deleted") from None
     if "PixelData" in ds or loc.transfer_syntax_uid not in NATIVE_LE:
         ds = pixels.transcode_to_explicit_le(ds)
     ds.file_meta.TransferSyntaxUID = EXPLICIT_VR_LE
@@ -237,6 +252,9 @@ def _started(f: BinaryIO, items: Iterator) -> Iterator:
     except StopIteration:
         f.close()
         return iter(())
+    except FileNotFoundError:  # an object deleted or replaced since the look-up (store/s3.py)
+        f.close()
+        raise Gone("the instance was deleted or replaced") from None
     except BaseException:
         f.close()
         raise
@@ -268,9 +286,11 @@ def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choi
         spans = None if decode else _spans(loc, numbers)
         if spans is not None:
             for frame in spans:
+                pieces = (piece for off, ln in _unpadded(f, frame, ts) for piece in _read_span(f, off, ln))
+                first = next(pieces, b"")  # read before its part starts (a gone object: 404, not a cut answer)
                 yield None
-                for off, ln in _unpadded(f, frame, ts):
-                    yield from _read_span(f, off, ln)
+                yield first
+                yield from pieces
             return
         hdr = _header(f) if decode else None
         vr = (loc.pixel or {}).get("vr")

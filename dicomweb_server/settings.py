@@ -28,6 +28,12 @@ class Settings(BaseSettings):
         None, description="PostgreSQL index: postgresql://user@host:port/db (libpq URL; env DICOMWEB_DATABASE_URL)")
     database_pool_size: int = Field(
         8, ge=1, description="PostgreSQL: read connections per worker process (as many again for placement locks)")
+    storage: str | None = Field(
+        None, description="where instances are kept: s3://bucket/prefix (S3-compatible object storage); "
+                          "default: the data folder's blobs/ (env DICOMWEB_STORAGE)")
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 endpoint, e.g. http://minio:9000 (MinIO, Ceph RGW); default: AWS "
+                          "(env DICOMWEB_S3_ENDPOINT_URL; credentials and region: the AWS_* variables)")
     workers: int | None = Field(None, ge=1, description="default: one per core with sqlite, 1 with memory")
     prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. /dicomweb")
     public_url: str | None = Field(
@@ -81,6 +87,16 @@ class Settings(BaseSettings):
         if self.index == "postgresql" and not self.database_url:
             raise ValueError("--index postgresql needs --database-url (DICOMWEB_DATABASE_URL)")
         return self
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        from .store.s3 import parse_storage_url  # raises ValueError for anything else
+
+        parse_storage_url(v.strip())
+        return v.strip()
 
     @field_validator("prefix")
     @classmethod

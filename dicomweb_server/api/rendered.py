@@ -87,7 +87,7 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
     """One rendered picture (cached); ``pictures``: how many such pictures the answer
     holds, for the size bound (413)."""
     cache = _cache(request)
-    path = archive.blobs.resolve(loc.path)
+    path = archive.blobs.source(loc.path)
     try:  # the file's version is in the key: a deleted and re-stored instance is a new picture
         version = await run_in_threadpool(file_version, path)
     except FileNotFoundError:

@@ -118,7 +118,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     loc = locate(archive, study, series, instance)
     choice = negotiate_instances(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
                                  retrieve.can_decode, single_part_allowed=True)
-    path = archive.blobs.resolve(loc.path)
+    path = archive.blobs.source(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
         return await _stream_file(path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
     try:
@@ -171,7 +171,7 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
     for loc in locs:
         try:
             choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
-            path = archive.blobs.resolve(loc.path)
+            path = archive.blobs.source(loc.path)
             large = not choice.transcode and loc.size > retrieve.LARGE_FILE
             if large:  # opened before its part starts; read in bounded pieces as the client reads
                 chunks = await run_in_threadpool(retrieve.file_chunks, path, loc)
@@ -264,7 +264,7 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
                                      f"frame(s), so at most {n} items may be asked in one request")
     choice = negotiate_frames(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
                               retrieve.can_decode)
-    path = archive.blobs.resolve(loc.path)
+    path = archive.blobs.source(loc.path)
     try:
         frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
     except retrieve.NotFound as e:
@@ -289,7 +289,7 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
     loc = locate(archive, study, series, instance)
     prefer_single = negotiate_bulkdata(parse_accept(request.headers.get("accept")))
-    path = archive.blobs.resolve(loc.path)
+    path = archive.blobs.source(loc.path)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:
         return await _stream_file(path, loc, span[0], span[1],

@@ -416,7 +416,8 @@ class DimseServer:
                 yield S.CANCEL, None
                 return
             try:
-                ds = dcmread(self.archive.blobs.resolve(loc.path))
+                with self.archive.blobs.source(loc.path).open("rb") as f:  # a file or an object
+                    ds = dcmread(f)
             except Exception as e:  # a file gone since the match: that sub-operation fails
                 log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
                 ds = None

@@ -22,7 +22,9 @@ import random
 import socket
 import time
 import uuid
+from contextlib import ExitStack
 from itertools import count
+from pathlib import Path
 
 from .. import faults, metrics
 from ..store.blobs import BlobStore
@@ -107,9 +109,22 @@ class Forwarder:
             except TimeoutError:
                 pass
 
+    def _item(self, copies: ExitStack, row: Row):
+        """What the senders read for ``row``: the stored file, or (object storage,
+        store/s3.py) a copy of the object in this process's spool folder, removed when
+        ``copies`` closes; None when the instance is no longer stored."""
+        source = self.blobs.source(row.path)
+        if isinstance(source, Path):
+            return item_for(source, row.sop_uid)
+        try:
+            return item_for(copies.enter_context(self.blobs.local_copy(row.path)), row.sop_uid)
+        except FileNotFoundError:
+            return None
+
     async def _deliver(self, name: str, rows: list[Row], owner: str) -> None:
         d = self.delivery
-        items = await asyncio.to_thread(lambda: [item_for(self.blobs.resolve(r.path), r.sop_uid) for r in rows])
+        copies = ExitStack()  # object storage: local copies of the objects while they are sent
+        items = await asyncio.to_thread(lambda: [self._item(copies, r) for r in rows])
         sendable = [(r, it) for r, it in zip(rows, items) if it is not None]
         verdicts = dict.fromkeys((r.id for r, it in zip(rows, items) if it is None),
                                  (Verdict.FAILED, "the instance is no longer stored (deleted before delivery)"))
@@ -122,6 +137,8 @@ class Forwarder:
                 raise
             except Exception as e:  # noqa: BLE001 - a sender bug or I/O error: retry later, keep the lane
                 answers = [(Verdict.RETRY, f"{type(e).__name__}: {e}")] * len(sendable)
+            finally:
+                await asyncio.to_thread(copies.close)
             verdicts.update((r.id, v) for (r, _), v in zip(sendable, answers))
             faults.point("forwarded")  # crash tests: sent, not yet settled
         now = time.time()

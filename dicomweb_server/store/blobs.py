@@ -26,11 +26,12 @@ import shutil
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from enum import Enum
 from pathlib import Path
 
 from .. import faults
+from .objects import BlobStorage, Listed
 
 
 class Placed(str, Enum):
@@ -47,8 +48,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class BlobStore:
-    """Files under ``root/blobs``; spool files under ``root/tmp/{pid}-{token}/``."""
+class BlobStore(BlobStorage):
+    """Files under ``root/blobs``; spool files under ``root/tmp/{pid}-{token}/``.
+
+    The spool, the reserve and the ``flock`` stripes are local to the node whatever
+    keeps the stored instances (store/s3.py reuses them); the methods after
+    ``resolve`` are the stored-files side of :class:`store.objects.BlobStorage`."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -287,6 +292,27 @@ class BlobStore:
             for f in files:
                 if f.endswith(".dcm"):
                     yield os.path.relpath(os.path.join(dirpath, f), self.blobs)
+
+    def listing(self) -> Iterator[Listed]:
+        for rel in self.walk():
+            try:
+                st = self.resolve(rel).stat()
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            yield Listed(rel, st.st_size, st.st_mtime)
+
+    def exists(self, relpath: str) -> bool:
+        return self.resolve(relpath).exists()
+
+    def source(self, relpath: str) -> Path:
+        """The file itself (readers ``open`` it; see store/objects.py)."""
+        return self.resolve(relpath)
+
+    def directory(self, relpath: str) -> Path | None:
+        return self.resolve(relpath).parent
+
+    def local_copy(self, relpath: str) -> AbstractContextManager[Path]:
+        return nullcontext(self.resolve(relpath))
 
 
 def _rmtree(folder: Path) -> int:

@@ -45,11 +45,15 @@ class Dimse:
             assoc.release()
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-def dimse(tmp_path, request):
+@pytest.fixture
+def dimse(tmp_path, request, index_kind):
+    """``index_kind`` (tests/conftest.py): sqlite and memory; ``sqlite+s3`` (instances in
+    a local S3 server) in the modules that say ``S3 = True``."""
     port = free_port()
-    srv = LiveServer(tmp_path / "data", request.param, dimse_port=port, dimse_in_worker=True,
-                     dimse_peers_file=None).start()
+    index, _, storage = index_kind.partition("+")
+    extra = request.getfixturevalue("s3_storage") if storage else {}
+    srv = LiveServer(tmp_path / "data", index, dimse_port=port, dimse_in_worker=True,
+                     dimse_peers_file=None, **extra).start()
     with httpx.Client(base_url=srv.url, timeout=60) as client:
         yield Dimse(srv, port, client)
     srv.stop()

@@ -21,6 +21,8 @@ from tests.helpers import LiveServer, free_port, make_dataset
 
 from .conftest import Dimse
 
+S3 = True  # tests/conftest.py: the dimse fixture runs with the instances in a local S3 server too
+
 
 @pytest.fixture
 def archive_data(dimse):

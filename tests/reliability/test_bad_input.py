@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes, spool_files
+from tests.s3server import storage_settings
 
 GOOD = make_dataset(rows=16, columns=16, frames=2, PatientID="corpus")
 GOOD_BYTES = to_bytes(GOOD)
@@ -17,10 +18,13 @@ INSTANCE = f"/studies/{S}/series/{SE}/instances/{I}"
 MR = 'multipart/related; type="application/dicom"; boundary=zz'
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", "postgresql", "sqlite+s3"])
 def archive(tmp_path_factory, request):
-    extra = {"database_url": request.getfixturevalue("postgres").fresh_url()} if request.param == "postgresql" else {}
-    srv = LiveServer(tmp_path_factory.mktemp("data"), request.param, max_request_bytes=2_000_000, **extra).start()
+    index, _, storage = request.param.partition("+")  # sqlite+s3: instances in a local S3 server
+    extra = {"database_url": request.getfixturevalue("postgres").fresh_url()} if index == "postgresql" else {}
+    if storage:
+        extra.update(storage_settings(request.getfixturevalue("s3_server")))
+    srv = LiveServer(tmp_path_factory.mktemp("data"), index, max_request_bytes=2_000_000, **extra).start()
     with httpx.Client(base_url=srv.url, timeout=30) as c:
         body, ctype = multipart([GOOD_BYTES])
         assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
@@ -31,6 +35,8 @@ def archive(tmp_path_factory, request):
 def _snapshot(srv, c) -> tuple:
     root = srv.settings.data_dir
     files = sorted(os.path.join(d, f) for d, _s, fs in os.walk(root / "blobs") for f in fs)
+    if srv.settings.storage is not None:  # objects: every key under the prefix
+        files = sorted(srv.archive.blobs.walk())
     return (c.get("/instances", params={"includefield": "all"}).content, tuple(files),
             tuple(spool_files(root)))
 

@@ -5,6 +5,7 @@ spool or partial file is left visible."""
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ import pydicom
 import pytest
 
 from tests.helpers import free_port, make_dataset, multipart, to_bytes, spool_files
+from tests.s3server import instance_keys, instance_object
 
 CLIENTS = 4
 
@@ -90,6 +92,12 @@ def _verify(data: Path, index: str, acked: dict[str, bytes]) -> None:
                 assert r.content == original, f"acknowledged instance {sop} changed"
         assert spool_files(data) == []  # spool files of the crash were removed at start-up
         # every visible file is a complete instance (orphans of unacknowledged requests included)
+        storage = _object_storage()
+        if storage is not None:
+            for key in instance_keys(storage):  # objects: complete, under their own UIDs
+                ds = pydicom.dcmread(io.BytesIO(instance_object(storage, key)))
+                ds.PixelData  # parses to the end
+                assert key == f"{ds.StudyInstanceUID}/{ds.SeriesInstanceUID}/{ds.SOPInstanceUID}.dcm"
         for path in (data / "blobs").rglob("*"):
             assert path.is_dir() or path.suffix == ".dcm", path
             if path.is_file():
@@ -120,26 +128,39 @@ def _run(tmp_path: Path, index: str, fault: str | None, kill_after: float | None
     return acked
 
 
-def _database(request, monkeypatch, index: str) -> None:
-    """PostgreSQL: the server processes find a new, empty schema in DICOMWEB_DATABASE_URL."""
+def _database(request, monkeypatch, index: str) -> str:
+    """PostgreSQL: the server processes find a new, empty schema in DICOMWEB_DATABASE_URL;
+    ``+s3``: a new, empty bucket of the local S3 server in DICOMWEB_STORAGE. Returns the index."""
+    index, _, storage = index.partition("+")
     if index == "postgresql":
         monkeypatch.setenv("DICOMWEB_DATABASE_URL", request.getfixturevalue("postgres").fresh_url())
+    if storage:
+        settings = request.getfixturevalue("s3_storage")
+        monkeypatch.setenv("DICOMWEB_STORAGE", settings["storage"])
+        monkeypatch.setenv("DICOMWEB_S3_ENDPOINT_URL", settings["s3_endpoint_url"])
+    return index
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql"])
+def _object_storage() -> dict | None:
+    if not os.environ.get("DICOMWEB_STORAGE"):
+        return None
+    return {"storage": os.environ["DICOMWEB_STORAGE"], "s3_endpoint_url": os.environ["DICOMWEB_S3_ENDPOINT_URL"]}
+
+
+@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql", "sqlite+s3"])
 @pytest.mark.parametrize("fault", ["spooled:6", "fsynced:6", "linked:6", "placed:6", "indexed:6"])
 def test_kill_at_each_step_of_the_write_path(tmp_path, index, fault, request, monkeypatch):
-    _database(request, monkeypatch, index)
+    index = _database(request, monkeypatch, index)
     acked = _run(tmp_path, index, fault, None)
     assert len(acked) >= 1  # requests before the 6th reached the step and were acknowledged
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql"])
+@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql", "sqlite+s3"])
 def test_kill_at_random_moments(tmp_path, index, request, monkeypatch):
     rng = random.Random(7)
     total = 0
     for round_ in range(3):
-        _database(request, monkeypatch, index)  # each round has its own data folder
-        acked = _run(tmp_path / str(round_), index, None, rng.uniform(0.3, 1.2))
+        bare = _database(request, monkeypatch, index)  # each round has its own data folder (and bucket)
+        acked = _run(tmp_path / str(round_), bare, None, rng.uniform(0.3, 1.2))
         total += len(acked)
     assert total > 0

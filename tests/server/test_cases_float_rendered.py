@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.s3server import storage_settings
 
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
 # frame 1: -1, -0.75, ... 1.75 with a NaN and a +Inf; frame 2: the same + 10
@@ -42,9 +43,11 @@ def _expected(frame: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.clip(np.floor(255 * (x - lo) / (hi - lo) + 0.5), 0, 255).astype(np.uint8)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "memory"])
+@pytest.fixture(scope="module", params=["sqlite", "memory", "sqlite+s3"])
 def archive(request, tmp_path_factory):
-    srv = LiveServer(tmp_path_factory.mktemp("float"), request.param).start()
+    index, _, storage = request.param.partition("+")  # sqlite+s3: instances in a local S3 server
+    extra = storage_settings(request.getfixturevalue("s3_server")) if storage else {}
+    srv = LiveServer(tmp_path_factory.mktemp("float"), index, **extra).start()
     instances = {"float": _instance(False), "double": _instance(True),
                  "windowed": _instance(False, WindowCenter="0.5", WindowWidth="3")}
     with httpx.Client(base_url=srv.url, timeout=30) as c:

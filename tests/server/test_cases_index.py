@@ -15,6 +15,7 @@ from pydicom.uid import generate_uid
 from tests.helpers import MR_IMAGE_STORAGE, make_dataset, multipart, to_bytes
 
 POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+S3 = True  # conftest.py: and with the instances in a local S3 server
 
 FAILED, REFERENCED, REASON = "00081198", "00081199", "00081197"
 
@@ -92,7 +93,7 @@ def test_series_of_another_study_is_refused_at_stow(http, server):
     (meta,) = http.get(f"/studies/{a}/metadata").json()
     assert value(meta, "00100020") == ["PA"]
     assert studies(http, PatientID="PB") == []
-    assert not (server.settings.data_dir / "blobs" / b).exists()
+    assert not [p for p in server.archive.blobs.walk() if p.startswith(b + "/")]
     # the same SOP Instance UID under another study: a duplicate with other content
     r = post(http, [make_dataset(sop=value(meta, "00080018")[0])])
     assert r.status_code == 409 and r.json()[FAILED]["Value"][0][REASON]["Value"] == [0x0111]

@@ -23,6 +23,7 @@ from pydicom.pixels.encoders import RLELosslessEncoder
 
 from dicomweb_server.dicom.media_types import PIXEL_MEDIA_TYPES
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.s3server import storage_settings
 from tests.server.test_sample_files import split_multipart
 
 PARAMETRIC_MAP = "1.2.840.10008.5.1.4.1.1.30"
@@ -114,10 +115,12 @@ def _float(double: bool):
     return ds, arr
 
 
-@pytest.fixture(scope="module", params=["sqlite", "memory"])
+@pytest.fixture(scope="module", params=["sqlite", "memory", "sqlite+s3"])
 def archive(request, tmp_path_factory):
     """One server per index holding every test instance; yields (client, paths)."""
-    srv = LiveServer(tmp_path_factory.mktemp("pixel-media"), request.param).start()
+    index, _, storage = request.param.partition("+")  # sqlite+s3: instances in a local S3 server
+    extra = storage_settings(request.getfixturevalue("s3_server")) if storage else {}
+    srv = LiveServer(tmp_path_factory.mktemp("pixel-media"), index, **extra).start()
     stored: dict[str, tuple[str, list[bytes]]] = {}
     files = []
     for ts in STILL:

@@ -10,6 +10,7 @@ from tests.helpers import make_dataset, multipart, to_bytes
 from tests.helpers import spool_files as helpers_spool_files
 
 POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+S3 = True  # ... and with the instances in a local S3 server
 
 FAILED, REFERENCED = "00081198", "00081199"
 
@@ -20,6 +21,8 @@ def post(http, parts, path="/studies", boundary="b.=1"):
 
 
 def blob_files(server) -> list[str]:
+    if server.settings.storage is not None:  # objects: every key under the prefix
+        return sorted(server.archive.blobs.walk())
     root = server.settings.data_dir / "blobs"
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _s, fs in os.walk(root) for f in fs)
 

@@ -10,6 +10,7 @@ from tests.helpers import BASIC_TEXT_SR, make_dataset, multipart, to_bytes
 from tests.server.test_sample_files import split_multipart
 
 POSTGRESQL = True  # conftest.py: the server fixtures run on PostgreSQL too
+S3 = True  # conftest.py: and with the instances in a local S3 server
 
 ELE = "1.2.840.10008.1.2.1"
 

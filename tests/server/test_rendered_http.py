@@ -12,6 +12,8 @@ from PIL import Image
 from tests.helpers import BASIC_TEXT_SR, make_dataset, multipart, to_bytes
 from tests.server.test_sample_files import split_multipart
 
+S3 = True  # conftest.py: the server fixture runs with the instances in a local S3 server too
+
 
 @pytest.fixture
 def study(http):

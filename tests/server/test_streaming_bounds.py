@@ -45,9 +45,11 @@ async def _get(app, path: str, accept: str) -> list[bytes]:
     return bodies
 
 
-@pytest.fixture
-def stored(tmp_path):
-    archive = Archive.open(Settings(data_dir=tmp_path, index="sqlite"))
+@pytest.fixture(params=["files", "s3"])
+def stored(request, tmp_path):
+    """Files, or objects in a local S3 server (ranged GETs handed on in bounded pieces)."""
+    extra = request.getfixturevalue("s3_storage") if request.param == "s3" else {}
+    archive = Archive.open(Settings(data_dir=tmp_path, index="sqlite", **extra))
     one = make_dataset(rows=SIDE, columns=SIDE)
     two = make_dataset(study=one.StudyInstanceUID, series=one.SeriesInstanceUID, rows=SIDE, columns=SIDE, frames=2)
     spooled = []

@@ -5,8 +5,9 @@ Instance UID, the one acknowledged is the one both serve; a node killed with SIG
 while it stores loses nothing it acknowledged.
 
 The nodes are two app servers in this process with their own index pools and their
-own spool; they share the folder as nodes share an NFS mount (PS3.18 §10.5 for the
-duplicate rules: same content is a success, other content fails with 0x0111)."""
+own spool; they share the folder as nodes share an NFS mount, or (``storage`` "s3")
+one bucket of a local S3 server, each node with its own data folder (PS3.18 §10.5 for
+the duplicate rules: same content is a success, other content fails with 0x0111)."""
 
 from __future__ import annotations
 
@@ -24,17 +25,31 @@ import pydicom
 import pytest
 from pydicom.uid import generate_uid
 
+from dicomweb_server.check import reconcile
 from dicomweb_server.store.blobs import BlobStore
 from tests.helpers import LiveServer, free_port, make_dataset, multipart, to_bytes
+from tests.s3server import instance_keys
 from tests.server.test_sample_files import split_multipart
 
 WHOLE = {"Accept": 'multipart/related; type="application/dicom"; transfer-syntax=*'}
 JSON = {"Accept": "application/dicom+json"}
 
 
+@pytest.fixture(params=["folder", "s3"])
+def storage(request) -> dict | None:
+    """Where the nodes keep instances: one shared data folder, or one bucket of the
+    local S3 server (settings; each node then has a data folder of its own)."""
+    return request.getfixturevalue("s3_storage") if request.param == "s3" else None
+
+
+def data_dir(tmp_path, storage, node: int):
+    return tmp_path / "data" if storage is None else tmp_path / f"node{node}"
+
+
 @pytest.fixture
-def nodes(tmp_path, pg_url):
-    servers = [LiveServer(tmp_path / "data", "postgresql", database_url=pg_url).start() for _ in range(2)]
+def nodes(tmp_path, pg_url, storage):
+    servers = [LiveServer(data_dir(tmp_path, storage, i), "postgresql", database_url=pg_url, **(storage or {})).start()
+               for i in range(2)]
     clients = [httpx.Client(base_url=s.url, timeout=60) for s in servers]
     yield clients
     for c in clients:
@@ -65,7 +80,9 @@ def at_once(*calls):
     return out
 
 
-def dicom_files(root) -> list[str]:
+def dicom_files(root, storage=None) -> list[str]:
+    if storage is not None:
+        return instance_keys(storage)
     return sorted(f for _d, _s, fs in os.walk(root / "data" / "blobs") for f in fs if f.endswith(".dcm"))
 
 
@@ -82,7 +99,7 @@ def test_stored_on_a_is_found_and_retrieved_on_b(nodes):
     assert pydicom.dcmread(io.BytesIO(body)).SOPInstanceUID == ds.SOPInstanceUID
 
 
-def test_same_instances_through_both_nodes_end_as_one_copy_each(nodes, tmp_path):
+def test_same_instances_through_both_nodes_end_as_one_copy_each(nodes, tmp_path, storage):
     a, b = nodes
     study, series = generate_uid(), generate_uid()
     for _round in range(3):
@@ -92,7 +109,7 @@ def test_same_instances_through_both_nodes_end_as_one_copy_each(nodes, tmp_path)
     listed = [[x["00080018"]["Value"][0] for x in n.get(f"/studies/{study}/instances", headers=JSON).json()]
               for n in (a, b)]
     assert listed[0] == listed[1] and len(listed[0]) == 18 == len(set(listed[0]))
-    assert len(dicom_files(tmp_path)) == 18
+    assert len(dicom_files(tmp_path, storage)) == 18
     [st] = b.get("/studies", params={"StudyInstanceUID": study}, headers=JSON).json()
     assert st["00201208"]["Value"] == [18]  # NumberOfStudyRelatedInstances counts each once
 
@@ -117,17 +134,17 @@ def test_one_uid_two_contents_the_acknowledged_one_is_served(nodes, monkeypatch)
             assert body == to_bytes(kept)
 
 
-def test_sigkill_of_a_loses_nothing_it_acknowledged(tmp_path, pg_url):
+def test_sigkill_of_a_loses_nothing_it_acknowledged(tmp_path, pg_url, storage):
     """Node A is a `dicomweb-server` process killed with SIGKILL while a client stores
-    to it; node B (sharing the index and the folder) serves every instance A
+    to it; node B (sharing the index and the folder or bucket) serves every instance A
     acknowledged, byte for byte, and finds exactly those."""
-    data = tmp_path / "data"
     port = free_port()
     env = {**os.environ, "DICOMWEB_DATABASE_URL": pg_url}
+    s3 = ["--storage", storage["storage"], "--s3-endpoint-url", storage["s3_endpoint_url"]] if storage else []
     node_a = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "--index", "postgresql", "--port",
-                               str(port), "--workers", "1", "--data-dir", str(data)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    node_b = LiveServer(data, "postgresql", database_url=pg_url).start()
+                               str(port), "--workers", "1", "--data-dir", str(data_dir(tmp_path, storage, 0)),
+                               *s3], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node_b = LiveServer(data_dir(tmp_path, storage, 1), "postgresql", database_url=pg_url, **(storage or {})).start()
     acknowledged: list = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as a:
@@ -158,6 +175,14 @@ def test_sigkill_of_a_loses_nothing_it_acknowledged(tmp_path, pg_url):
                      b.get(f"/studies/{study}/instances", headers=JSON).json()]
             assert set(found) >= {ds.SOPInstanceUID for ds in acknowledged}
             assert len(found) - len(acknowledged) <= 1  # at most the request cut by the kill (committed, unanswered)
+            for ds in acknowledged:
+                url = f"/studies/{study}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
+                [(_h, body)] = split_multipart(b.get(url, headers=WHOLE))
+                assert body == to_bytes(ds)
+            # what the kill left (a file or object without its row) is repaired away, and
+            # nothing acknowledged goes with it
+            reconcile(node_b.archive, repair=True, grace=0)
+            assert reconcile(node_b.archive, grace=0).clean
             for ds in acknowledged:
                 url = f"/studies/{study}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
                 [(_h, body)] = split_multipart(b.get(url, headers=WHOLE))
