@@ -296,8 +296,8 @@ def test_check_finds_and_repairs_orphans_and_rows_without_objects(archive, s3_se
                                                                   ("orphan", rel(orphan))]
     assert prefix + rel(orphan) in s3_server.keys(bucket) and archive.index.locate(lost.SOPInstanceUID)  # dry run
     fixed = reconcile(archive, repair=True, grace=0)
-    assert sorted((p.subject, p.action) for p in fixed.problems) == [
-        (lost.SOPInstanceUID, "index row dropped"), (rel(orphan), "object removed")]
+    assert sorted((p.subject, p.action) for p in fixed.problems) == sorted([
+        (lost.SOPInstanceUID, "index row dropped"), (rel(orphan), "object removed")])  # UIDs are random
     assert s3_server.keys(bucket) == [prefix + rel(kept)]
     assert archive.index.locate(lost.SOPInstanceUID) is None and archive.index.locate(kept.SOPInstanceUID)
     assert reconcile(archive, grace=0).clean
