@@ -63,6 +63,9 @@ class BlobStore:
         self._spool_fd = -1
         self._spool_pid = 0
         self._spool_mutex = threading.Lock()
+        self._stripe_mutex = [threading.Lock() for _ in range(256)]
+        self._stripe_fds: dict[int, int] = {}
+        self._stripe_pid = os.getpid()
 
     # --- reserve ----------------------------------------------------------------------
 
@@ -167,6 +170,13 @@ class BlobStore:
         finally:
             os.close(fd)
 
+    def close_locks(self) -> None:
+        """Close this process's stripe lock descriptors (at shutdown)."""
+        if self._stripe_pid == os.getpid():
+            for fd in self._stripe_fds.values():
+                os.close(fd)
+        self._stripe_fds = {}
+
     def release_spool(self) -> None:
         """Remove this process's spool folder and drop its lock (at shutdown, after
         the requests in flight have finished)."""
@@ -188,16 +198,43 @@ class BlobStore:
         threads and worker processes: a file found at its final name without an
         index row is then a crash orphan, never another writer's work in progress."""
         stripes = sorted({zlib.crc32(u.encode()) % 256 for u in sop_uids})
-        fds = []
+        held = []
         try:
             for n in stripes:
-                fd = os.open(self.locks / f"{n:02x}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-                fds.append(fd)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                # a thread lock per stripe, then the flock on this process's descriptor
+                # of the stripe file (kept open: opening it per request cost two system
+                # calls; one descriptor is shared by this process's threads, so the
+                # thread lock is what keeps them apart, the flock keeps processes apart)
+                mutex = self._stripe_mutex[n]
+                mutex.acquire()
+                try:
+                    fd = self._stripe_fd(n)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    mutex.release()
+                    raise
+                held.append((mutex, fd))
             yield
         finally:
-            for fd in fds:
-                os.close(fd)  # closing releases the flock
+            for mutex, fd in reversed(held):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                finally:
+                    mutex.release()
+
+    def _stripe_fd(self, n: int) -> int:
+        """This process's descriptor of stripe file ``n`` (called holding its mutex;
+        a forked child opens its own: a shared open file would share the flock)."""
+        if self._stripe_pid != os.getpid():
+            with self._spool_mutex:
+                if self._stripe_pid != os.getpid():
+                    self._stripe_fds = {}
+                    self._stripe_pid = os.getpid()
+        fd = self._stripe_fds.get(n)
+        if fd is None:
+            fd = os.open(self.locks / f"{n:02x}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._stripe_fds[n] = fd
+        return fd
 
     def resolve(self, relpath: str) -> Path:
         """Absolute path of a stored file.
@@ -214,6 +251,10 @@ class BlobStore:
         return self._blobs_abs / norm
 
     def _mkdirs(self, directory: Path) -> None:
+        """Create ``directory`` and missing parents; each new folder's entry is made
+        durable (its parent fsynced) at once. Deferring that to the group commit would
+        widen the window in which another process finds the folder, places a file in
+        it and acknowledges that file while the folder's own entry is not yet durable."""
         missing = []
         d = directory
         while not d.exists():
@@ -226,10 +267,12 @@ class BlobStore:
                 pass
             fsync_dir(m.parent)
 
-    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True) -> Placed:
+    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True, synced: bool = False) -> Placed:
         """Durably move a spooled file to ``relpath`` (see module docstring). With
         ``sync_dir=False`` the caller fsyncs the final directory itself (the group
-        commit does, once per directory, before the index commit).
+        commit does, once per directory, before the index commit). ``synced``: the
+        spooled file's data is durable already (:meth:`SpooledPart.spool` with
+        ``sync``), it is not opened again.
 
         Raises
         ------
@@ -238,11 +281,12 @@ class BlobStore:
             final name is then untouched.
         """
         final = self.resolve(relpath)
-        fd = os.open(spooled, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if not synced:
+            fd = os.open(spooled, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         faults.point("fsynced")
         self._mkdirs(final.parent)
         try:
