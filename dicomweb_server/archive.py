@@ -33,7 +33,7 @@ from .routing import Outbox, Routes, Routing, load_routes, outbox_path
 from .settings import Settings
 from .store.base import Index, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
-from .store.commit import GroupCommitter
+from .store.commit import Expected, GroupCommitter
 
 log = logging.getLogger("dicomweb_server.archive")
 
@@ -202,6 +202,11 @@ class Archive:
     def _store(self, parts: list[SpooledPart], expected_study_uid: str | None) -> StoreOutcome:
         outcome = StoreOutcome()
         faults.point("spooled")
+        with self.committer.expecting() as announced:
+            return self._store_parts(parts, expected_study_uid, outcome, announced)
+
+    def _store_parts(self, parts: list[SpooledPart], expected_study_uid: str | None, outcome: StoreOutcome,
+                     announced: Expected) -> StoreOutcome:
         described: list[tuple[InstanceRecord, SpooledPart]] = []
         seen: set[str] = set()
         for part in parts:
@@ -243,7 +248,7 @@ class Archive:
         if described:
             uids = [r.sop_uid for r, _ in described]
             with self.blobs.locked(uids), self.index.locked(uids):
-                self._place_and_index(described, outcome)
+                self._place_and_index(described, outcome, announced)
         for failure in outcome.failed[first:]:
             failure.source = spooled.get(failure.sop_instance_uid or "")
         for part in parts:  # spool files not linked into place (place() removed the others)
@@ -267,7 +272,8 @@ class Archive:
                           f"part Content-Type {part.content_type!r} is not application/dicom")
         return None
 
-    def _place_and_index(self, described: list[tuple[InstanceRecord, SpooledPart]], outcome: StoreOutcome) -> None:
+    def _place_and_index(self, described: list[tuple[InstanceRecord, SpooledPart]], outcome: StoreOutcome,
+                         announced: Expected | None = None) -> None:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
         dirs: set[Path] = set()
@@ -302,7 +308,7 @@ class Archive:
             return
         faults.point("placed")
         try:
-            added = self.committer.commit(pending, dirs)
+            added = self.committer.commit(pending, dirs, announced)
         except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
             log.error("index commit failed: %s", e)
             for rec in pending:
