@@ -4,6 +4,7 @@ retrieve.py."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -251,23 +252,35 @@ async def _opened_files_response(archive, locs: list[InstanceLocation], boundary
 
 
 async def _send_opened(state: _Opened, tail: bytes) -> AsyncIterator[bytes]:
-    """The parts of opened files, read about READ_BATCH bytes per thread hop."""
+    """The parts of opened files, read about READ_BATCH bytes per thread hop; the next
+    batch is read while this one is sent (so at most two batches are held)."""
     files = state.files
+
+    def start_next() -> tuple[int, int, asyncio.Future] | None:
+        i = j = state.next
+        if i >= len(files):
+            return None
+        total = 0
+        while j < len(files) and (j == i or total + files[j][2] <= retrieve.READ_BATCH):
+            total += files[j][2]
+            j += 1
+        state.next = j  # handed to read_files, which closes them
+        return i, j, asyncio.ensure_future(run_blocking(retrieve.read_files, [(fd, n) for _, fd, n in files[i:j]]))
+
+    pending = start_next()
     try:
-        while state.next < len(files):
-            i = j = state.next
-            total = 0
-            while j < len(files) and (j == i or total + files[j][2] <= retrieve.READ_BATCH):
-                total += files[j][2]
-                j += 1
-            state.next = j  # handed to read_files, which closes them
-            data = await run_blocking(retrieve.read_files, [(fd, n) for _, fd, n in files[i:j]])
+        while pending is not None:
+            i, j, future = pending
+            data = await future
+            pending = start_next()
             for (head, _, _), chunks in zip(files[i:j], data):
                 yield head
                 for chunk in chunks:
                     yield chunk
         yield tail
     finally:
+        if pending is not None:  # the answer ended early: the read finishes (and closes) on its own
+            pending[2].add_done_callback(lambda f: f.cancelled() or f.exception())
         state.close_rest()
 
 

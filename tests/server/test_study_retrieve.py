@@ -120,3 +120,28 @@ def test_an_answer_dropped_unsent_closes_its_files(archive):
     del response
     gc.collect()
     assert _open_fds() == before
+
+
+def test_an_answer_ended_early_closes_its_files(archive, monkeypatch):
+    import asyncio
+
+    from dicomweb_server.api import wado
+
+    monkeypatch.setattr(retrieve, "READ_BATCH", 1)  # one file per hop: one read in flight, one unopened
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        study, _series, files = _study(c, 3)
+    locs = archive.index.instances(study)
+    before = _open_fds()
+
+    async def main():
+        response = await wado._opened_files_response(archive, locs, "b", {})
+        body = response.body_iterator
+        first = [await body.__anext__() for _ in range(2)]  # a part header and the first file
+        await body.aclose()  # the client went away
+        await asyncio.sleep(0.2)  # the read in flight finishes in its thread
+        return first
+
+    head, data = asyncio.run(main())
+    assert head.startswith(b"--b\r\n") and data in files
+    gc.collect()
+    assert _open_fds() == before
