@@ -84,7 +84,15 @@ def _parse_strace(text: str) -> dict[str, int]:
     return counts
 
 
-def measure(code: pathlib.Path, clients: int, requests: int, workers: int, placement: str) -> dict:
+def _commits(url: str) -> float | None:
+    """dicomweb_index_commits_total from /metrics (None for a build without it)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    m = re.search(r"^dicomweb_index_commits_total\s+([\d.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def measure(code: pathlib.Path, clients: int, requests: int, workers: int, placement: str,
+            trace: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="stow-syncs-") as tmp:
         port = free_port()
         env = {**os.environ, "DICOMWEB_LOG_LEVEL": "warning", "PYTHONPATH": str(code)}
@@ -109,21 +117,26 @@ def measure(code: pathlib.Path, clients: int, requests: int, workers: int, place
             args = ["strace", "-f", "-c", "-o", str(out), "-e", "trace=" + ",".join(SYSCALLS)]
             for p in pids:
                 args += ["-p", str(p)]
-            st = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            commits0 = _commits(url)
+            st = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if trace else None
             time.sleep(1.0)  # attached
             ok, secs = _post_all(url, _bodies(requests, clients, placement))
             load = open("/proc/loadavg").read().split()[:3]
-            st.send_signal(signal.SIGINT)
-            st.wait(30)
-            counts = _parse_strace(out.read_text())
+            counts = {}
+            if st is not None:
+                st.send_signal(signal.SIGINT)
+                st.wait(30)
+                counts = _parse_strace(out.read_text())
+            commits1 = _commits(url)
         finally:
             os.killpg(srv.pid, signal.SIGTERM)
             try:
                 srv.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(srv.pid, signal.SIGKILL)
+    commits = commits1 - commits0 if commits0 is not None and commits1 is not None else None
     return {"clients": clients, "placement": placement, "stored": ok, "seconds": round(secs, 2),
-            "loadavg": " ".join(load), "counts": counts}
+            "loadavg": " ".join(load), "counts": counts, "commits": commits, "traced": trace}
 
 
 def main() -> int:
@@ -135,26 +148,31 @@ def main() -> int:
     p.add_argument("--code", type=pathlib.Path, action="append",
                    help="checkout(s) to run the server from (default: this one); repeat to compare")
     p.add_argument("--output", type=pathlib.Path)
+    p.add_argument("--no-strace", action="store_true",
+                   help="count only the index commits (/metrics): strace's stops slow the server down")
     a = p.parse_args()
     codes = a.code or [pathlib.Path(__file__).resolve().parents[1]]
     rows = []
     for placement in a.placement.split(","):
         for c in [int(x) for x in a.clients.split(",")]:
             for code in codes:  # taking turns, so drifting load hits each alike
-                r = measure(code.resolve(), c, a.requests, a.workers, placement)
+                r = measure(code.resolve(), c, a.requests, a.workers, placement, not a.no_strace)
                 r["code"] = str(code)
                 rows.append(r)
                 print(r, file=sys.stderr, flush=True)
-    head = ["code", "placement", "clients", "stored", "s", "load avg", *SHOWN, "syncs/instance"]
+    head = ["code", "placement", "clients", "strace", "stored", "s", "load avg", *SHOWN, "syncs/instance",
+            "index commits/instance"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         n = r["stored"] or 1
         syncs = sum(r["counts"].get(k, 0) for k in ("fsync", "fdatasync", "syncfs"))
-        lines.append("| " + " | ".join([r["code"], r["placement"], str(r["clients"]), str(r["stored"]),
+        lines.append("| " + " | ".join([r["code"], r["placement"], str(r["clients"]), "yes" if r["traced"] else "no",
+                                         str(r["stored"]),
                                          str(r["seconds"]), r["loadavg"],
                                          *[str(r["counts"].get(k, 0) + (r["counts"].get("mkdirat", 0)
                                                                         if k == "mkdir" else 0)) for k in SHOWN],
-                                         f"{syncs / n:.2f}"]) + " |")
+                                         f"{syncs / n:.2f}" if r["traced"] else "-",
+                                         "-" if r["commits"] is None else f"{r['commits'] / n:.2f}"]) + " |")
     text = "\n".join(lines)
     print(text)
     if a.output:

@@ -75,7 +75,7 @@ class Archive:
         self.settings = settings
         self.blobs = BlobStore(Path(settings.data_dir))
         self.index = index
-        self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
+        self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock", metrics.INDEX_COMMITS.inc)
         self._busy = threading.Condition()
         self._in_flight = 0  # store() and delete() calls running (worker threads)
         self.routing: Routing | None = None  # set by open() when a routes file is configured

@@ -29,7 +29,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,8 +65,9 @@ class GroupCommitter:
     #: about one file fdatasync of a 132 KB instance with several at once on this disk
     MAX_WAIT = 0.002
 
-    def __init__(self, index: Index, lock_path: Path) -> None:
+    def __init__(self, index: Index, lock_path: Path, on_commit: Callable[[], object] | None = None) -> None:
         self.index = index
+        self.on_commit = on_commit  # called after each durable commit (metrics)
         self.lock_path = lock_path
         self._lock = threading.Lock()
         self._queue: list[_Entry] = []
@@ -154,6 +155,8 @@ class GroupCommitter:
                 e.error, e.done = err, True
             return
         self.batches += 1
+        if self.on_commit is not None:
+            self.on_commit()
         i = 0
         for e in batch:
             e.result, e.done = added[i : i + len(e.records)], True
