@@ -4,7 +4,10 @@ complete file or nothing at its final name.
 Write path (``place``): the received part was spooled to ``tmp/`` on the same
 filesystem; it is fsynced, hard-linked to its final name (``link`` fails if the
 name exists, so two writers of one SOP Instance UID never overwrite each other),
-the final directory is fsynced, and the spool name is removed. Paths are built
+the final directory is fsynced, and the spool name is removed. Folders are made
+(and their parents fsynced) and emptied folders removed under a folder lock that
+placements share, so a file is only ever linked into a folder whose entry is durable
+and that no DELETE is removing. Paths are built
 from validated UIDs only (``dicom.uids.validate_uid``); :meth:`BlobStore.resolve`
 refuses anything that would leave the blob root.
 
@@ -66,6 +69,8 @@ class BlobStore:
         self._stripe_mutex = [threading.Lock() for _ in range(256)]
         self._stripe_fds: dict[int, int] = {}
         self._stripe_pid = os.getpid()
+        self._folder_fd = threading.local()  # this thread's descriptor of locks/folders.lock
+        self._folder_fds: list[int] = []
 
     # --- reserve ----------------------------------------------------------------------
 
@@ -176,6 +181,14 @@ class BlobStore:
             for fd in self._stripe_fds.values():
                 os.close(fd)
         self._stripe_fds = {}
+        with self._spool_mutex:
+            for fd in self._folder_fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._folder_fds = []
+        self._folder_fd = threading.local()
 
     def release_spool(self) -> None:
         """Remove this process's spool folder and drop its lock (at shutdown, after
@@ -251,10 +264,10 @@ class BlobStore:
         return self._blobs_abs / norm
 
     def _mkdirs(self, directory: Path) -> None:
-        """Create ``directory`` and missing parents; each new folder's entry is made
-        durable (its parent fsynced) at once. Deferring that to the group commit would
-        widen the window in which another process finds the folder, places a file in
-        it and acknowledges that file while the folder's own entry is not yet durable."""
+        """Create ``directory`` and missing parents (holding the folder lock
+        exclusively); each new folder's entry is made durable (its parent fsynced)
+        before the lock is released, so no other writer can place and acknowledge a
+        file in a folder whose own entry is not yet durable."""
         missing = []
         d = directory
         while not d.exists():
@@ -288,16 +301,48 @@ class BlobStore:
             finally:
                 os.close(fd)
         faults.point("fsynced")
-        self._mkdirs(final.parent)
-        try:
-            os.link(spooled, final)
-        except FileExistsError:
+        with self._folders(fcntl.LOCK_SH):  # a folder found here is durable and stays (see _folders)
+            linked = final.parent.is_dir() and self._link(spooled, final)
+        if linked is False:
+            with self._folders(fcntl.LOCK_EX):
+                self._mkdirs(final.parent)
+                linked = self._link(spooled, final)
+        if linked is None:
             return Placed.EXISTS
         faults.point("linked")
         if sync_dir:
             fsync_dir(final.parent)
         os.unlink(spooled)
         return Placed.NEW
+
+    @staticmethod
+    def _link(spooled: Path, final: Path) -> bool | None:
+        """Link ``spooled`` to ``final``: True, or None when a file is there already."""
+        try:
+            os.link(spooled, final)
+        except FileExistsError:
+            return None
+        return True
+
+    @contextmanager
+    def _folders(self, how: int) -> Iterator[None]:
+        """The folder lock (``locks/folders.lock``), shared by placements, exclusive while
+        folders are made (mkdir and the fsync of its parent) or removed. A placement that
+        finds its folder under the shared lock knows the folder's entry is durable (its
+        maker held the lock until its parent was fsynced) and that no DELETE removes the
+        emptied folder before the file is linked into it. Each thread has its own
+        descriptor: ``flock`` locks belong to an open file, which threads would share."""
+        fd = getattr(self._folder_fd, "fd", None)
+        if fd is None or self._folder_fd.pid != os.getpid():
+            fd = os.open(self.locks / "folders.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._folder_fd.fd, self._folder_fd.pid = fd, os.getpid()
+            with self._spool_mutex:
+                self._folder_fds.append(fd)
+        fcntl.flock(fd, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def replace(self, spooled: Path, relpath: str) -> None:
         """Durably replace an unindexed file left at ``relpath`` (an orphan)."""
@@ -312,18 +357,22 @@ class BlobStore:
     def remove(self, relpath: str) -> None:
         """Delete a stored file and its emptied series/study folders."""
         final = self.resolve(relpath)
-        try:
-            final.unlink()
-        except FileNotFoundError:
-            return
-        d = final.parent
-        for _ in range(2):
+        with self._folders(fcntl.LOCK_EX):
             try:
-                d.rmdir()
-            except OSError:
-                break
-            d = d.parent
-        fsync_dir(d)
+                final.unlink()
+            except FileNotFoundError:
+                return
+            d = final.parent
+            for _ in range(2):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+                d = d.parent
+        try:  # outside the lock: placements need not wait for the removal to be durable
+            fsync_dir(d)
+        except FileNotFoundError:  # emptied and removed by another DELETE meanwhile, which syncs its parent
+            pass
 
     def walk(self):
         """Relative paths of every stored ``.dcm`` file."""

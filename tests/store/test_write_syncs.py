@@ -5,6 +5,7 @@ keep threads and processes apart."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import subprocess
@@ -170,3 +171,64 @@ def test_deflated_part_in_memory_inflates_in_the_spool_folder(tmp_path, monkeypa
         assert list(archive.blobs.spool.iterdir()) == []
     finally:
         archive.close()
+
+
+def test_a_folder_is_used_by_others_only_once_its_entry_is_durable(tmp_path, monkeypatch):
+    """Writer A makes the study/series folders; writer B, placing a file in the same
+    series while A's fsync of the new folder's parent is still running, waits for it
+    (before: B found the folder, linked, and its commit could be acknowledged first)."""
+    from dicomweb_server.store import blobs as blobs_module
+
+    store = BlobStore(tmp_path)
+    in_fsync, release = threading.Event(), threading.Event()
+    real = blobs_module.fsync_dir
+    events: list[str] = []
+
+    def slow_fsync_dir(path):
+        if not in_fsync.is_set():  # A's first folder fsync (the parent of the new study folder)
+            in_fsync.set()
+            release.wait(5)
+            events.append("A's folder durable")
+        return real(path)
+
+    monkeypatch.setattr(blobs_module, "fsync_dir", slow_fsync_dir)
+
+    def spooled(name: str):
+        p = store.spool / name
+        p.write_bytes(name.encode())
+        return p
+
+    a = threading.Thread(target=store.place, args=(spooled("a"), "1.2/3.4/5.6.dcm"), kwargs={"sync_dir": False})
+    a.start()
+    assert in_fsync.wait(5)
+    assert (tmp_path / "blobs" / "1.2").is_dir()  # made, its entry not yet durable
+
+    def b_place():
+        store.place(spooled("b"), "1.2/3.4/7.8.dcm", sync_dir=False)
+        events.append("B linked")
+
+    b = threading.Thread(target=b_place)
+    b.start()
+    time.sleep(0.3)
+    assert events == []  # B waits for A's fsync
+    release.set()
+    a.join(5)
+    b.join(5)
+    assert events == ["A's folder durable", "B linked"]
+    assert (tmp_path / "blobs" / "1.2" / "3.4" / "7.8.dcm").read_bytes() == b"b"
+    store.close_locks()
+
+
+def test_delete_does_not_remove_a_folder_a_placement_is_using(tmp_path):
+    store = BlobStore(tmp_path)
+    first = store.spool / "x"
+    first.write_bytes(b"x")
+    store.place(first, "1.2/3.4/5.6.dcm")
+    with store._folders(fcntl.LOCK_SH):  # a placement that found the folder, about to link
+        t = threading.Thread(target=store.remove, args=("1.2/3.4/5.6.dcm",))
+        t.start()
+        time.sleep(0.2)
+        assert (tmp_path / "blobs" / "1.2" / "3.4").is_dir()  # the emptying DELETE waits
+    t.join(5)
+    assert not (tmp_path / "blobs" / "1.2").exists()  # then removes the emptied folders
+    store.close_locks()
