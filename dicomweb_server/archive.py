@@ -36,7 +36,7 @@ from .routing import Routes, Routing, load_routes, open_outbox
 from .settings import Settings
 from .store.base import Index, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
-from .store.commit import GroupCommitter
+from .store.commit import Expected, GroupCommitter
 from .store.objects import open_blobs
 
 log = logging.getLogger("dicomweb_server.archive")
@@ -79,7 +79,7 @@ class Archive:
         self.settings = settings
         self.blobs: BlobStore = open_blobs(settings)  # files, or objects (store/objects.py)
         self.index = index
-        self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock")
+        self.committer = GroupCommitter(index, Path(settings.data_dir) / "index.lock", metrics.INDEX_COMMITS.inc)
         self._busy = threading.Condition()
         self._in_flight = 0  # store() and delete() calls running (worker threads)
         self.routing: Routing | None = None  # set by open() when a routes file is configured
@@ -147,6 +147,8 @@ class Archive:
             if self._in_flight:
                 log.error("closing with %d store/delete transaction(s) still running", self._in_flight)
         self.blobs.release_spool()
+        self.blobs.close_locks()
+        self.committer.close()
         if self.routing is not None:
             self.routing.outbox.close()
         self.index.close()
@@ -211,39 +213,56 @@ class Archive:
     def _store(self, parts: list[SpooledPart], expected_study_uid: str | None) -> StoreOutcome:
         outcome = StoreOutcome()
         faults.point("spooled")
-        described: list[tuple[InstanceRecord, Path]] = []
+        with self.committer.expecting() as announced:
+            return self._store_parts(parts, expected_study_uid, outcome, announced)
+
+    def _store_parts(self, parts: list[SpooledPart], expected_study_uid: str | None, outcome: StoreOutcome,
+                     announced: Expected) -> StoreOutcome:
+        described: list[tuple[InstanceRecord, SpooledPart]] = []
+        seen: set[str] = set()
         for part in parts:
-            data = part.data  # a small part still in memory: parsed from there, not re-read
-            part.spool(self.blobs.spool)
+            # a small part still in memory is parsed from there, and written to its spool
+            # file (data fdatasync'ed on the descriptor that wrote it) only once valid
+            data = part.data
             failure = self._check_part(part)
             if failure is not None:
                 outcome.failed.append(failure)
                 continue
             try:
-                rec = describe_instance(part.path, bulk_threshold=self.settings.bulk_threshold,  # type: ignore[arg-type]
+                # (a part in memory has no file yet: a name in the spool folder stands in,
+                # whose folder takes the inflated copy of a Deflated data set)
+                rec = describe_instance(part.path or self.blobs.spool / "in-memory.part",
+                                        bulk_threshold=self.settings.bulk_threshold,
                                         expected_study_uid=expected_study_uid, data=data)
             except InstanceError as e:
                 outcome.failed.append(Failed(e.reason, e.message, e.sop_class_uid, e.sop_instance_uid))
                 continue
-            if any(r.sop_uid == rec.sop_uid for r, _ in described):
+            if rec.sop_uid in seen:
                 outcome.failed.append(Failed(FailureReason.DUPLICATE_SOP_INSTANCE,
                                              "the same SOP Instance UID twice in one request",
                                              rec.sop_class_uid, rec.sop_uid))
                 continue
-            described.append((rec, part.path))  # type: ignore[arg-type]
+            if data is not None:
+                part.spool(self.blobs.spool, sync=True)
+                failure = self._check_part(part)
+                if failure is not None:
+                    outcome.failed.append(Failed(failure.reason, failure.message, rec.sop_class_uid, rec.sop_uid))
+                    continue
+            seen.add(rec.sop_uid)
+            described.append((rec, part))
         # the parts that failed so far, in order; later failures name their instance
-        kept = {p for _, p in described}
-        for failure, part in zip(outcome.failed, [p for p in parts if p.path not in kept]):
+        kept = {id(p) for _, p in described}
+        for failure, part in zip(outcome.failed, [p for p in parts if id(p) not in kept]):
             failure.source = part.path
         first = len(outcome.failed)
+        spooled = {r.sop_uid: p.path for r, p in described}
         if described:
             uids = [r.sop_uid for r, _ in described]
             with self.blobs.locked(uids), self.index.locked(uids):
-                self._place_and_index(described, outcome)
-        spooled = {r.sop_uid: p for r, p in described}
+                self._place_and_index(described, outcome, announced)
         for failure in outcome.failed[first:]:
             failure.source = spooled.get(failure.sop_instance_uid or "")
-        for part in parts:  # spool files not linked into place
+        for part in parts:  # spool files not linked into place (place() removed the others)
             if part.path is not None:
                 try:
                     part.path.unlink()
@@ -257,20 +276,25 @@ class Archive:
             reason = (FailureReason.OUT_OF_RESOURCES if is_out_of_resources(part.error)
                       else FailureReason.PROCESSING_FAILURE)
             return Failed(reason, f"cannot write the received part: {part.error.strerror}")
-        if not part.complete or part.path is None:
+        if not part.complete or (part.path is None and part.data is None):
             return Failed(FailureReason.CANNOT_UNDERSTAND, "part not closed by a multipart boundary (body cut short)")
         if not _is_dicom_part(part.content_type):
             return Failed(FailureReason.CANNOT_UNDERSTAND,
                           f"part Content-Type {part.content_type!r} is not application/dicom")
         return None
 
-    def _place_and_index(self, described: list[tuple[InstanceRecord, Path]], outcome: StoreOutcome) -> None:
+    def _place_and_index(self, described: list[tuple[InstanceRecord, SpooledPart]], outcome: StoreOutcome,
+                         announced: Expected | None = None) -> None:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
         dirs: set[Path] = set()
-        for rec, spooled in described:
+        for rec, part in described:
+            spooled: Path = part.path  # type: ignore[assignment]
             try:
-                if self.blobs.place(spooled, rec.path, sync_dir=False) is Placed.EXISTS:
+                placed = self.blobs.place(spooled, rec.path, sync_dir=False, synced=part.synced)
+                if placed is Placed.NEW:
+                    part.path = None  # linked into place; its spool name is gone
+                else:
                     same = self.blobs.same(spooled, rec.path)
                     if self.index.locate(rec.sop_uid) is not None:
                         if same:
@@ -297,7 +321,7 @@ class Archive:
             return
         faults.point("placed")
         try:
-            added = self.committer.commit(pending, dirs)
+            added = self.committer.commit(pending, dirs, announced)
         except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
             log.error("index commit failed: %s", e)
             for rec in pending:

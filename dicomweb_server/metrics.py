@@ -20,6 +20,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 STORED = Counter("dicomweb_instances_stored", "Instances newly stored, through any front door")
+INDEX_COMMITS = Counter("dicomweb_index_commits", "Durable index commits of stored instances (one per group commit)")
 FORWARDED = Counter("dicomweb_forwarded", "Instances delivered to a destination", ["destination"])
 FORWARD_FAILED = Counter("dicomweb_forward_failed", "Instances given up on (dead letter)", ["destination"])
 FORWARD_RETRIES = Counter("dicomweb_forward_retries", "Deliveries of an instance to be tried again", ["destination"])

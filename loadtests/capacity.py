@@ -308,6 +308,7 @@ def run_wrk(host: str, args: list[str], connections: int, duration: float, threa
                 peak = rss if peak is None else max(peak, rss)
         time.sleep(0.2)
     cpu_after = tree_cpu_seconds(server_pid)
+    loadavg = load_average()
     out = proc.stdout.read() if proc.stdout else ""
     line = next((ln for ln in out.splitlines() if ln.startswith("LOAD03 ")), None)
     if line is None:
@@ -319,8 +320,17 @@ def run_wrk(host: str, args: list[str], connections: int, duration: float, threa
     s["other_cpu_pct"] = (round(max(0.0, m - s["wrk_cpu_pct"] - (s["server_cpu_pct"] or 0)), 1)
                           if m is not None and server_pid else None)
     s["peak_server_mb"] = round(peak, 1) if peak is not None else None
+    s["loadavg"] = loadavg
     s["server_cpu_s"] = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
     return s
+
+
+def load_average() -> str | None:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), as ``uptime`` shows them."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return None
 
 
 def tree_cpu_seconds(pid: int | None) -> float | None:
@@ -355,6 +365,7 @@ def step_row(op: str, conns: int, s: dict, stow_body: int) -> dict:
         "cpu_ms_per_op": (round(s["server_cpu_s"] * 1000 / s["requests"], 2)
                           if s.get("server_cpu_s") is not None and s["requests"] else None),
         "stored": None,
+        "loadavg": s.get("loadavg"),
     }
 
 
@@ -392,7 +403,7 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
 def server_table(rows: list[dict]) -> str:
     headers = ["operation", "conns", "requests", "req/s", "MB/s", "server CPU ms/op", "stored (counted)",
                "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "peak server MB", "wrk CPU%", "server CPU%",
-               "other CPU%"]
+               "other CPU%", "load avg"]
 
     def pct(v):
         return "-" if v is None else f"{v:.0f}%"
@@ -402,14 +413,14 @@ def server_table(rows: list[dict]) -> str:
                                    "-" if r.get("stored") is None else r["stored"],
                                    r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"],
                                    r["peak_server_mb"], pct(r["wrk_cpu_pct"]), pct(r.get("server_cpu_pct")),
-                                   pct(r.get("other_cpu_pct"))] for r in rows])
+                                   pct(r.get("other_cpu_pct")), r.get("loadavg") or "-"] for r in rows])
 
 
 #: the bar per operation (issue 11): ours / Orthanc
 BARS = {"wado": 2.0}
 
 
-def ratio_table(ours: list[dict], peer: list[dict], bar: float = 1.5) -> tuple[str, list[dict]]:
+def ratio_table(ours: list[dict], peer: list[dict], bar: float | None = 1.5) -> tuple[str, list[dict]]:
     by = {(r["operation"], r["connections"]): r for r in peer}
     out, cmp = [], []
     for r in ours:
@@ -417,17 +428,18 @@ def ratio_table(ours: list[dict], peer: list[dict], bar: float = 1.5) -> tuple[s
         if not p:
             continue
         ratio = r["req_s"] / p["req_s"] if p["req_s"] else None
-        b = BARS.get(r["operation"], bar)
+        b = BARS.get(r["operation"], bar) if bar is not None else None
         cmp.append({"operation": r["operation"], "connections": r["connections"], "ours_req_s": r["req_s"],
                     "peer_req_s": p["req_s"], "ratio": round(ratio, 2) if ratio else None,
                     "ours_cpu_ms_per_op": r.get("cpu_ms_per_op"), "peer_cpu_ms_per_op": p.get("cpu_ms_per_op")})
-        verdict = "-" if ratio is None else ("meets" if ratio >= b else "below")
+        verdict = "-" if ratio is None or b is None else ("meets" if ratio >= b else "below")
 
         def ms(v):
             return "-" if v is None else f"{v:.2f}"
 
         out.append([r["operation"], r["connections"], r["req_s"], p["req_s"], r["mb_s"], p["mb_s"],
-                    f"{ratio:.2f}x" if ratio else "-", f"{verdict} {b}x", ms(r.get("cpu_ms_per_op")),
+                    f"{ratio:.2f}x" if ratio else "-", f"{verdict} {b}x" if b is not None else "-",
+                    ms(r.get("cpu_ms_per_op")),
                     ms(p.get("cpu_ms_per_op"))])
     return common.table(["operation", "conns", "ours req/s", "peer req/s", "ours MB/s", "peer MB/s", "ours/peer",
                          "bar", "ours CPU ms/op", "peer CPU ms/op"], out), cmp
@@ -467,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--study-sample", type=int, default=40, help="studies cycled by 'study' (default %(default)s)")
     p.add_argument("--static-dir", type=Path, default=Path("/tmp/loadtests-static"),
                    help="nginx's files, kept between runs (default %(default)s)")
+    p.add_argument("--baseline-host", help="another build of our archive (e.g. the commit before a change), "
+                                           "measured step by step beside ours, with the ratio ours/baseline")
+    p.add_argument("--baseline-pid", type=int, help="the baseline server's process")
     p.add_argument("--quiet", action="store_true")
     dataset.add_spec_args(p)
     a = p.parse_args(argv)
@@ -486,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                      "threads": a.threads, "servers": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     try:
         servers = [("ours", host, a.server_pid)]
+        if a.baseline_host:
+            servers.append(("baseline", a.baseline_host.rstrip("/"), a.baseline_pid))
         if a.peer == "orthanc":
             peer = Orthanc(a.peer_data_dir, a.peer_port).start()
             servers.append(("orthanc", peer.url, peer.pid))
@@ -528,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
         t, cmp = ratio_table(results["servers"]["ours"]["rows"], results["servers"]["orthanc"]["rows"])
         results["ratio"] = cmp
         text += ["## ours / orthanc (requests/s)", "", t, ""]
+    if "baseline" in results["servers"]:
+        t, cmp = ratio_table(results["servers"]["ours"]["rows"], results["servers"]["baseline"]["rows"], None)
+        results["ratio_baseline"] = cmp
+        text += ["## ours / baseline (requests/s: this build against the baseline build, same run)", "", t, ""]
     if "static" in results["servers"]:
         text += ["## whole-study retrieve: ours / nginx-light static files (same bytes)", "",
                  static_table(results["servers"]["ours"]["rows"], results["servers"]["static"]["rows"]), ""]
@@ -553,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
             "Errors: non-2xx, socket errors and answers failing wrk's light check. CPU in % of one core; "
-            "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine.", "",
+            "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine; "
+            "'load avg' = /proc/loadavg (1, 5, 15 min) at the end of the step.", "",
             *text, "## Machine", "", common.machine_md(results["machine"])]
         (a.output / "capacity.md").write_text("\n".join(md))
         print(f"wrote {a.output / 'capacity.json'} and {a.output / 'capacity.md'}")

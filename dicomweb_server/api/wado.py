@@ -4,7 +4,9 @@ retrieve.py."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
@@ -30,6 +32,7 @@ from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError, error_response, warning_header
+from .threads import run_blocking
 from .responses import DicomJSONResponse, multipart_response, multipart_stream, parse_byte_range, pieces
 
 router = APIRouter(tags=["WADO-RS"])
@@ -190,7 +193,7 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
     yield closing(boundary)
 
 
-def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what: str) -> Response:
+async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what: str) -> Response:
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
     accept = parse_accept(request.headers.get("accept"))
@@ -208,8 +211,77 @@ def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what
     if ok < len(locs):
         headers["Warning"] = warning_header(f"{len(locs) - ok} instance(s) omitted: {reason}")
     boundary = new_boundary()
+    if archive.blobs.local_files and ok == len(locs) and len(locs) <= retrieve.MAX_OPEN_FILES and all(
+            not negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode,
+                                    single_part_allowed=False).transcode for loc in locs):
+        return await _opened_files_response(archive, locs, boundary, headers)
     return StreamingResponse(_stream_instances(archive, locs, accept, boundary),
                              media_type=content_type(boundary, DICOM), headers=headers)
+
+
+class _Opened:
+    """File descriptors of an answer not yet handed to a reading thread; closed by
+    the body's end, or when the answer is dropped unsent."""
+
+    def __init__(self, files: list[tuple[bytes, int, int]]) -> None:
+        self.files = files  # (part header, descriptor, size)
+        self.next = 0
+
+    def close_rest(self) -> None:
+        rest, self.next = self.files[self.next:], len(self.files)
+        for _, fd, _ in rest:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close_rest()
+
+
+async def _opened_files_response(archive, locs: list[InstanceLocation], boundary: str,
+                                 headers: dict[str, str]) -> Response:
+    """Every file as stored, opened before the answer starts (one thread hop), sent
+    with a Content-Length; instances deleted before they were opened are left out."""
+    opened = await run_blocking(retrieve.open_files, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
+    files = []
+    for i, (loc, fd) in enumerate(opened):
+        head = (b"\r\n" if i else b"") + part_header(boundary, _dicom_part_type(loc.transfer_syntax_uid))
+        files.append((head, fd, loc.size))
+    state = _Opened(files)
+    tail = closing(boundary)
+    headers["Content-Length"] = str(sum(len(h) + n for h, _, n in files) + len(tail))
+    return StreamingResponse(_send_opened(state, tail), media_type=content_type(boundary, DICOM), headers=headers)
+
+
+async def _send_opened(state: _Opened, tail: bytes) -> AsyncIterator[bytes]:
+    """The parts of opened files, read about READ_BATCH bytes per thread hop; the next
+    batch is read while this one is sent (so at most two batches are held)."""
+    files = state.files
+
+    def start_next() -> tuple[int, int, asyncio.Future] | None:
+        i = j = state.next
+        if i >= len(files):
+            return None
+        total = 0
+        while j < len(files) and (j == i or total + files[j][2] <= retrieve.READ_BATCH):
+            total += files[j][2]
+            j += 1
+        state.next = j  # handed to read_files, which closes them
+        return i, j, asyncio.ensure_future(run_blocking(retrieve.read_files, [(fd, n) for _, fd, n in files[i:j]]))
+
+    pending = start_next()
+    try:
+        while pending is not None:
+            i, j, future = pending
+            data = await future
+            pending = start_next()
+            for (head, _, _), chunks in zip(files[i:j], data):
+                yield head
+                for chunk in chunks:
+                    yield chunk
+        yield tail
+    finally:
+        if pending is not None:  # the answer ended early: the read finishes (and closes) on its own
+            pending[2].add_done_callback(lambda f: f.cancelled() or f.exception())
+        state.close_rest()
 
 
 @router.get("/studies/{study}", summary="Retrieve a study")
@@ -217,12 +289,12 @@ async def retrieve_study(request: Request, archive: ArchiveDep, study: StudyUID)
     """Every instance of the study, streamed one file at a time as
     ``multipart/related; type="application/dicom"`` (PS3.18 §10.4.1.1.1).
     Single-part ``application/dicom`` is 406 for more than one instance."""
-    return _retrieve_many(request, archive, archive.index.instances(study), "study")
+    return await _retrieve_many(request, archive, archive.index.instances(study), "study")
 
 
 @router.get("/studies/{study}/series/{series}", summary="Retrieve a series")
 async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
-    return _retrieve_many(request, archive, archive.index.instances(study, series), "series")
+    return await _retrieve_many(request, archive, archive.index.instances(study, series), "series")
 
 
 # --- frames and bulk data ------------------------------------------------------------------

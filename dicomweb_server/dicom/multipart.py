@@ -51,14 +51,19 @@ class SpooledPart:
     complete: bool = False
     error: OSError | None = None  # the spool file could not be written (disk full, read-only)
     data: bytes | None = None  # a small complete part, not yet in a file
+    synced: bool = False  # the file's data is durable (fdatasync'ed by :meth:`spool`)
 
     @property
     def content_type(self) -> str:
         return self.headers.get("content-type", "")
 
-    def spool(self, spool_dir: Path) -> None:
+    def spool(self, spool_dir: Path, *, sync: bool = False) -> None:
         """Write an in-memory part to a new file in ``spool_dir`` (blocking: call it
-        off the event loop). Sets ``path``, or ``error`` when the file cannot be written."""
+        off the event loop). Sets ``path``, or ``error`` when the file cannot be written.
+
+        With ``sync`` the data is made durable with ``fdatasync`` on the descriptor
+        that wrote it (``synced`` is then set): the store's write path then need not
+        open the file again to sync it, and the sync starts as early as it can."""
         if self.data is None:
             return
         data, self.data = self.data, None
@@ -73,11 +78,14 @@ class SpooledPart:
                 view = memoryview(data)
                 while view:  # a raw write may be short
                     view = view[f.write(view):]
+                if sync:
+                    os.fdatasync(f.fileno())  # a new file: its size and blocks are synced too
         except OSError as e:
             self.error = e
             path.unlink(missing_ok=True)
             return
         self.path = path
+        self.synced = sync
 
 
 class PartSpooler:

@@ -4,7 +4,10 @@ complete file or nothing at its final name.
 Write path (``place``): the received part was spooled to ``tmp/`` on the same
 filesystem; it is fsynced, hard-linked to its final name (``link`` fails if the
 name exists, so two writers of one SOP Instance UID never overwrite each other),
-the final directory is fsynced, and the spool name is removed. Paths are built
+the final directory is fsynced, and the spool name is removed. Folders are made
+(and their parents fsynced) and emptied folders removed under a folder lock that
+placements share, so a file is only ever linked into a folder whose entry is durable
+and that no DELETE is removing. Paths are built
 from validated UIDs only (``dicom.uids.validate_uid``); :meth:`BlobStore.resolve`
 refuses anything that would leave the blob root.
 
@@ -68,6 +71,11 @@ class BlobStore(BlobStorage):
         self._spool_fd = -1
         self._spool_pid = 0
         self._spool_mutex = threading.Lock()
+        self._stripe_mutex = [threading.Lock() for _ in range(256)]
+        self._stripe_fds: dict[int, int] = {}
+        self._stripe_pid = os.getpid()
+        self._folder_fd = threading.local()  # this thread's descriptor of locks/folders.lock
+        self._folder_fds: list[int] = []
 
     # --- reserve ----------------------------------------------------------------------
 
@@ -172,6 +180,21 @@ class BlobStore(BlobStorage):
         finally:
             os.close(fd)
 
+    def close_locks(self) -> None:
+        """Close this process's stripe lock descriptors (at shutdown)."""
+        if self._stripe_pid == os.getpid():
+            for fd in self._stripe_fds.values():
+                os.close(fd)
+        self._stripe_fds = {}
+        with self._spool_mutex:
+            for fd in self._folder_fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._folder_fds = []
+        self._folder_fd = threading.local()
+
     def release_spool(self) -> None:
         """Remove this process's spool folder and drop its lock (at shutdown, after
         the requests in flight have finished)."""
@@ -193,16 +216,43 @@ class BlobStore(BlobStorage):
         threads and worker processes: a file found at its final name without an
         index row is then a crash orphan, never another writer's work in progress."""
         stripes = sorted({zlib.crc32(u.encode()) % 256 for u in sop_uids})
-        fds = []
+        held = []
         try:
             for n in stripes:
-                fd = os.open(self.locks / f"{n:02x}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-                fds.append(fd)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                # a thread lock per stripe, then the flock on this process's descriptor
+                # of the stripe file (kept open: opening it per request cost two system
+                # calls; one descriptor is shared by this process's threads, so the
+                # thread lock is what keeps them apart, the flock keeps processes apart)
+                mutex = self._stripe_mutex[n]
+                mutex.acquire()
+                try:
+                    fd = self._stripe_fd(n)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    mutex.release()
+                    raise
+                held.append((mutex, fd))
             yield
         finally:
-            for fd in fds:
-                os.close(fd)  # closing releases the flock
+            for mutex, fd in reversed(held):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                finally:
+                    mutex.release()
+
+    def _stripe_fd(self, n: int) -> int:
+        """This process's descriptor of stripe file ``n`` (called holding its mutex;
+        a forked child opens its own: a shared open file would share the flock)."""
+        if self._stripe_pid != os.getpid():
+            with self._spool_mutex:
+                if self._stripe_pid != os.getpid():
+                    self._stripe_fds = {}
+                    self._stripe_pid = os.getpid()
+        fd = self._stripe_fds.get(n)
+        if fd is None:
+            fd = os.open(self.locks / f"{n:02x}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._stripe_fds[n] = fd
+        return fd
 
     def resolve(self, relpath: str) -> Path:
         """Absolute path of a stored file.
@@ -219,6 +269,10 @@ class BlobStore(BlobStorage):
         return self._blobs_abs / norm
 
     def _mkdirs(self, directory: Path) -> None:
+        """Create ``directory`` and missing parents (holding the folder lock
+        exclusively); each new folder's entry is made durable (its parent fsynced)
+        before the lock is released, so no other writer can place and acknowledge a
+        file in a folder whose own entry is not yet durable."""
         missing = []
         d = directory
         while not d.exists():
@@ -231,10 +285,12 @@ class BlobStore(BlobStorage):
                 pass
             fsync_dir(m.parent)
 
-    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True) -> Placed:
+    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True, synced: bool = False) -> Placed:
         """Durably move a spooled file to ``relpath`` (see module docstring). With
         ``sync_dir=False`` the caller fsyncs the final directory itself (the group
-        commit does, once per directory, before the index commit).
+        commit does, once per directory, before the index commit). ``synced``: the
+        spooled file's data is durable already (:meth:`SpooledPart.spool` with
+        ``sync``), it is not opened again.
 
         Raises
         ------
@@ -243,22 +299,55 @@ class BlobStore(BlobStorage):
             final name is then untouched.
         """
         final = self.resolve(relpath)
-        fd = os.open(spooled, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if not synced:
+            fd = os.open(spooled, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         faults.point("fsynced")
-        self._mkdirs(final.parent)
-        try:
-            os.link(spooled, final)
-        except FileExistsError:
+        with self._folders(fcntl.LOCK_SH):  # a folder found here is durable and stays (see _folders)
+            linked = final.parent.is_dir() and self._link(spooled, final)
+        if linked is False:
+            with self._folders(fcntl.LOCK_EX):
+                self._mkdirs(final.parent)
+                linked = self._link(spooled, final)
+        if linked is None:
             return Placed.EXISTS
         faults.point("linked")
         if sync_dir:
             fsync_dir(final.parent)
         os.unlink(spooled)
         return Placed.NEW
+
+    @staticmethod
+    def _link(spooled: Path, final: Path) -> bool | None:
+        """Link ``spooled`` to ``final``: True, or None when a file is there already."""
+        try:
+            os.link(spooled, final)
+        except FileExistsError:
+            return None
+        return True
+
+    @contextmanager
+    def _folders(self, how: int) -> Iterator[None]:
+        """The folder lock (``locks/folders.lock``), shared by placements, exclusive while
+        folders are made (mkdir and the fsync of its parent) or removed. A placement that
+        finds its folder under the shared lock knows the folder's entry is durable (its
+        maker held the lock until its parent was fsynced) and that no DELETE removes the
+        emptied folder before the file is linked into it. Each thread has its own
+        descriptor: ``flock`` locks belong to an open file, which threads would share."""
+        fd = getattr(self._folder_fd, "fd", None)
+        if fd is None or self._folder_fd.pid != os.getpid():
+            fd = os.open(self.locks / "folders.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._folder_fd.fd, self._folder_fd.pid = fd, os.getpid()
+            with self._spool_mutex:
+                self._folder_fds.append(fd)
+        fcntl.flock(fd, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def replace(self, spooled: Path, relpath: str) -> None:
         """Durably replace an unindexed file left at ``relpath`` (an orphan)."""
@@ -273,18 +362,22 @@ class BlobStore(BlobStorage):
     def remove(self, relpath: str) -> None:
         """Delete a stored file and its emptied series/study folders."""
         final = self.resolve(relpath)
-        try:
-            final.unlink()
-        except FileNotFoundError:
-            return
-        d = final.parent
-        for _ in range(2):
+        with self._folders(fcntl.LOCK_EX):
             try:
-                d.rmdir()
-            except OSError:
-                break
-            d = d.parent
-        fsync_dir(d)
+                final.unlink()
+            except FileNotFoundError:
+                return
+            d = final.parent
+            for _ in range(2):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+                d = d.parent
+        try:  # outside the lock: placements need not wait for the removal to be durable
+            fsync_dir(d)
+        except FileNotFoundError:  # emptied and removed by another DELETE meanwhile, which syncs its parent
+            pass
 
     def walk(self):
         """Relative paths of every stored ``.dcm`` file."""

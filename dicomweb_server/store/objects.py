@@ -60,11 +60,15 @@ class BlobStorage(ABC):
     #: what ``check`` does with an unindexed instance: "reindex" (files: a crash between
     #: link and commit, the file is whole) or "remove" (objects older than the grace period)
     orphans = "reindex"
+    #: whether ``resolve`` gives a local file for every stored instance (readers may then open
+    #: descriptors themselves, e.g. a whole study's files before its answer starts)
+    local_files = True
 
     @abstractmethod
-    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True) -> "Placed":
+    def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True, synced: bool = False) -> "Placed":
         """Store the spooled part at ``relpath`` durably, never over an existing one
-        (``Placed.EXISTS``: something is already there)."""
+        (``Placed.EXISTS``: something is already there). ``synced``: the spool file's data
+        was already made durable by its writer."""
 
     @abstractmethod
     def replace(self, spooled: Path, relpath: str) -> None:

@@ -126,6 +126,7 @@ class S3BlobStore(BlobStore):
     """Objects in ``s3://bucket/prefix``; spool, reserve and locks in the local data folder."""
 
     orphans = "remove"
+    local_files = False
 
     def __init__(self, root: Path, url: str, *, endpoint_url: str | None = None, client=None) -> None:
         super().__init__(root)  # the local side: data/tmp (spool), data/locks, the reserve

@@ -71,3 +71,45 @@ def test_missing_directory_fails_the_commit(tmp_path):
     gc = GroupCommitter(MemoryIndex(), tmp_path / "index.lock")
     with pytest.raises(FileNotFoundError):
         gc.commit([record(tmp_path)], {tmp_path / "gone"})
+
+
+def test_announced_requests_join_the_commit_of_the_first(tmp_path):
+    index = SlowIndex()
+    gc = GroupCommitter(index, tmp_path / "index.lock")
+    gc.MAX_WAIT = 5.0  # never reached: the second request queues within milliseconds
+    recs = [record(tmp_path) for _ in range(2)]
+    results = {}
+    with gc.expecting() as first, gc.expecting() as second:
+        t = threading.Thread(target=lambda: results.setdefault(0, gc.commit([recs[0]], {tmp_path}, first)))
+        t.start()
+        time.sleep(0.1)  # the first waits for the second, which is still writing its file
+        assert 0 not in results
+        results[1] = gc.commit([recs[1]], {tmp_path}, second)
+        t.join(5)
+    assert results == {0: [True], 1: [True]}
+    assert index.calls == 1 and gc.batches == 1
+
+
+def test_a_withdrawn_announcement_releases_the_waiting_commit(tmp_path):
+    gc = GroupCommitter(SlowIndex(), tmp_path / "index.lock")
+    gc.MAX_WAIT = 30.0
+    done = threading.Event()
+    with gc.expecting() as mine:
+        with gc.expecting():  # another request, which then fails before its commit
+            t = threading.Thread(target=lambda: (gc.commit([record(tmp_path)], {tmp_path}, mine), done.set()))
+            t.start()
+            time.sleep(0.1)
+            assert not done.is_set()
+        t0 = time.monotonic()
+        assert done.wait(5)
+        assert time.monotonic() - t0 < 2  # released at once, not after MAX_WAIT
+        t.join(5)
+
+
+def test_the_wait_for_announced_requests_is_bounded(tmp_path):
+    gc = GroupCommitter(SlowIndex(), tmp_path / "index.lock")
+    gc.MAX_WAIT = 0.2
+    with gc.expecting():  # announced, never commits while we wait
+        t0 = time.monotonic()
+        assert gc.commit([record(tmp_path)], {tmp_path}) == [True]
+        assert 0.15 < time.monotonic() - t0 < 3

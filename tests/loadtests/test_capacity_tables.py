@@ -1,0 +1,27 @@
+"""loadtests.capacity tables: the load average of each step is shown, and the
+baseline comparison (this build against an older one) has no Orthanc bar."""
+
+from __future__ import annotations
+
+from loadtests import capacity
+
+
+def _row(op: str, req_s: float, cpu: float, load: str | None) -> dict:
+    return {"operation": op, "connections": 8, "requests": int(req_s * 10), "req_s": req_s, "mb_s": 1.0,
+            "p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0, "errors": 0, "peak_server_mb": 100.0,
+            "wrk_cpu_pct": 10.0, "server_cpu_pct": 90.0, "other_cpu_pct": 5.0, "cpu_ms_per_op": cpu,
+            "stored": 80 if op == "stow" else None, "loadavg": load}
+
+
+def test_load_average_column_and_baseline_ratio():
+    ours = [_row("stow", 450.0, 2.1, "1.50 1.20 0.90")]
+    base = [_row("stow", 300.0, 2.8, "1.60 1.25 0.91")]
+    table = capacity.server_table(ours)
+    assert "load avg" in table.splitlines()[0] and "1.50 1.20 0.90" in table
+    text, cmp = capacity.ratio_table(ours, base, None)
+    assert cmp == [{"operation": "stow", "connections": 8, "ours_req_s": 450.0, "peer_req_s": 300.0,
+                    "ratio": 1.5, "ours_cpu_ms_per_op": 2.1, "peer_cpu_ms_per_op": 2.8}]
+    assert "meets" not in text and "1.50x" in text
+    text, _ = capacity.ratio_table(ours, base)  # against Orthanc: the 1.5x bar
+    assert "meets 1.5x" in text
+    assert capacity.load_average() is None or len(capacity.load_average().split()) == 3
