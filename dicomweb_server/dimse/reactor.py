@@ -18,9 +18,16 @@ pynetdicom's state machine, queues, ACSE and DIMSE code unchanged:
 - the association thread blocks on a ``threading.Event`` set by a ``put`` on the
   DUL's to-user queue or the DIMSE message queue, and when the DUL thread ends, with
   a timeout only for the network idle timer;
-- ``kill`` asks the DUL thread to end once it is idle (Sta1) and joins it.
+- ``kill`` asks the DUL thread to end once it is idle (Sta1) and joins it;
+- the sockets pynetdicom opens as a requestor (an SCU: C-MOVE sub-operations, routing's
+  C-STORE destinations, the LOAD-01 generator) get TCP_NODELAY: pynetdicom writes a
+  P-DATA PDU and then waits for the answer, and with Nagle on, a small last segment
+  waits for the peer's delayed ACK (40 ms on Linux; the DCMTK lesson in lessons.md).
+  Accepted sockets get it in :meth:`.scp.DimseServer.start`.
 
-The checks each loop makes are pynetdicom's own, in the same order.
+The checks each loop makes are pynetdicom's own, in the same order. Used by the
+listener (:mod:`.scp`) and by any pynetdicom SCU in a process that calls :func:`install`
+(``loadtests/load01.py`` does, so that the generator does not measure its own sleeps).
 """
 
 from __future__ import annotations
@@ -29,18 +36,22 @@ import logging
 import os
 import queue
 import select
+import socket
 import ssl
 import threading
 
 from pynetdicom import association as _association
 from pynetdicom import dul as _dul
+from pynetdicom import transport as _transport
 from pynetdicom.pdu import A_ABORT_RQ
 
 log = logging.getLogger("dicomweb_server.dimse")
 
 Association = _association.Association
 DUL = _dul.DULServiceProvider
-_ORIGINAL = (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul)
+Socket = _transport.AssociationSocket
+_ORIGINAL = (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul,
+             Socket._create_socket)
 
 
 def _notify_on_put(q: queue.Queue, notify) -> None:
@@ -225,15 +236,25 @@ def _assoc_kill(self) -> None:
         dul.join()
 
 
+def _create_socket_nodelay(self, address):
+    """``AssociationSocket._create_socket`` (the requestor's socket) with Nagle off."""
+    sock = _ORIGINAL[5](self, address)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def install() -> None:
-    """Replace pynetdicom's polling reactors (process-wide; associations created after this)."""
+    """Replace pynetdicom's polling reactors and give requestor sockets TCP_NODELAY
+    (process-wide; associations created after this)."""
     Association.__init__ = _assoc_init  # type: ignore[method-assign]
     Association._run_reactor = _assoc_run_reactor  # type: ignore[method-assign]
     Association.kill = _assoc_kill  # type: ignore[method-assign]
     DUL.run_reactor = _dul_run_reactor  # type: ignore[method-assign]
     DUL.kill_dul = _kill_dul  # type: ignore[method-assign]
+    Socket._create_socket = _create_socket_nodelay  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
     """pynetdicom's own reactors again (associations created after this)."""
-    (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul) = _ORIGINAL
+    (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul,
+     Socket._create_socket) = _ORIGINAL
