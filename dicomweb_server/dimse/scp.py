@@ -28,6 +28,7 @@ from pathlib import Path
 
 import orjson
 from pydicom import dcmread
+from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom import uid as U
 from pynetdicom import (
     AE,
@@ -39,6 +40,7 @@ from pynetdicom import (
     evt,
     transport,
 )
+from pynetdicom.association import Association
 from pynetdicom.presentation import PresentationContext
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
@@ -163,10 +165,60 @@ def _verify_request(self, request, client_address) -> bool:
     return len(self.active_associations) + starting < 2 * self.ae.maximum_associations
 
 
+# --- C-GET / C-MOVE sub-operations sent from the stored file -------------------------------
+#
+# pynetdicom's Get/Move SCP takes a Dataset from the handler and sends it with
+# ``send_c_store``: read whole (dcmread), then encoded whole into a buffer before the first
+# P-DATA: a 600 MB enhanced MR sat in memory twice. ``send_c_store`` can send a file's data
+# set in PDU-sized reads (``STORE_SEND_CHUNKED_DATASET``), but the SCPs accept only a
+# Dataset from the handler, so the handler yields this small stand-in and the listener's
+# ``send_c_store`` sends its file.
+
+#: largest P-DATA PDU the listener sends (a peer announcing 0, "unlimited", PS3.8 D.1.1,
+#: would otherwise get a file's whole data set read into one PDU)
+SEND_PDU_MAX = 1 << 20
+
+
+class StoredInstance(Dataset):
+    """A stored instance to send as a C-STORE sub-operation: only its UIDs and transfer
+    syntax in memory, its data set read from ``path`` fragment by fragment."""
+
+    def __init__(self, path: Path, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str) -> None:
+        super().__init__()
+        self.file_meta = FileMetaDataset()
+        self.file_meta.TransferSyntaxUID = transfer_syntax_uid
+        self.SOPClassUID = sop_class_uid
+        self.SOPInstanceUID = sop_uid
+        self.stored_path = path
+
+
+def _send_c_store_from_file(self, dataset, *args, **kwargs):
+    """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file when the
+    peer accepted its stored transfer syntax; otherwise (e.g. stored Explicit VR LE, accepted
+    Implicit VR LE only) it is read and pynetdicom converts it, as before."""
+    if isinstance(dataset, StoredInstance):
+        try:
+            self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
+                                    allow_conversion=False)
+        except ValueError:
+            dataset = dcmread(dataset.stored_path)
+        else:
+            dataset = dataset.stored_path  # STORE_SEND_CHUNKED_DATASET: read per fragment
+    return _send_c_store(self, dataset, *args, **kwargs)
+
+
+def _encode_msg_capped(self, context_id: int, max_pdu_length: int):
+    return _encode_msg(self, context_id, min(max_pdu_length or SEND_PDU_MAX, SEND_PDU_MAX))
+
+
+_send_c_store = Association.send_c_store
+_encode_msg = dimse_messages.DIMSEMessage.encode_msg
+
 _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
               _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
               dimse_messages.create_file_meta, transport.AssociationSocket.recv,  # type: ignore[attr-defined]
-              transport.AssociationServer.verify_request)
+              transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
+              Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg)
 
 
 def _unpatch() -> None:
@@ -174,7 +226,8 @@ def _unpatch() -> None:
     process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
      dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
-     transport.AssociationServer.verify_request) = _UNPATCHED
+     transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
+     Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg) = _UNPATCHED
     reactor.uninstall()
 
 
@@ -182,8 +235,9 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
     aborts its association, a cheap copy of the presentation contexts, PDUs no longer
-    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced); and blocking
-    reactors instead of pynetdicom's polling ones (:mod:`.reactor`)."""
+    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced); C-GET/C-MOVE
+    sub-operations sent from the stored file in PDUs of at most ``SEND_PDU_MAX``; and
+    blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`)."""
     global _pdu_limit
     _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
@@ -195,6 +249,9 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
         tempfile.NamedTemporaryFile, dir=spool, prefix="dimse-")
     dimse_messages.create_file_meta = _file_meta_with_ae_slot  # type: ignore[attr-defined]
+    _config.STORE_SEND_CHUNKED_DATASET = True  # send_c_store(path): the data set read per fragment
+    Association.send_c_store = _send_c_store_from_file  # type: ignore[method-assign]
+    dimse_messages.DIMSEMessage.encode_msg = _encode_msg_capped  # type: ignore[method-assign]
 
 
 #: bytes read from the head of a received file: its file meta and first elements
@@ -442,12 +499,10 @@ class DimseServer:
             if event.is_cancelled:
                 yield S.CANCEL, None
                 return
-            try:
-                ds = dcmread(self.archive.blobs.resolve(loc.path))
-            except Exception as e:  # a file gone since the match: that sub-operation fails
-                log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
-                ds = None
-            yield S.PENDING, ds
+            # sent from its file (StoredInstance): a file gone since the match fails that
+            # sub-operation (pynetdicom counts an exception in send_c_store as a failure)
+            yield S.PENDING, StoredInstance(self.archive.blobs.resolve(loc.path), loc.sop_class_uid, loc.sop_uid,
+                                            loc.transfer_syntax_uid)
 
     def _on_get(self, event):
         locations, failure = self._matches(event, _GET_MODELS)
