@@ -182,10 +182,18 @@ def _assoc_run_reactor(self) -> None:
     if wake is None:  # created before install(): pynetdicom's own loop
         return _ORIGINAL[1](self)
     while not self._kill:
-        # a service (``release``, ``send_*``) may pause the reactor: it waits for _is_paused
-        self._is_paused = True
-        self._reactor_checkpoint.wait()
+        # A service (``release``, ``send_*``; the requestor's own thread) pauses the reactor:
+        # it clears the checkpoint, waits until _is_paused, then sends and takes the answer
+        # off the message queue itself. pynetdicom's loop set _is_paused = False only after
+        # the checkpoint wait returned: a service that cleared the checkpoint in between saw
+        # the stale True, and the reactor then took that service's response (the C-STORE-RSP)
+        # and dropped it; the SCU waited out its DIMSE timeout (the LOAD-01 "hangs", more
+        # frequent the faster the server answers). Announce running first, then look.
         self._is_paused = False
+        if not self._reactor_checkpoint.is_set():
+            self._is_paused = True
+            self._reactor_checkpoint.wait()
+            continue
         wake.clear()  # set by any put after this point: the wait below returns at once
 
         context_id, msg = self.dimse.get_msg(block=False)

@@ -364,7 +364,13 @@ class DimseServer:
             (evt.EVT_RELEASED, self._audit),
         ]
         address = (host or self.settings.host, self.settings.dimse_port if port is None else port)
-        self._server = self.ae.start_server(address, block=False, evt_handlers=handlers)
+        # socketserver listens with a backlog of 5: 16 modalities connecting at once overflowed
+        # it, and each refused SYN was retried by the client's kernel 1 s later (p99 > 1 s)
+        transport.ThreadedAssociationServer.request_queue_size = max(128, 2 * self.ae.maximum_associations)
+        try:
+            self._server = self.ae.start_server(address, block=False, evt_handlers=handlers)
+        finally:
+            del transport.ThreadedAssociationServer.request_queue_size  # socketserver's 5 again
         get_request = self._server.get_request
 
         def get_request_nodelay():  # request/response traffic: no Nagle delay (lessons.md, DCMTK)

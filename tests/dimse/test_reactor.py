@@ -131,3 +131,89 @@ def test_the_listeners_long_lived_objects_are_frozen(tmp_path):
         server.stop()
         archive.close()
         gc.unfreeze()
+
+
+def test_a_paused_reactor_never_takes_the_services_response():
+    """pynetdicom's pause handshake (a ``send_*`` service clears ``_reactor_checkpoint`` and
+    waits for ``_is_paused``, then takes its response off the DIMSE queue itself) had a
+    window: the reactor set ``_is_paused = False`` only after the checkpoint wait returned,
+    so a service could see the stale True, send, and have its C-STORE-RSP taken and dropped
+    by the reactor: the SCU waited out its DIMSE timeout. 20,000 pause cycles against the
+    real reactor loop with a fake association; tiny switch interval to provoke the window."""
+    import collections
+    import sys
+    from types import SimpleNamespace
+
+    from dicomweb_server.dimse import reactor
+
+    lock = threading.Lock()
+    queue: collections.deque = collections.deque()
+    stolen: list = []
+
+    def get_msg(block=False):
+        with lock:
+            return queue.popleft() if queue else (None, None)
+
+    a = SimpleNamespace(_kill=False, _reactor_checkpoint=threading.Event(), _is_paused=False,
+                        _wake=threading.Event(), is_established=True, dimse=SimpleNamespace(get_msg=get_msg),
+                        _serve_request=lambda msg, cid: stolen.append(msg),
+                        acse=SimpleNamespace(is_release_requested=lambda: False, is_aborted=lambda: False),
+                        dul=SimpleNamespace(is_alive=lambda: True, idle_timer_expired=lambda: False,
+                                            _idle_timer=SimpleNamespace(timeout=None)))
+    a._reactor_checkpoint.set()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=reactor._assoc_run_reactor, args=(a,))
+    t.start()
+    try:
+        for i in range(20_000):
+            a._reactor_checkpoint.clear()  # what Association.send_c_store does
+            while not a._is_paused:
+                time.sleep(0)
+            with lock:
+                queue.append((1, ("C-STORE-RSP", i)))  # the peer answered at once
+            a._wake.set()  # the DUL's put wakes the reactor
+            get_msg()  # the service takes its response
+            a._reactor_checkpoint.set()
+            if i % 7 == 0:
+                a._wake.set()  # other traffic
+    finally:
+        sys.setswitchinterval(interval)
+        a._kill = True
+        a._reactor_checkpoint.set()
+        a._wake.set()
+        t.join(10)
+    assert stolen == []
+
+
+def test_the_listen_backlog_holds_a_burst_of_connections(tmp_path):
+    """socketserver's listen backlog is 5: a burst of 16+ associations overflowed it and the
+    clients' kernels retried the dropped SYNs a second later. Every connection of a burst of
+    64 (nothing accepted meanwhile: the accept thread is held) is queued at once."""
+    import socket
+
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="memory", dimse_max_associations=64))
+    server = DimseServer(archive)
+    port = server.start(host="127.0.0.1", port=0)
+    hold = threading.Lock()
+    get_request = server._server.get_request
+
+    def held_get_request():
+        with hold:
+            return get_request()
+
+    server._server.get_request = held_get_request
+    socks = []
+    try:
+        with hold:
+            for _ in range(64):
+                s = socket.socket()
+                s.settimeout(0.5)
+                s.connect(("127.0.0.1", port))  # a full backlog would time out (SYN dropped)
+                socks.append(s)
+            assert server._server.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+    finally:
+        for s in socks:
+            s.close()
+        server.stop()
+        archive.close()
