@@ -344,6 +344,19 @@ class Orthanc(Target):
             httpx.delete(f"{self.http}/patients/{p}", timeout=300)
 
 
+def dcmtk(tool: str) -> str:
+    """DCMTK's ``tool`` on PATH, skipping scripts: pynetdicom installs Python apps with the same
+    names (``storescp``, ``storescu``...) in the venv's bin/, which comes first on PATH; with
+    the venv active, ``--peer storescp`` started pynetdicom's, which refused DCMTK's options."""
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(d, tool)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            with open(path, "rb") as f:
+                if f.read(2) != b"#!":
+                    return path
+    return tool
+
+
 class StoreSCP(Target):
     """DCMTK's storescp, one child process per association (--fork), files in a folder."""
 
@@ -354,13 +367,16 @@ class StoreSCP(Target):
         port = free_port()
         # DCMTK tunings (performance-facts.md, lessons.md): the largest PDU, TCP buffers
         # left to the kernel by not setting TCP_BUFFER_LENGTH; --fork for parallel associations
-        cmd = ["storescp", "--fork", "+xa", "--max-pdu", "131072", "-od", str(work / "out"), "-aet", "STORESCP",
+        cmd = [dcmtk("storescp"), "--fork", "+xa", "--max-pdu", "131072", "-od", str(work / "out"), "-aet", "STORESCP",
                str(port)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # TCP_NODELAY=1: DCMTK >= 3.6.2 leaves Nagle on, and storescp writes a PDU in pieces:
+        # each C-STORE-RSP then waited for the generator's 40 ms delayed ACK
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, TCP_NODELAY="1"))
         wait_port(port)
-        version = subprocess.run(["storescp", "--version"], capture_output=True, text=True).stdout.splitlines()
+        version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout.splitlines()
         return cls("storescp", "127.0.0.1", port, "STORESCP", pid=proc.pid, proc=proc, workdir=work,
-                   config=f"{version[0] if version else 'storescp'}: `{' '.join(cmd)}` (files written, no fsync)")
+                   config=f"{version[0] if version else 'storescp'}: `TCP_NODELAY=1 {' '.join(cmd)}` (files written, no fsync)")
 
     def stored(self, step):
         out = {}

@@ -83,3 +83,16 @@ def test_a_short_run_passes_every_check(serve, tmp_path):
     assert results["latency"]["ours"]["ok"] == 3
     # the steps' instances and the latency's were removed afterwards
     assert httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json() == []
+
+
+def test_the_storescp_peer_is_dcmtks_not_pynetdicoms_app_of_that_name(tmp_path, monkeypatch):
+    script = tmp_path / "bin" / "storescp"  # what pynetdicom puts in a venv's bin/
+    script.parent.mkdir()
+    script.write_text("#!/usr/bin/env python\n")
+    script.chmod(0o755)
+    binary = tmp_path / "usr" / "storescp"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x7fELF\x02\x01")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:{binary.parent}")
+    assert load01.dcmtk("storescp") == str(binary)
