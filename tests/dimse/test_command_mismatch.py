@@ -57,3 +57,43 @@ def test_command_class_uid_differs_from_data_set(dimse, tmp_path):
     finally:
         assoc.release()
     assert dimse.http.get("/instances", params={"PatientID": "MISMATCH3"}).json() == []
+
+
+@pytest.mark.parametrize("ts", [pydicom.uid.ExplicitVRLittleEndian, pydicom.uid.ImplicitVRLittleEndian,
+                                pydicom.uid.ExplicitVRBigEndian, pydicom.uid.DeflatedExplicitVRLittleEndian])
+def test_the_uid_check_reads_the_data_set_after_the_listeners_file_meta(tmp_path, ts):
+    """The check reads the first elements right after the listener's own file meta, in the
+    accepted transfer syntax (deflated: dcmread); the same answers either way."""
+    from types import SimpleNamespace
+
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+    from pydicom.filebase import DicomFileLike
+
+    from dicomweb_server.dimse.scp import _AE_SLOT_BYTES, _fill_source_ae_and_check, _file_meta_with_ae_slot
+
+    ds = make_dataset(rows=8, columns=8, transfer_syntax=ts)
+    path = tmp_path / "received.dcm"
+    with open(path, "wb") as raw:  # what the listener's chunked receive writes
+        raw.write(b"\x00" * 128 + b"DICM")
+        write_file_meta_info(raw, _file_meta_with_ae_slot(sop_class_uid=ds.SOPClassUID,
+                                                          sop_instance_uid=ds.SOPInstanceUID, transfer_syntax=ts))
+        if ts == pydicom.uid.DeflatedExplicitVRLittleEndian:
+            import zlib
+
+            from pydicom.filebase import DicomBytesIO
+
+            buf = DicomBytesIO()
+            buf.is_little_endian, buf.is_implicit_VR = True, False
+            write_dataset(buf, ds)
+            c = zlib.compressobj(9, zlib.DEFLATED, -15)
+            raw.write(c.compress(buf.getvalue()) + c.flush())
+        else:
+            fp = DicomFileLike(raw)
+            fp.is_little_endian, fp.is_implicit_VR = ts.is_little_endian, ts.is_implicit_VR
+            write_dataset(fp, ds)
+    same = SimpleNamespace(AffectedSOPClassUID=ds.SOPClassUID, AffectedSOPInstanceUID=ds.SOPInstanceUID)
+    other = SimpleNamespace(AffectedSOPClassUID=ds.SOPClassUID, AffectedSOPInstanceUID="1.2.3.4")
+    assert _fill_source_ae_and_check(same, path, "MODALITY1", ts) is None
+    assert "AffectedSOPInstanceUID '1.2.3.4'" in _fill_source_ae_and_check(other, path, "MODALITY1", ts)
+    assert pydicom.dcmread(path).file_meta.SourceApplicationEntityTitle == "MODALITY1"
+    assert _AE_SLOT_BYTES not in path.read_bytes()[:4096]

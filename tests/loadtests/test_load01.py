@@ -67,7 +67,9 @@ def serve(tmp_path):
 
 def test_a_short_run_passes_every_check(serve, tmp_path):
     http, dimse, data = serve
-    assert len(load01.spool_leftovers(data)) == 0 and len(list((data / "tmp").glob("*.lock"))) == 3
+    # the live processes' spool locks (the DIMSE listener's and the HTTP workers', each once
+    # it has claimed its folder) are there, and are not partial files
+    assert len(list((data / "tmp").glob("*.lock"))) >= 2 and load01.spool_leftovers(data) == []
     out = tmp_path / "out"
     rc = load01.main(["--port", str(dimse), "--http", f"http://127.0.0.1:{http}", "--data-dir", str(data),
                       "--associations", "1,2", "--images", "12", "--scale", "0.05", "--processes", "2",
