@@ -22,6 +22,7 @@ import gc
 import logging
 import os
 import socket
+import struct
 import tempfile
 import threading
 from pathlib import Path
@@ -32,6 +33,8 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom import uid as U
 from pynetdicom import (
     AE,
+    PYNETDICOM_IMPLEMENTATION_UID,
+    PYNETDICOM_IMPLEMENTATION_VERSION,
     AllStoragePresentationContexts,
     _config,
     build_context,
@@ -94,6 +97,46 @@ def _file_meta_with_ae_slot(**kwargs):
     meta = create_file_meta(**kwargs)
     meta.SourceApplicationEntityTitle = _AE_SLOT
     return meta
+
+
+class _EncodedFileMeta(bytes):
+    """The file meta of a received data set, already encoded (see :func:`_encoded_file_meta`)."""
+
+
+def _element(tag: int, vr: bytes, value: bytes, pad: bytes) -> bytes:
+    if len(value) % 2:
+        value += pad
+    if vr == b"OB":  # PS3.5 7.1.2: 2 reserved bytes, 4-byte length
+        return struct.pack("<HH2s2xI", tag >> 16, tag & 0xFFFF, vr, len(value)) + value
+    return struct.pack("<HH2sH", tag >> 16, tag & 0xFFFF, vr, len(value)) + value
+
+
+def _encoded_file_meta(*, sop_class_uid, sop_instance_uid, transfer_syntax,
+                       implementation_uid=PYNETDICOM_IMPLEMENTATION_UID,
+                       implementation_version=PYNETDICOM_IMPLEMENTATION_VERSION) -> _EncodedFileMeta:
+    """The same bytes as pydicom's ``write_file_meta_info`` of :func:`_file_meta_with_ae_slot`
+    (PS3.10 §7.1, Explicit VR Little Endian: group length, version, Media Storage SOP Class and
+    Instance UID, Transfer Syntax, Implementation Class UID and Version Name, the Source AE
+    Title slot), written by hand: building and writing that Dataset was ~0.28 ms of the ~5 ms of
+    listener CPU per received image. A test checks the bytes are pydicom's."""
+    body = b"".join((
+        _element(0x00020001, b"OB", b"\x00\x01", b"\x00"),
+        _element(0x00020002, b"UI", str(sop_class_uid).encode(), b"\x00"),
+        _element(0x00020003, b"UI", str(sop_instance_uid).encode(), b"\x00"),
+        _element(0x00020010, b"UI", str(transfer_syntax).encode(), b"\x00"),
+        _element(0x00020012, b"UI", str(implementation_uid).encode(), b"\x00"),
+        _element(0x00020013, b"SH", str(implementation_version).encode(), b" "),
+        _element(0x00020016, b"AE", _AE_SLOT.encode(), b" "),
+    ))
+    return _EncodedFileMeta(_element(0x00020000, b"UL", struct.pack("<I", len(body)), b"") + body)
+
+
+def _write_file_meta(fp, file_meta, *args, **kwargs):
+    """``write_file_meta_info`` as pynetdicom's chunked receive calls it, for an encoded one."""
+    if isinstance(file_meta, _EncodedFileMeta):
+        fp.write(file_meta)
+        return
+    _write_file_meta_info(fp, file_meta, *args, **kwargs)
 
 
 def _receive_primitive_or_abort(self, primitive) -> None:
@@ -212,13 +255,15 @@ def _encode_msg_capped(self, context_id: int, max_pdu_length: int):
 
 
 _send_c_store = Association.send_c_store
+_write_file_meta_info = dimse_messages.write_file_meta_info  # type: ignore[attr-defined]
 _encode_msg = dimse_messages.DIMSEMessage.encode_msg
 
 _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
               _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
               dimse_messages.create_file_meta, transport.AssociationSocket.recv,  # type: ignore[attr-defined]
               transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
-              Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg)
+              Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg,
+              dimse_messages.write_file_meta_info)
 
 
 def _unpatch() -> None:
@@ -227,7 +272,8 @@ def _unpatch() -> None:
     (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
      dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
      transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
-     Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg) = _UNPATCHED
+     Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg,
+     dimse_messages.write_file_meta_info) = _UNPATCHED
     reactor.uninstall()
 
 
@@ -248,7 +294,8 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     _config.STORE_RECV_CHUNKED_DATASET = True
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
         tempfile.NamedTemporaryFile, dir=spool, prefix="dimse-")
-    dimse_messages.create_file_meta = _file_meta_with_ae_slot  # type: ignore[attr-defined]
+    dimse_messages.create_file_meta = _encoded_file_meta  # type: ignore[attr-defined]
+    dimse_messages.write_file_meta_info = _write_file_meta  # type: ignore[attr-defined]
     _config.STORE_SEND_CHUNKED_DATASET = True  # send_c_store(path): the data set read per fragment
     Association.send_c_store = _send_c_store_from_file  # type: ignore[method-assign]
     dimse_messages.DIMSEMessage.encode_msg = _encode_msg_capped  # type: ignore[method-assign]
