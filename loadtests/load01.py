@@ -198,13 +198,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pid_listening(port: int) -> int | None:
+def pids_listening(port: int) -> list[int]:
+    """Every process listening on ``port``: the archive's DIMSE listener processes share it
+    (SO_REUSEPORT, ``dimse_processes``)."""
     import psutil
 
-    for c in psutil.net_connections("tcp"):
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            return c.pid
-    return None
+    return sorted({c.pid for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid})
+
+
+def pid_listening(port: int) -> int | None:
+    pids = pids_listening(port)
+    return pids[0] if pids else None
 
 
 def wait_port(port: int, timeout: float = 60.0) -> None:
@@ -225,6 +230,7 @@ class Target:
     port: int
     called: str
     pid: int | None = None
+    more_pids: list[int] = field(default_factory=list)  # further server processes (DIMSE listeners)
     config: str = ""
     proc: subprocess.Popen | None = None
     workdir: Path | None = None
@@ -454,18 +460,19 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     stop = threading.Event()
     ctx = mp.get_context("fork")
     pool = ctx.Pool(nproc)
-    server_procs = process_tree(target.pid) if target.pid else []
+    roots = [p for p in [target.pid, *target.more_pids] if p]
+    server_procs = [q for r in roots for q in process_tree(r)]
     gen_procs = process_tree(os.getpid())  # this process and the pool's workers
 
     def sampler():
         while not stop.is_set():
-            if target.pid:  # storescp --fork: a child per association, so the tree is re-read
-                server_procs[:] = process_tree(target.pid)
+            if roots:  # storescp --fork: a child per association, so the trees are re-read
+                server_procs[:] = [q for r in roots for q in process_tree(r)]
             cpu.sample(server_procs, True)
             gen_cpu.sample([p for p in gen_procs], True)
             machine.sample(True)
-            if target.pid:
-                rss = tree_rss_mb(target.pid)
+            if roots:  # every listener process together
+                rss = sum(tree_rss_mb(r) or 0 for r in roots)
                 if rss:
                     peak[0] = max(peak[0], rss)
             stop.wait(0.25)
@@ -594,9 +601,12 @@ def main(argv: list[str] | None = None) -> int:
     targets: list[Target] = []
     if not args.no_ours:
         wait_port(args.port)
-        targets.append(Ours("ours", args.host, args.port, args.ae_title, pid=pid_listening(args.port),
+        listeners = pids_listening(args.port)
+        targets.append(Ours("ours", args.host, args.port, args.ae_title, pid=listeners[0] if listeners else None,
+                            more_pids=listeners[1:],
                             http=args.http.rstrip("/"), data_dir=args.data_dir,
-                            config=f"dicomweb-server at {args.host}:{args.port} ({args.ae_title})"))
+                            config=f"dicomweb-server at {args.host}:{args.port} ({args.ae_title}), "
+                                   f"{len(listeners)} DIMSE listener process(es); CPU and memory are theirs together"))
     try:
         for peer in args.peer:
             targets.append(Orthanc.start() if peer == "orthanc" else StoreSCP.start())
