@@ -239,15 +239,22 @@ def _port_taken(host: str, port: int) -> str | None:
     return None
 
 
+def dimse_processes(settings) -> int:
+    """How many DIMSE listener processes ``serve`` starts (``dimse_processes``; 0: one per core, at most 4)."""
+    return settings.dimse_processes or max(1, min(4, os.cpu_count() or 1))
+
+
 def _start_dimse(settings):
-    """The DIMSE listener process (``python -m dicomweb_server.dimse``), or None when it
-    is off or runs inside the worker. It dies with this process (PR_SET_PDEATHSIG)."""
+    """The DIMSE listener processes (``python -m dicomweb_server.dimse``, sharing the port with
+    SO_REUSEPORT: the kernel spreads the associations), or [] when DIMSE is off or runs inside
+    the worker. They die with this process (PR_SET_PDEATHSIG)."""
     import subprocess
 
     if not settings.dimse_port or settings.dimse_in_worker:
-        return None
-    print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port}",
-          file=sys.stderr, flush=True)
+        return []
+    n = dimse_processes(settings)
+    print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
+          f"({n} listener process(es))", file=sys.stderr, flush=True)
 
     def die_with_parent() -> None:
         try:
@@ -258,12 +265,14 @@ def _start_dimse(settings):
         except OSError:
             pass
 
-    return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse"], preexec_fn=die_with_parent)
+    return [subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse"], preexec_fn=die_with_parent)
+            for _ in range(n)]
 
 
-def _stop_dimse(proc) -> None:
-    if proc is not None:
+def _stop_dimse(procs) -> None:
+    for proc in procs:
         proc.terminate()
+    for proc in procs:
         proc.wait(10)
 
 
@@ -491,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--dimse-check-called-ae", dest="dimse_check_called_ae", action="store_true", default=None,
                        help="reject associations whose called AE title is not --ae-title")
     serve.add_argument("--dimse-max-associations", dest="dimse_max_associations", type=int)
+    serve.add_argument("--dimse-processes", dest="dimse_processes", type=int,
+                       help="DIMSE listener processes sharing the port (default: one per core, at most 4)")
     _add_settings_args(serve)
     serve.set_defaults(func=_serve)
 

@@ -75,7 +75,9 @@ class Settings(BaseSettings):
     dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port} (C-MOVE)")
     dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; [] = any")
     dimse_check_called_ae: bool = Field(False, description="reject associations not addressed to ae_title")
-    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations")
+    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations (per listener process)")
+    dimse_processes: int = Field(0, ge=0, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
+                                 "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
     dimse_acse_timeout: float = Field(30.0, gt=0, description="association negotiation timeout (s)")
     dimse_timeout: float = Field(60.0, gt=0, description="DIMSE message timeout (s)")
     dimse_network_timeout: float = Field(60.0, gt=0, description="idle connection timeout (s)")

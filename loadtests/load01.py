@@ -111,6 +111,18 @@ def _dataset(step: str, job: Job, scale: float, pixels: bytes):
     return ds
 
 
+def fast_scu() -> None:
+    """The generator's pynetdicom SCU without its own latency: the listener's blocking
+    reactors (no 1 ms polling sleeps, no 10 ms sleeps in ``Association.kill`` at every
+    release) and TCP_NODELAY on its sockets (pynetdicom leaves Nagle on: a small last
+    segment then waits for the server's delayed ACK). Process-wide; see
+    ``dicomweb_server/dimse/reactor.py``. ``--scu-reactor pynetdicom`` keeps
+    pynetdicom's own, for a before/after."""
+    from dicomweb_server.dimse import reactor
+
+    reactor.install()
+
+
 def _association_worker(args) -> dict:
     """One association sending its share of the step (run in a generator process's thread)."""
     from pynetdicom import AE
@@ -155,7 +167,9 @@ def _association_worker(args) -> dict:
 
 def _process_worker(args) -> list[dict]:
     """A generator process: a few associations, one thread each."""
-    host, port, called, step, shares, scale = args
+    host, port, called, step, shares, scale, fast = args
+    if fast:
+        fast_scu()
     pixels = np.random.default_rng(7).integers(0, 4096, size=max(_max_pixels(scale) // 2, 16),
                                                 dtype=np.uint16).tobytes()
     results: list[dict] = [{} for _ in shares]
@@ -184,13 +198,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pid_listening(port: int) -> int | None:
+def pids_listening(port: int) -> list[int]:
+    """Every process listening on ``port``: the archive's DIMSE listener processes share it
+    (SO_REUSEPORT, ``dimse_processes``)."""
     import psutil
 
-    for c in psutil.net_connections("tcp"):
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            return c.pid
-    return None
+    return sorted({c.pid for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid})
+
+
+def pid_listening(port: int) -> int | None:
+    pids = pids_listening(port)
+    return pids[0] if pids else None
 
 
 def wait_port(port: int, timeout: float = 60.0) -> None:
@@ -211,6 +230,7 @@ class Target:
     port: int
     called: str
     pid: int | None = None
+    more_pids: list[int] = field(default_factory=list)  # further server processes (DIMSE listeners)
     config: str = ""
     proc: subprocess.Popen | None = None
     workdir: Path | None = None
@@ -268,14 +288,23 @@ class Ours(Target):
         return pydicom.dcmread(io.BytesIO(r.content[r.content.index(b"DICM") - 128:])).PixelData
 
     def partial_files(self):
-        if self.data_dir is None:
-            return []
-        return [p.name for p in (self.data_dir / "tmp").rglob("*") if p.is_file()]
+        return spool_leftovers(self.data_dir) if self.data_dir is not None else []
 
     def remove(self, step, stored):
         with httpx.Client(base_url=self.http, timeout=120) as c:
             for study in {v[0] for v in stored.values()}:
                 c.delete(f"/studies/{study}")
+
+
+def spool_leftovers(data_dir: Path) -> list[str]:
+    """Received data sets left in the archive's spool (``data/tmp/<pid>-<token>/...``): a
+    C-STORE or STOW-RS part that was neither stored nor removed. Not the
+    ``tmp/<pid>-<token>.lock`` files beside the folders: each live process holds one as
+    long as it runs (store/blobs.py), and counting them made every run report 2-3
+    "partial" files (one per HTTP worker and the DIMSE listener)."""
+    tmp = Path(data_dir) / "tmp"
+    return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")
+                  if p.is_file() and not (p.parent == tmp and p.suffix == ".lock"))
 
 
 class Orthanc(Target):
@@ -321,6 +350,19 @@ class Orthanc(Target):
             httpx.delete(f"{self.http}/patients/{p}", timeout=300)
 
 
+def dcmtk(tool: str) -> str:
+    """DCMTK's ``tool`` on PATH, skipping scripts: pynetdicom installs Python apps with the same
+    names (``storescp``, ``storescu``...) in the venv's bin/, which comes first on PATH; with
+    the venv active, ``--peer storescp`` started pynetdicom's, which refused DCMTK's options."""
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(d, tool)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            with open(path, "rb") as f:
+                if f.read(2) != b"#!":
+                    return path
+    return tool
+
+
 class StoreSCP(Target):
     """DCMTK's storescp, one child process per association (--fork), files in a folder."""
 
@@ -331,13 +373,16 @@ class StoreSCP(Target):
         port = free_port()
         # DCMTK tunings (performance-facts.md, lessons.md): the largest PDU, TCP buffers
         # left to the kernel by not setting TCP_BUFFER_LENGTH; --fork for parallel associations
-        cmd = ["storescp", "--fork", "+xa", "--max-pdu", "131072", "-od", str(work / "out"), "-aet", "STORESCP",
+        cmd = [dcmtk("storescp"), "--fork", "+xa", "--max-pdu", "131072", "-od", str(work / "out"), "-aet", "STORESCP",
                str(port)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # TCP_NODELAY=1: DCMTK >= 3.6.2 leaves Nagle on, and storescp writes a PDU in pieces:
+        # each C-STORE-RSP then waited for the generator's 40 ms delayed ACK
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, TCP_NODELAY="1"))
         wait_port(port)
-        version = subprocess.run(["storescp", "--version"], capture_output=True, text=True).stdout.splitlines()
+        version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout.splitlines()
         return cls("storescp", "127.0.0.1", port, "STORESCP", pid=proc.pid, proc=proc, workdir=work,
-                   config=f"{version[0] if version else 'storescp'}: `{' '.join(cmd)}` (files written, no fsync)")
+                   config=f"{version[0] if version else 'storescp'}: `TCP_NODELAY=1 {' '.join(cmd)}` (files written, no fsync)")
 
     def stored(self, step):
         out = {}
@@ -403,7 +448,8 @@ HEADERS = ["Target", "Step (assocs)", "Operations", "Ops/s", "MB/s", "p50 ms", "
            "missing/extra/partial", "SHA-256 ok"]
 
 
-def run_step(target: Target, associations: int, images: int, scale: float, processes: int, step: str) -> StepResult:
+def run_step(target: Target, associations: int, images: int, scale: float, processes: int, step: str,
+             fast: bool = True) -> StepResult:
     jobs = plan(images)
     shares = [jobs[i::associations] for i in range(associations)]
     nproc = max(1, min(processes, associations))
@@ -414,18 +460,19 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     stop = threading.Event()
     ctx = mp.get_context("fork")
     pool = ctx.Pool(nproc)
-    server_procs = process_tree(target.pid) if target.pid else []
+    roots = [p for p in [target.pid, *target.more_pids] if p]
+    server_procs = [q for r in roots for q in process_tree(r)]
     gen_procs = process_tree(os.getpid())  # this process and the pool's workers
 
     def sampler():
         while not stop.is_set():
-            if target.pid:  # storescp --fork: a child per association, so the tree is re-read
-                server_procs[:] = process_tree(target.pid)
+            if roots:  # storescp --fork: a child per association, so the trees are re-read
+                server_procs[:] = [q for r in roots for q in process_tree(r)]
             cpu.sample(server_procs, True)
             gen_cpu.sample([p for p in gen_procs], True)
             machine.sample(True)
-            if target.pid:
-                rss = tree_rss_mb(target.pid)
+            if roots:  # every listener process together
+                rss = sum(tree_rss_mb(r) or 0 for r in roots)
                 if rss:
                     peak[0] = max(peak[0], rss)
             stop.wait(0.25)
@@ -433,7 +480,7 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     t0 = time.perf_counter()
-    out = pool.map(_process_worker, [(target.host, target.port, target.called, step, g, scale) for g in groups])
+    out = pool.map(_process_worker, [(target.host, target.port, target.called, step, g, scale, fast) for g in groups])
     res.seconds = time.perf_counter() - t0
     stop.set()
     th.join()
@@ -493,9 +540,19 @@ def durable_write_rate(folder: Path, n: int = 100, size: int = 512 * 1024) -> di
             "folder": str(folder)}
 
 
-def association_latency(target: Target, n: int = 50) -> dict:
-    """Associate + one 512 KB CT C-STORE + release, sequentially: ms p50/p99."""
+def association_latency(target: Target, n: int = 50, fast: bool = True) -> dict:
+    """Associate + one 512 KB CT C-STORE + release, sequentially: ms p50/p99 (in a child
+    process, so that ``fast`` applies to it alone)."""
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_association_latency, (target.host, target.port, target.called, n, fast))
+
+
+def _association_latency(host: str, port: int, called: str, n: int, fast: bool) -> dict:
     from pynetdicom import AE
+
+    if fast:
+        fast_scu()
 
     pixels = np.random.default_rng(1).integers(0, 4096, size=512 * 512, dtype=np.uint16).tobytes()
     ae = AE(ae_title="LOAD01")
@@ -504,14 +561,13 @@ def association_latency(target: Target, n: int = 50) -> dict:
     for i in range(n):
         ds = _dataset("9", Job(i, 0), 1.0, pixels)
         t0 = time.perf_counter()
-        assoc = ae.associate(target.host, target.port, ae_title=target.called)
+        assoc = ae.associate(host, port, ae_title=called)
         ok = assoc.is_established and assoc.send_c_store(ds).get("Status") == 0
         if assoc.is_established:
             assoc.release()
         times.append(time.perf_counter() - t0)
         if ok:
             sops.append(ds.SOPInstanceUID)
-    target.remove("9", target.stored("9"))
     times.sort()
     return {"n": n, "ok": len(sops), "p50_ms": round(1000 * statistics.median(times), 2),
             "p99_ms": round(1000 * times[min(n - 1, int(0.99 * n))], 2)}
@@ -535,15 +591,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ours", action="store_true", help="only the peers")
     p.add_argument("--latency", type=int, default=50, help="one-image associations for the latency (0: skip)")
     p.add_argument("--output", type=Path, default=Path("loadtests/results/load01"))
+    p.add_argument("--scu-reactor", choices=["blocking", "pynetdicom"], default="blocking",
+                   help="the generator SCU's reactors: blocking + TCP_NODELAY (default), or pynetdicom's polling ones")
     args = p.parse_args(argv)
+    fast = args.scu_reactor == "blocking"
     steps = [int(x) for x in args.associations.split(",")]
 
+    load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     targets: list[Target] = []
     if not args.no_ours:
         wait_port(args.port)
-        targets.append(Ours("ours", args.host, args.port, args.ae_title, pid=pid_listening(args.port),
+        listeners = pids_listening(args.port)
+        targets.append(Ours("ours", args.host, args.port, args.ae_title, pid=listeners[0] if listeners else None,
+                            more_pids=listeners[1:],
                             http=args.http.rstrip("/"), data_dir=args.data_dir,
-                            config=f"dicomweb-server at {args.host}:{args.port} ({args.ae_title})"))
+                            config=f"dicomweb-server at {args.host}:{args.port} ({args.ae_title}), "
+                                   f"{len(listeners)} DIMSE listener process(es); CPU and memory are theirs together"))
     try:
         for peer in args.peer:
             targets.append(Orthanc.start() if peer == "orthanc" else StoreSCP.start())
@@ -556,11 +619,12 @@ def main(argv: list[str] | None = None) -> int:
         for target in targets:
             try:
                 for n in steps:
-                    r = run_step(target, n, args.images, args.scale, args.processes, str(n))
+                    r = run_step(target, n, args.images, args.scale, args.processes, str(n), fast)
                     results.append(r)
                     print(table(HEADERS, [r.row()]).splitlines()[-1], flush=True)
                 if args.latency:
-                    latency[target.name] = association_latency(target, args.latency)
+                    latency[target.name] = association_latency(target, args.latency, fast)
+                    target.remove("9", target.stored("9"))
                     print(f"{target.name}: one-image association {latency[target.name]}", flush=True)
             except Exception as e:  # report the other targets anyway
                 failures.append(f"{target.name}: {type(e).__name__}: {e}")
@@ -571,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                 t.stop()
     mix = dict(zip([m[0] for m in MIX], counts(args.images)))
     md = ["# LOAD-01 (C-STORE) results", "",
-          f"- images per step: {args.images} ({mix}), scale {args.scale}, generator processes {args.processes}",
+          f"- images per step: {args.images} ({mix}), scale {args.scale}, generator processes {args.processes}, "
+          f"SCU reactors {args.scu_reactor}; load average at start/end {load0} / {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
           f"- disk durable-write rate, 512 KB files (temp + fsync + rename + dir fsync): "
           f"{disk['files_per_s']} files/s = {disk['MB_per_s']} MB/s ({disk['folder']})",
           "", table(HEADERS, [r.row() for r in results]), "",
@@ -588,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {t.name: t.config for t in targets},
         "steps": [dict(zip(HEADERS, r.row()), machine_cpu=r.machine_cpu) for r in results]}, indent=1))
     print("\n".join(md))
-    return 0 if not failures and all(r.errors == 0 and r.missing == 0 and r.extra == 0 and r.hash_mismatch == 0 for r in results) else 1
+    return 0 if not failures and all(r.errors == 0 and r.missing == 0 and r.extra == 0 and r.partial == 0
+                                     and r.hash_mismatch == 0 for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -18,9 +18,20 @@ pynetdicom's state machine, queues, ACSE and DIMSE code unchanged:
 - the association thread blocks on a ``threading.Event`` set by a ``put`` on the
   DUL's to-user queue or the DIMSE message queue, and when the DUL thread ends, with
   a timeout only for the network idle timer;
-- ``kill`` asks the DUL thread to end once it is idle (Sta1) and joins it.
+- ``kill`` asks the DUL thread to end once it is idle (Sta1) and joins it;
+- a thread sending P-DATA (``send_pdu``) waits while 4 PDUs are queued for the DUL
+  thread: pynetdicom's queue is unbounded, so a data set sent from a file (C-GET,
+  C-MOVE: read PDU by PDU) was read into the queue faster than the socket took it,
+  half a 32 MB instance at a time;
+- the sockets pynetdicom opens as a requestor (an SCU: C-MOVE sub-operations, routing's
+  C-STORE destinations, the LOAD-01 generator) get TCP_NODELAY: pynetdicom writes a
+  P-DATA PDU and then waits for the answer, and with Nagle on, a small last segment
+  waits for the peer's delayed ACK (40 ms on Linux; the DCMTK lesson in lessons.md).
+  Accepted sockets get it in :meth:`.scp.DimseServer.start`.
 
-The checks each loop makes are pynetdicom's own, in the same order.
+The checks each loop makes are pynetdicom's own, in the same order. Used by the
+listener (:mod:`.scp`) and by any pynetdicom SCU in a process that calls :func:`install`
+(``loadtests/load01.py`` does, so that the generator does not measure its own sleeps).
 """
 
 from __future__ import annotations
@@ -29,18 +40,26 @@ import logging
 import os
 import queue
 import select
+import socket
 import ssl
 import threading
 
 from pynetdicom import association as _association
 from pynetdicom import dul as _dul
+from pynetdicom import transport as _transport
 from pynetdicom.pdu import A_ABORT_RQ
+from pynetdicom.pdu_primitives import P_DATA
 
 log = logging.getLogger("dicomweb_server.dimse")
 
 Association = _association.Association
 DUL = _dul.DULServiceProvider
-_ORIGINAL = (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul)
+Socket = _transport.AssociationSocket
+_ORIGINAL = (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul,
+             Socket._create_socket, DUL.send_pdu)
+
+#: P-DATA PDUs a sending thread may have queued for the DUL thread
+SEND_QUEUE = 4
 
 
 def _notify_on_put(q: queue.Queue, notify) -> None:
@@ -111,6 +130,7 @@ def _dul_run_reactor(self) -> None:
     os.set_blocking(rfd, False)
     os.set_blocking(wfd, False)
     self._wake_w = wfd
+    self._ended = False
     self._idle_timer.start()
     try:
         while True:
@@ -147,6 +167,10 @@ def _dul_run_reactor(self) -> None:
         self._wake_w = None
         os.close(wfd)
         os.close(rfd)
+        q = self.to_provider_queue
+        with q.not_full:  # a sender waiting for room (_send_pdu_paced) stops waiting
+            self._ended = True
+            q.not_full.notify_all()
         wake = getattr(self.assoc, "_wake", None)
         if wake is not None:
             wake.set()  # the association thread sees the DUL has ended
@@ -158,10 +182,18 @@ def _assoc_run_reactor(self) -> None:
     if wake is None:  # created before install(): pynetdicom's own loop
         return _ORIGINAL[1](self)
     while not self._kill:
-        # a service (``release``, ``send_*``) may pause the reactor: it waits for _is_paused
-        self._is_paused = True
-        self._reactor_checkpoint.wait()
+        # A service (``release``, ``send_*``; the requestor's own thread) pauses the reactor:
+        # it clears the checkpoint, waits until _is_paused, then sends and takes the answer
+        # off the message queue itself. pynetdicom's loop set _is_paused = False only after
+        # the checkpoint wait returned: a service that cleared the checkpoint in between saw
+        # the stale True, and the reactor then took that service's response (the C-STORE-RSP)
+        # and dropped it; the SCU waited out its DIMSE timeout (the LOAD-01 "hangs", more
+        # frequent the faster the server answers). Announce running first, then look.
         self._is_paused = False
+        if not self._reactor_checkpoint.is_set():
+            self._is_paused = True
+            self._reactor_checkpoint.wait()
+            continue
         wake.clear()  # set by any put after this point: the wait below returns at once
 
         context_id, msg = self.dimse.get_msg(block=False)
@@ -225,15 +257,37 @@ def _assoc_kill(self) -> None:
         dul.join()
 
 
+def _send_pdu_paced(self, primitive) -> None:
+    """``DULServiceProvider.send_pdu``, waiting while ``SEND_QUEUE`` P-DATA are queued
+    (woken by the DUL thread's ``get``, which notifies ``not_full``, or by its end)."""
+    if isinstance(primitive, P_DATA) and threading.get_ident() != self.ident:
+        q = self.to_provider_queue
+        with q.not_full:
+            while q._qsize() >= SEND_QUEUE and not getattr(self, "_ended", True) and not self._kill_thread:
+                q.not_full.wait()
+    _ORIGINAL[6](self, primitive)
+
+
+def _create_socket_nodelay(self, address):
+    """``AssociationSocket._create_socket`` (the requestor's socket) with Nagle off."""
+    sock = _ORIGINAL[5](self, address)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def install() -> None:
-    """Replace pynetdicom's polling reactors (process-wide; associations created after this)."""
+    """Replace pynetdicom's polling reactors and give requestor sockets TCP_NODELAY
+    (process-wide; associations created after this)."""
     Association.__init__ = _assoc_init  # type: ignore[method-assign]
     Association._run_reactor = _assoc_run_reactor  # type: ignore[method-assign]
     Association.kill = _assoc_kill  # type: ignore[method-assign]
     DUL.run_reactor = _dul_run_reactor  # type: ignore[method-assign]
     DUL.kill_dul = _kill_dul  # type: ignore[method-assign]
+    Socket._create_socket = _create_socket_nodelay  # type: ignore[method-assign]
+    DUL.send_pdu = _send_pdu_paced  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
     """pynetdicom's own reactors again (associations created after this)."""
-    (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul) = _ORIGINAL
+    (Association.__init__, Association._run_reactor, Association.kill, DUL.run_reactor, DUL.kill_dul,
+     Socket._create_socket, DUL.send_pdu) = _ORIGINAL

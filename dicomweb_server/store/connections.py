@@ -2,6 +2,12 @@
 threads that write), all closed together. WAL journal, ``synchronous=FULL``: a
 commit survives power loss; writers wait up to 30 s for the database lock.
 
+A thread's connection goes back to an idle list when the thread ends, and the next
+new thread takes it from there: the DIMSE listener runs every association on a new
+thread, and a connection per thread that was never given back held three file
+descriptors and a page cache per association ever served (730 descriptors after
+~500 associations: the process would have run out of them).
+
 Used by the SQLite index (``store/sqlite.py``, with two more pragmas) and the routing outbox.
 """
 
@@ -11,33 +17,79 @@ import sqlite3
 import threading
 from pathlib import Path
 
+#: idle connections kept for the next threads (more are closed)
+MAX_IDLE = 16
+
+
+class _Lease:
+    """Held in a thread's ``threading.local``: dropped when the thread ends (CPython clears
+    a finished thread's locals), which gives the connection back."""
+
+    __slots__ = ("con", "owner")
+
+    def __init__(self, con: sqlite3.Connection, owner: "ThreadConnections") -> None:
+        self.con = con
+        self.owner = owner
+
+    def __del__(self) -> None:
+        try:
+            self.owner._give_back(self.con)
+        except Exception:  # interpreter shutdown: nothing left to give back to
+            pass
+
 
 class ThreadConnections:
     def __init__(self, path: Path, pragmas: tuple[str, ...] = ()) -> None:
         self.path = path
         self.pragmas = ("journal_mode=WAL", "synchronous=FULL", *pragmas)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: set[sqlite3.Connection] = set()  # open connections, leased or idle
+        self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     def get(self) -> sqlite3.Connection:
         """This thread's connection (autocommit mode: transactions are explicit)."""
-        con = getattr(self._local, "con", None)
+        lease = getattr(self._local, "lease", None)
+        if lease is not None:
+            return lease.con
+        with self._lock:
+            con = self._idle.pop() if self._idle else None
+            self._closed = False
         if con is None:
             con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
             for pragma in self.pragmas:
                 con.execute(f"PRAGMA {pragma}")
-            self._local.con = con
             with self._lock:
-                self._all.append(con)
+                self._all.add(con)
+        self._local.lease = _Lease(con, self)
         return con
+
+    def _give_back(self, con: sqlite3.Connection) -> None:
+        with self._lock:
+            if con not in self._all:  # closed by close() meanwhile
+                return
+            if not self._closed and len(self._idle) < MAX_IDLE and not con.in_transaction:
+                self._idle.append(con)
+                return
+            self._all.discard(con)
+        try:
+            con.close()
+        except sqlite3.Error:
+            pass
+
+    def open_connections(self) -> int:
+        """Connections open now, leased to live threads or idle (for tests)."""
+        with self._lock:
+            return len(self._all)
 
     def close(self) -> None:
         with self._lock:
-            for con in self._all:
-                try:
-                    con.close()
-                except sqlite3.Error:
-                    pass
-            self._all.clear()
+            cons, self._all, self._idle = list(self._all), set(), []
+            self._closed = True
+        for con in cons:
+            try:
+                con.close()
+            except sqlite3.Error:
+                pass
         self._local = threading.local()

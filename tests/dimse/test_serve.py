@@ -74,3 +74,46 @@ def test_port_taken_names_the_way_out(tmp_path, caplog):
     [msg] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert f"127.0.0.1:{port}" in msg and "Address already in use" in msg
     assert "--dimse-port PORT" in msg and "--dimse-port 0" in msg
+
+
+def test_serve_starts_listener_processes_that_share_the_port(tmp_path):
+    """--dimse-processes 2: two listener processes bound to one port (SO_REUSEPORT), the
+    kernel spreading associations over them; every C-STORE lands in the one archive."""
+    import psutil
+
+    port, dport = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
+         "--port", str(port), "--dimse-port", str(dport), "--workers", "1", "--dimse-processes", "2"],
+        env={**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            listeners = {c.pid for c in psutil.net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == dport}
+            if len(listeners) == 2:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, listeners
+            time.sleep(0.2)
+        assert all(psutil.Process(p).ppid() == proc.pid for p in listeners)
+        ae = AE(ae_title="SERVESCU")
+        ae.add_requested_context(CTImageStorage)
+        sent = []
+        for i in range(8):  # one association each: the kernel picks a listener per connection
+            assoc = ae.associate("127.0.0.1", dport, ae_title="DICOMWEB")
+            assert assoc.is_established
+            ds = make_dataset(PatientID="SHARED", InstanceNumber=i + 1)
+            assert assoc.send_c_store(ds).Status == 0
+            assoc.release()
+            sent.append(ds.SOPInstanceUID)
+        while True:
+            try:
+                hits = httpx.get(f"http://127.0.0.1:{port}/instances", params={"PatientID": "SHARED"}).json()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert sorted(h["00080018"]["Value"][0] for h in hits) == sorted(sent)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)

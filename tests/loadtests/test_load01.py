@@ -1,0 +1,100 @@
+"""A short LOAD-01 run (loadtests/load01.py) against a real ``dicomweb-server serve``
+(sqlite, 2 HTTP workers plus the DIMSE listener process): every check passes, and the
+spool's per-process lock files are not counted as partial files (they made every run
+report 2-3 "partial" files)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import free_port
+
+if importlib.util.find_spec("psutil") is None:
+    pytest.skip("the load extra is not installed: pip install -e '.[load]'", allow_module_level=True)
+
+from loadtests import load01  # noqa: E402
+
+
+def test_spool_leftovers_are_data_sets_not_the_process_locks(tmp_path):
+    tmp = tmp_path / "tmp"
+    (tmp / "123-ab" / "dimse").mkdir(parents=True)
+    (tmp / "123-ab.lock").touch()  # a live process's spool lock
+    (tmp / "456-cd").mkdir()
+    (tmp / "456-cd.lock").touch()
+    assert load01.spool_leftovers(tmp_path) == []
+    (tmp / "123-ab" / "dimse" / "dimse-x1.dcm").write_bytes(b"half")
+    (tmp / "456-cd" / "part-2").write_bytes(b"half")
+    assert load01.spool_leftovers(tmp_path) == ["123-ab/dimse/dimse-x1.dcm", "456-cd/part-2"]
+
+
+@pytest.fixture
+def serve(tmp_path):
+    http, dimse = free_port(), free_port()
+    data = tmp_path / "data"
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(data),
+                             "--port", str(http), "--workers", "2", "--dimse-port", str(dimse),
+                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{http}/studies?limit=1", timeout=2).status_code == 200:
+                    load01.wait_port(dimse, 30)
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((tmp_path / "serve.log").read_text()[-2000:])
+            time.sleep(0.2)
+        yield http, dimse, data
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_a_short_run_passes_every_check(serve, tmp_path):
+    http, dimse, data = serve
+    # the live processes' spool locks (the DIMSE listener's and the HTTP workers', each once
+    # it has claimed its folder) are there, and are not partial files
+    assert len(list((data / "tmp").glob("*.lock"))) >= 2 and load01.spool_leftovers(data) == []
+    out = tmp_path / "out"
+    rc = load01.main(["--port", str(dimse), "--http", f"http://127.0.0.1:{http}", "--data-dir", str(data),
+                      "--associations", "1,2", "--images", "12", "--scale", "0.05", "--processes", "2",
+                      "--latency", "3", "--output", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert rc == 0
+    steps = results["steps"]
+    assert [s["Step (assocs)"] for s in steps] == [1, 2]
+    for s in steps:
+        assert s["Operations"] == 12 and s["Errors"] == 0
+        assert s["missing/extra/partial"] == "0/0/0"
+        assert s["SHA-256 ok"] == "1/1"  # image 0 of the step: every 100th
+    assert results["latency"]["ours"]["ok"] == 3
+    # the steps' instances and the latency's were removed afterwards
+    assert httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json() == []
+
+
+def test_the_storescp_peer_is_dcmtks_not_pynetdicoms_app_of_that_name(tmp_path, monkeypatch):
+    script = tmp_path / "bin" / "storescp"  # what pynetdicom puts in a venv's bin/
+    script.parent.mkdir()
+    script.write_text("#!/usr/bin/env python\n")
+    script.chmod(0o755)
+    binary = tmp_path / "usr" / "storescp"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x7fELF\x02\x01")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:{binary.parent}")
+    assert load01.dcmtk("storescp") == str(binary)
