@@ -320,14 +320,16 @@ class Orthanc(Target):
                   "DicomThreadsCount": 64, "MaximumStorageCacheSize": 0, "Plugins": [],
                   "SyncStorageArea": True, "StorageAccessOnFind": "Never", "HttpServerEnabled": True}
         (work / "orthanc.json").write_text(json.dumps(config, indent=1))
+        # TCP_NODELAY=1: Orthanc's DICOM server is DCMTK's, which leaves Nagle on (as for storescp below)
         proc = subprocess.Popen(["Orthanc", str(work / "orthanc.json")], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, env=dict(os.environ, TCP_NODELAY="1"))
         wait_port(port)
         wait_port(http)
         t = cls("orthanc", "127.0.0.1", port, "ORTHANC", pid=proc.pid, proc=proc, workdir=work,
                 http=f"http://127.0.0.1:{http}",
-                config="Orthanc " + subprocess.run(["Orthanc", "--version"], capture_output=True, text=True)
-                .stdout.splitlines()[0] + ", config " + json.dumps(config))
+                config="TCP_NODELAY=1 Orthanc " + subprocess.run(["Orthanc", "--version"], capture_output=True,
+                                                                   text=True).stdout.splitlines()[0]
+                + ", config " + json.dumps(config))
         return t
 
     def stored(self, step):
