@@ -89,8 +89,10 @@ def run_step(host: str, manifest_path: Path, operation: str, clients: int, durat
                 except subprocess.TimeoutExpired:
                     proc.kill()
                 raise RuntimeError(f"locust did not stop within {limit:.0f} s (see {raw / 'locust.log'})")
-            # measure the generator in the steady part of the step (after start-up and spawn)
-            in_window = 2.5 <= el <= duration + 1.5
+            # measure the generator in the steady part of the step (after start-up and spawn;
+            # a short step starts its window earlier: locust may quit ~3.3 s after a 3 s step began,
+            # leaving a fixed 2.5 s start too little window to measure the machine's CPU)
+            in_window = min(2.5, duration / 3) <= el <= duration + 1.5
             tree = common.process_tree(proc.pid)
             seen.update((p.pid, p) for p in tree[1:])
             cpu.sample(tree, in_window)
