@@ -380,8 +380,9 @@ def _check(args: argparse.Namespace) -> int:
     finally:
         archive.close()
     print(report.summary())
-    # exit 1: problems found and left as they are (a dry run); --repair handles every kind
-    return 0 if report.clean or args.repair else 1
+    # exit 1: problems found and left as they are (a dry run, or a repair refused because the
+    # index and the storage share no instance); --repair handles every kind
+    return 0 if report.clean or (args.repair and not report.refused) else 1
 
 
 def _queue(args: argparse.Namespace) -> int:

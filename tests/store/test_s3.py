@@ -385,3 +385,31 @@ def test_import_command_stores_into_the_bucket(tmp_path, s3_server, s3_storage):
     assert r.returncode == 0 and "imported 1 new instance(s)" in r.stdout, r.stdout + r.stderr
     assert s3_server.keys(bucket) == [prefix + rel(ds)] and s3_server.get(bucket, prefix + rel(ds)) == to_bytes(ds)
     assert not list((tmp_path / "data" / "blobs").rglob("*.dcm"))  # nothing kept on local disk
+
+
+def test_check_repair_against_the_wrong_prefix_or_index_changes_nothing(tmp_path, s3_server, s3_storage):
+    """An operator's `check --repair` with the wrong --storage prefix (or bucket) saw every
+    row as a "missing file" and dropped the whole index; with another archive's (non-empty)
+    index it removed every object as an "orphan". When the index and the storage share no
+    instance at all, nothing is repaired and the report says why."""
+    bucket, prefix = bucket_of(s3_storage)
+    data = tmp_path / "data"
+    a = Archive.open(Settings(data_dir=data, index="sqlite", **s3_storage))
+    try:
+        stored = [make_dataset(), make_dataset()]
+        assert len(a.store([spooled(a, ds) for ds in stored]).stored) == 2
+    finally:
+        a.close()
+    elsewhere = "elsewhere/" + rel(make_dataset())  # another archive's object
+    s3_server.client.put_object(Bucket=bucket, Key=elsewhere, Body=b"x")
+    wrong = Archive.open(Settings(data_dir=data, index="sqlite", storage=f"s3://{bucket}/elsewhere",
+                                  s3_endpoint_url=s3_storage["s3_endpoint_url"]))
+    try:
+        report = reconcile(wrong, repair=True, grace=0)
+        assert sorted(p.kind for p in report.problems) == ["missing file", "missing file", "orphan"]
+        assert {p.action for p in report.problems} == {
+            "not repaired: the index and the storage share no instance (the wrong --storage or database?)"}
+        assert all(wrong.index.locate(ds.SOPInstanceUID) for ds in stored)  # every row kept
+        assert elsewhere in s3_server.keys(bucket)  # and every object
+    finally:
+        wrong.close()
