@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 from .. import faults
 from .blobs import BlobStore, Placed
-from .objects import Listed
+from .objects import Listed, StorageUnavailable
 
 log = logging.getLogger("dicomweb_server.store.s3")
 
@@ -106,14 +106,19 @@ _FULL = {"QuotaExceeded", "XMinioStorageFull", "StorageFull", "EntityTooLarge", 
 def _os_error(err: Exception, what: str) -> OSError:
     """A boto3/botocore error as the OSError the archive handles (STOW failure 0xA700
     for 'no room or no write access', else 0x0110)."""
+    from botocore.exceptions import ConnectionError as NoConnection, HTTPClientError
+
     code = _code(err)
+    message = f"{what}: {code or type(err).__name__}: {err}"
     if code in _FULL:
         number = errno.ENOSPC
     elif code in ("AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         number = errno.EACCES
+    elif _status(err) >= 500 or isinstance(err, (NoConnection, HTTPClientError)):
+        return StorageUnavailable(errno.EIO, message)  # (after botocore's retries)
     else:
         number = errno.EIO
-    return OSError(number, f"{what}: {code or type(err).__name__}: {err}")
+    return OSError(number, message)
 
 
 def _gone(err: Exception) -> bool:

@@ -413,3 +413,49 @@ def test_check_repair_against_the_wrong_prefix_or_index_changes_nothing(tmp_path
         assert elsewhere in s3_server.keys(bucket)  # and every object
     finally:
         wrong.close()
+
+
+@pytest.mark.parametrize("outage", ["503", "no connection"])
+def test_an_object_store_outage_fails_the_request_at_once_and_keeps_nothing(archive, s3_server, s3_storage, outage):
+    """S3 answering 503 (or not at all) during a STOW-RS: each instance went through
+    botocore's retries and back-off in turn (23 s for 3 instances with the archive's
+    client, a STOW-RS of 100 instances ~13 min, past any proxy's timeout). Now the first
+    failure after the retries fails the rest of the request at once, each with its
+    status; nothing is acknowledged, indexed, spooled or left in the bucket."""
+    import boto3
+    from botocore.awsrequest import AWSResponse
+    from botocore.config import Config
+    from botocore.exceptions import EndpointConnectionError
+    from starlette.testclient import TestClient
+
+    from dicomweb_server.app import create_app
+
+    client = boto3.session.Session().client(  # the archive's client, with fewer retries (a quicker test)
+        "s3", endpoint_url=s3_server.url, config=Config(retries={"mode": "standard", "max_attempts": 2},
+                                                        s3={"addressing_style": "path"}))
+    archive.blobs.client = client
+    puts = []
+
+    class Body:
+        def stream(self, **_kw):
+            yield b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+
+    def down(request, **_kw):
+        puts.append(request.url)
+        if outage == "503":
+            return AWSResponse(request.url, 503, {}, Body())
+        raise EndpointConnectionError(endpoint_url=request.url)
+
+    client.meta.events.register("before-send.s3.PutObject", down)
+    datasets = [make_dataset() for _ in range(3)]
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        r = stow(c, datasets)
+    assert r.status_code == 409
+    failed = r.json()["00081198"]["Value"]
+    assert [f["00081197"]["Value"] for f in failed] == [[0x0110]] * 3
+    assert sorted(f["00081155"]["Value"][0] for f in failed) == sorted(ds.SOPInstanceUID for ds in datasets)
+    assert len(puts) >= 2 and len(set(puts)) == 1  # one instance's attempts; the other two not tried
+    assert "not tried: the storage failed an earlier instance" in r.headers["warning"]
+    assert archive.index.count() == 0 and not list(archive.blobs.spool.iterdir())
+    bucket, _prefix = bucket_of(s3_storage)
+    assert s3_server.keys(bucket) == []
