@@ -127,6 +127,10 @@ def _gone(err: Exception) -> bool:
                                                                "InvalidRange")
 
 
+class BucketUnreachable(RuntimeError):
+    """The bucket of ``--storage`` cannot be reached (named, with the cause)."""
+
+
 class S3BlobStore(BlobStore):
     """Objects in ``s3://bucket/prefix``; spool, reserve and locks in the local data folder."""
 
@@ -176,11 +180,11 @@ class S3BlobStore(BlobStore):
     # --- start-up ---------------------------------------------------------------------
 
     def check_bucket(self) -> None:
-        """Raise RuntimeError, naming the bucket and the cause, when it cannot be reached."""
+        """Raise BucketUnreachable, naming the bucket and the cause, when it cannot be reached."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except Exception as e:  # noqa: BLE001 - botocore raises several families
-            raise RuntimeError(f"storage {self.url}: the bucket cannot be reached: {e}") from e
+            raise BucketUnreachable(f"storage {self.url}: the bucket cannot be reached: {e}") from e
 
     def probe_conditional_put(self) -> bool:
         """Whether the server refuses ``PutObject`` with ``If-None-Match: *`` over an

@@ -459,3 +459,35 @@ def test_an_object_store_outage_fails_the_request_at_once_and_keeps_nothing(arch
     assert archive.index.count() == 0 and not list(archive.blobs.spool.iterdir())
     bucket, _prefix = bucket_of(s3_storage)
     assert s3_server.keys(bucket) == []
+
+
+@pytest.mark.parametrize("endpoint", ["garbage", "http://", "ftp://127.0.0.1:9000", "http://[::1", "http://h:port",
+                                      "minio:9000"])
+def test_a_garbage_endpoint_url_is_one_clear_line_not_a_traceback(tmp_path, capsys, endpoint):
+    """--s3-endpoint-url garbage: botocore's bare ValueError came out of Archive.open as a
+    traceback (check, import) or a crashed start-up (serve)."""
+    from dicomweb_server.cli import main
+
+    with pytest.raises(pydantic.ValidationError, match="S3 endpoint"):
+        Settings(data_dir=tmp_path, storage="s3://b/x", s3_endpoint_url=endpoint)
+    args = ["--data-dir", str(tmp_path), "--storage", "s3://b/x", "--s3-endpoint-url", endpoint]
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", *args])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dicomweb-server: s3_endpoint_url: S3 endpoint ") and "Traceback" not in err
+    if endpoint == "garbage":  # serve re-executes itself: in a process of its own
+        serve = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "serve", "--port", "0", *args],
+                               capture_output=True, text=True, timeout=120)
+        assert serve.returncode == 2 and serve.stderr.startswith("dicomweb-server: s3_endpoint_url: S3 endpoint")
+    assert Settings(data_dir=tmp_path, s3_endpoint_url=" https://s3.example:9000/ ").s3_endpoint_url == \
+        "https://s3.example:9000/"
+
+
+def test_check_with_an_unreachable_bucket_is_one_line(tmp_path, s3_server, capsys):
+    from dicomweb_server.cli import main
+
+    assert main(["check", "--data-dir", str(tmp_path), "--storage", "s3://no-such-bucket/x",
+                 "--s3-endpoint-url", s3_server.url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dicomweb-server: storage s3://no-such-bucket/x: the bucket cannot be reached")
