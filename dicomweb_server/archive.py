@@ -34,7 +34,7 @@ from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
 from .routing import Routes, Routing, load_routes, open_outbox
 from .settings import Settings
-from .store.base import Index, Refused
+from .store.base import Index, IndexUnavailable, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
 from .store.commit import Expected, GroupCommitter
 from .store.objects import StorageUnavailable, open_blobs
@@ -258,8 +258,14 @@ class Archive:
         spooled = {r.sop_uid: p.path for r, p in described}
         if described:
             uids = [r.sop_uid for r, _ in described]
-            with self.blobs.locked(uids), self.index.locked(uids):
-                self._place_and_index(described, outcome, announced)
+            try:
+                with self.blobs.locked(uids), self.index.locked(uids):
+                    self._place_and_index(described, outcome, announced)
+            except IndexUnavailable as e:  # before anything was placed: nothing to undo
+                log.error("store refused: %s", e)
+                for rec, _part in described:
+                    outcome.failed.append(Failed(FailureReason.PROCESSING_FAILURE, f"not stored: {e}",
+                                                 rec.sop_class_uid, rec.sop_uid))
         for failure in outcome.failed[first:]:
             failure.source = spooled.get(failure.sop_instance_uid or "")
         for part in parts:  # spool files not linked into place (place() removed the others)
