@@ -34,10 +34,10 @@ from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason, InstanceError
 from .routing import Routes, Routing, load_routes, open_outbox
 from .settings import Settings
-from .store.base import Index, Refused
+from .store.base import Index, IndexUnavailable, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
 from .store.commit import Expected, GroupCommitter
-from .store.objects import open_blobs
+from .store.objects import StorageUnavailable, open_blobs
 
 log = logging.getLogger("dicomweb_server.archive")
 
@@ -258,8 +258,14 @@ class Archive:
         spooled = {r.sop_uid: p.path for r, p in described}
         if described:
             uids = [r.sop_uid for r, _ in described]
-            with self.blobs.locked(uids), self.index.locked(uids):
-                self._place_and_index(described, outcome, announced)
+            try:
+                with self.blobs.locked(uids), self.index.locked(uids):
+                    self._place_and_index(described, outcome, announced)
+            except IndexUnavailable as e:  # before anything was placed: nothing to undo
+                log.error("store refused: %s", e)
+                for rec, _part in described:
+                    outcome.failed.append(Failed(FailureReason.PROCESSING_FAILURE, f"not stored: {e}",
+                                                 rec.sop_class_uid, rec.sop_uid))
         for failure in outcome.failed[first:]:
             failure.source = spooled.get(failure.sop_instance_uid or "")
         for part in parts:  # spool files not linked into place (place() removed the others)
@@ -288,8 +294,14 @@ class Archive:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
         dirs: set[Path] = set()
+        down: StorageUnavailable | None = None
         for rec, part in described:
             spooled: Path = part.path  # type: ignore[assignment]
+            if down is not None:  # the storage failed an earlier instance (after its retries): not tried
+                outcome.failed.append(Failed(FailureReason.PROCESSING_FAILURE,
+                                             f"not tried: the storage failed an earlier instance: {down.strerror}",
+                                             rec.sop_class_uid, rec.sop_uid))
+                continue
             try:
                 placed = self.blobs.place(spooled, rec.path, sync_dir=False, synced=part.synced)
                 if placed is Placed.NEW:
@@ -312,6 +324,8 @@ class Archive:
                 if folder is not None:
                     dirs.add(folder)
             except OSError as e:
+                if isinstance(e, StorageUnavailable):
+                    down = e
                 reason = FailureReason.OUT_OF_RESOURCES if is_out_of_resources(e) else FailureReason.PROCESSING_FAILURE
                 outcome.failed.append(Failed(reason, f"cannot write the file: {e.strerror or e}",
                                              rec.sop_class_uid, rec.sop_uid))

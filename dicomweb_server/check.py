@@ -58,6 +58,7 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     repaired: bool = False
     young: int = 0  # unindexed objects younger than the grace period (not examined)
+    refused: bool = False  # repair asked, nothing done: the index and the storage are unrelated
 
     @property
     def clean(self) -> bool:
@@ -71,7 +72,10 @@ class Report:
                          "(a store may be in flight; --grace SECONDS)")
         for p in self.problems:
             lines.append(f"  {p.kind}: {p.subject}: {p.why}" + (f" -> {p.action}" if p.action else ""))
-        if self.problems and not self.repaired:
+        if self.refused:
+            lines.append("nothing repaired: none of the indexed instances is in this storage; check --data-dir, "
+                         "--storage and --database-url name the same archive")
+        elif self.problems and not self.repaired:
             lines.append("nothing changed (dry run); `dicomweb-server check --repair` fixes each problem as shown "
                          "(unreadable and conflicting files go to lost+found/ in the data folder)")
         return "\n".join(lines)
@@ -87,6 +91,8 @@ def reconcile(archive: Archive, repair: bool = False, grace: float = GRACE) -> R
     by_path = {p: uid for uid, p in rows.items()}
     files = set(archive.blobs.walk())
     report.indexed, report.files = len(rows), len(files)
+    unrelated = _unrelated(by_path, files)
+    report.refused = repair and unrelated
     for rel in sorted(files - set(by_path)):
         report.problems.append(_file_problem(archive, rel, repair))
     for rel, uid in sorted(by_path.items()):
@@ -94,6 +100,8 @@ def reconcile(archive: Archive, repair: bool = False, grace: float = GRACE) -> R
             problem = Problem("missing file", uid, f"indexed at {rel}, but no file is there")
             if repair and archive.blobs.resolve(rel).exists():
                 problem.action = "file restored from its misfiled copy"
+            elif repair and unrelated:
+                problem.action = UNRELATED
             elif repair:
                 loc = archive.index.locate(uid)
                 if loc is not None:
@@ -101,6 +109,19 @@ def reconcile(archive: Archive, repair: bool = False, grace: float = GRACE) -> R
                 problem.action = "index row dropped"
             report.problems.append(problem)
     return report
+
+
+#: the action of every repair refused by :func:`_unrelated`
+UNRELATED = "not repaired: the index and the storage share no instance (the wrong --storage or database?)"
+
+
+def _unrelated(by_path: dict[str, str], stored: set[str]) -> bool:
+    """Whether a non-empty index and the storage have no instance in common: the wrong
+    ``--storage`` bucket/prefix, an unmounted blobs folder, another archive's database.
+    Repairing would then drop every index row as a "missing file" (and, for objects,
+    remove every object as an "orphan"): nothing is repaired. (An empty index is the
+    file store's recovery case, every file re-indexed; objects have their own guard.)"""
+    return bool(by_path) and by_path.keys().isdisjoint(stored)
 
 
 def _file_problem(archive: Archive, rel: str, repair: bool) -> Problem:
@@ -181,6 +202,8 @@ def reconcile_objects(archive: Archive, repair: bool = False, grace: float = GRA
     by_path = {p: uid for uid, p in index.paths()}
     listed = {obj.path: obj for obj in blobs.listing()}
     report.indexed, report.files = len(by_path), len(listed)
+    unrelated = _unrelated(by_path, set(listed))
+    report.refused = repair and unrelated
     now = time.time()
     for rel in sorted(set(listed) - set(by_path)):
         obj = listed[rel]
@@ -193,6 +216,8 @@ def reconcile_objects(archive: Archive, repair: bool = False, grace: float = GRA
                                          "names (never acknowledged: a stop between its PUT and the index commit)")
         if repair and not by_path:
             problem.action = "not removed: the index is empty (is this the archive's database?)"
+        elif repair and unrelated:
+            problem.action = UNRELATED
         elif repair:
             with blobs.locked([uid]), index.locked([uid]):
                 loc = index.locate(uid)
@@ -206,7 +231,9 @@ def reconcile_objects(archive: Archive, repair: bool = False, grace: float = GRA
         if rel in listed:
             continue
         problem = Problem("missing file", uid, f"indexed at {rel}, but no object is there")
-        if repair:
+        if repair and unrelated:
+            problem.action = UNRELATED
+        elif repair:
             with blobs.locked([uid]), index.locked([uid]):
                 loc = index.locate(uid)
                 if loc is None or loc.path != rel:

@@ -42,11 +42,21 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace):
+    """The settings of the command line and environment; exit 2 with one line per bad
+    setting (not a traceback) when any is invalid."""
+    import pydantic
+
     from .settings import Settings
 
     overrides = {k: v for k, v in vars(args).items()
                  if k in Settings.model_fields and v is not None}
-    return Settings(**overrides)
+    try:
+        return Settings(**overrides)
+    except pydantic.ValidationError as e:
+        for err in e.errors():
+            where = ".".join(str(x) for x in err.get("loc", ())) or "settings"
+            print(f"dicomweb-server: {where}: {err.get('msg', '').removeprefix('Value error, ')}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -215,11 +225,11 @@ def _storage_refused(settings) -> str | None:
     """Why ``--storage`` cannot be served (None when it can, or for the data folder)."""
     if settings.storage is None:
         return None
-    from .store.s3 import S3BlobStore
+    from .store.s3 import BucketUnreachable, S3BlobStore
 
     try:
         S3BlobStore(Path(settings.data_dir), settings.storage, endpoint_url=settings.s3_endpoint_url).check_bucket()
-    except RuntimeError as e:
+    except BucketUnreachable as e:
         return str(e)
     return None
 
@@ -389,8 +399,9 @@ def _check(args: argparse.Namespace) -> int:
     finally:
         archive.close()
     print(report.summary())
-    # exit 1: problems found and left as they are (a dry run); --repair handles every kind
-    return 0 if report.clean or args.repair else 1
+    # exit 1: problems found and left as they are (a dry run, or a repair refused because the
+    # index and the storage share no instance); --repair handles every kind
+    return 0 if report.clean or (args.repair and not report.refused) else 1
 
 
 def _queue(args: argparse.Namespace) -> int:
@@ -549,7 +560,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve" and not all(k in os.environ for k in _MALLOC_ENV):
         os.environ.update({k: v for k, v in _MALLOC_ENV.items() if k not in os.environ})
         os.execv(sys.executable, [sys.executable, "-m", "dicomweb_server.cli", *argv])
-    return args.func(args)
+    from .store.s3 import BucketUnreachable
+
+    try:
+        return args.func(args)
+    except BucketUnreachable as e:  # check, import, queue...: said in one line, as serve does
+        print(f"dicomweb-server: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,9 +15,12 @@ streams skip the instance (it is no longer part of the study).
 
 from __future__ import annotations
 
+import errno
 import io
 import itertools
 import os
+import resource
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -127,6 +130,55 @@ MAX_OPEN_FILES = 256
 READ_BATCH = 1024 * 1024
 
 
+#: share of the process's RLIMIT_NOFILE soft limit that opened-file answers may hold
+#: together (the rest: connections, the index's SQLite files, spool files, sockets)
+OPEN_FILES_SHARE = 4
+
+
+class DescriptorBudget:
+    """How many descriptors the study/series answers of this process hold at once.
+
+    An opened-file answer keeps up to MAX_OPEN_FILES descriptors until its client
+    has read it, however slowly: without a bound, a few dozen slow (or stalled)
+    whole-study readers exhaust RLIMIT_NOFILE, and every other request of the
+    process (accept, SQLite, spool files) then fails with EMFILE. An answer takes
+    its descriptors here before opening them; one that does not fit is streamed
+    file by file instead (one descriptor at a time). Thread-safe: descriptors are
+    given back from the threads that close them."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self.in_use = 0
+
+    @property
+    def limit(self) -> int:
+        if self._limit is None:  # read late: serve raises the soft limit at start-up
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            self._limit = (1 << 20 if soft == resource.RLIM_INFINITY else soft) // OPEN_FILES_SHARE
+        return self._limit
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.in_use + n > self.limit:
+                return False
+            self.in_use += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.in_use -= n
+
+
+#: the budget of this process (worker processes each have their own)
+DESCRIPTORS = DescriptorBudget()
+
+
+class OutOfDescriptors(OSError):
+    """The process has no descriptor left (EMFILE/ENFILE) to open a stored file:
+    a temporary condition (503 with Retry-After), not a server fault."""
+
+
 def open_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[InstanceLocation, int]]:
     """Open the stored files of ``items`` (in order) as descriptors; a file already
     gone or replaced since the look-up (see module docstring) is left out. Each file
@@ -140,6 +192,10 @@ def open_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[Instanc
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise OutOfDescriptors(e.errno, f"cannot open stored files now: {e.strerror}") from None
+                raise
             if os.fstat(fd).st_size != loc.size:
                 os.close(fd)
                 continue

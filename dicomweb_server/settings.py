@@ -90,6 +90,25 @@ class Settings(BaseSettings):
             raise ValueError("--index postgresql needs --database-url (DICOMWEB_DATABASE_URL)")
         return self
 
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        """http(s)://host[:port][/path] (botocore raised a bare ValueError deep in start-up
+        for anything else, or took a host-less URL for AWS)."""
+        if v is None or not v.strip():
+            return None
+        from urllib.parse import urlsplit
+
+        v = v.strip()
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError as e:
+            raise ValueError(f"S3 endpoint {v!r}: {e}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"S3 endpoint {v!r}: expected http(s)://host[:port], e.g. http://minio:9000")
+        return v
+
     @field_validator("storage")
     @classmethod
     def _storage(cls, v: str | None) -> str | None:

@@ -214,7 +214,9 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
     if archive.blobs.local_files and ok == len(locs) and len(locs) <= retrieve.MAX_OPEN_FILES and all(
             not negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode,
                                     single_part_allowed=False).transcode for loc in locs):
-        return await _opened_files_response(archive, locs, boundary, headers)
+        opened = await _opened_files_response(archive, locs, boundary, headers)
+        if opened is not None:
+            return opened
     return StreamingResponse(_stream_instances(archive, locs, accept, boundary),
                              media_type=content_type(boundary, DICOM), headers=headers)
 
@@ -224,23 +226,44 @@ class _Opened:
     the body's end, or when the answer is dropped unsent."""
 
     def __init__(self, files: list[tuple[bytes, int, int]]) -> None:
-        self.files = files  # (part header, descriptor, size)
+        self.files = files  # (part header, descriptor, size); each taken from retrieve.DESCRIPTORS
         self.next = 0
 
     def close_rest(self) -> None:
         rest, self.next = self.files[self.next:], len(self.files)
         for _, fd, _ in rest:
             os.close(fd)
+        retrieve.DESCRIPTORS.give(len(rest))
 
     def __del__(self) -> None:
         self.close_rest()
 
 
+def _read_batch(batch: list[tuple[int, int]]) -> list[list[bytes]]:
+    """retrieve.read_files (which closes the descriptors), then their budget given back."""
+    try:
+        return retrieve.read_files(batch)
+    finally:
+        retrieve.DESCRIPTORS.give(len(batch))
+
+
 async def _opened_files_response(archive, locs: list[InstanceLocation], boundary: str,
-                                 headers: dict[str, str]) -> Response:
+                                 headers: dict[str, str]) -> Response | None:
     """Every file as stored, opened before the answer starts (one thread hop), sent
-    with a Content-Length; instances deleted before they were opened are left out."""
-    opened = await run_blocking(retrieve.open_files, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
+    with a Content-Length; instances deleted before they were opened are left out.
+    None when the process's descriptor budget (retrieve.DESCRIPTORS) cannot hold them
+    now: the caller streams file by file. 503 (Retry-After) when the process is out
+    of descriptors altogether."""
+    if not retrieve.DESCRIPTORS.take(len(locs)):
+        return None
+    try:
+        opened = await run_blocking(retrieve.open_files, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
+    except BaseException as e:
+        retrieve.DESCRIPTORS.give(len(locs))
+        if isinstance(e, retrieve.OutOfDescriptors):
+            raise DICOMwebHTTPError(503, str(e), {"Retry-After": "5"}) from None
+        raise
+    retrieve.DESCRIPTORS.give(len(locs) - len(opened))  # left out: gone since the look-up
     files = []
     for i, (loc, fd) in enumerate(opened):
         head = (b"\r\n" if i else b"") + part_header(boundary, _dicom_part_type(loc.transfer_syntax_uid))
@@ -265,7 +288,7 @@ async def _send_opened(state: _Opened, tail: bytes) -> AsyncIterator[bytes]:
             total += files[j][2]
             j += 1
         state.next = j  # handed to read_files, which closes them
-        return i, j, asyncio.ensure_future(run_blocking(retrieve.read_files, [(fd, n) for _, fd, n in files[i:j]]))
+        return i, j, asyncio.ensure_future(run_blocking(_read_batch, [(fd, n) for _, fd, n in files[i:j]]))
 
     pending = start_next()
     try:

@@ -91,6 +91,12 @@ class SearchHit:
     computed: dict[str, object]
 
 
+class IndexUnavailable(Exception):
+    """The index's database cannot be reached now (a PostgreSQL server down or
+    restarting): a temporary condition, answered 503 with Retry-After (a STOW-RS
+    fails its instances, nothing acknowledged)."""
+
+
 class Index(ABC):
     """Metadata index of the archive. Implementations are safe to call from
     worker threads; ``add`` and ``delete`` are durable when they return."""

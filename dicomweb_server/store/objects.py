@@ -45,6 +45,13 @@ class StoredObject(Protocol):
         """Changes whenever the object at this name is replaced; FileNotFoundError when gone."""
 
 
+class StorageUnavailable(OSError):
+    """The storage as a whole did not take a write: an object store's 5xx answers
+    after the client's retries, a timeout, no connection. Not about one instance:
+    the archive fails the rest of the request at once instead of waiting as long again
+    for each of its instances (archive.py)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Listed:
     """One stored instance found by :meth:`BlobStorage.listing`."""

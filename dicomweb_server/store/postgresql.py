@@ -25,17 +25,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ..dicom.instance import InstanceRecord
-from .base import Refused
+from .base import IndexUnavailable, Refused
 from .sql import POSTGRESQL, SQLIndex, coldefs
 
 log = logging.getLogger(__name__)
 
 _MIGRATE_LOCK = 0x44434D57  # "DCMW": advisory lock key of the schema migration
 _PLACE_LOCKS = 0x44434D50  # "DCMP": namespace of the per-instance placement locks
+#: seconds a store may wait for a placement-lock connection while the pool is busy (back-pressure)
+PLACE_WAIT = 600.0
+#: seconds between looks at whether the pool is busy or the database is unreachable
+PLACE_LOOK = 2.0
 
 
 def _v1() -> list[str]:
@@ -200,6 +205,28 @@ class PostgreSQLIndex(SQLIndex):
         with self._pool.connection() as con:
             yield con
 
+    def _retried(self, read):
+        """``read()``, tried again while it fails on a pooled connection the server closed
+        (a PostgreSQL restart leaves every idle read connection dead; the pool discards
+        each as its query fails: without this, the next pool_size reads failed with a 500).
+        A read changes nothing, so trying it again is safe; a server still down makes the
+        pool's own wait for a new connection fail (PoolTimeout)."""
+        import psycopg
+
+        for attempt in range(self._pool.max_size + 1):
+            try:
+                return read()
+            except psycopg.OperationalError as e:
+                if attempt == self._pool.max_size:
+                    raise
+                log.info("index read on a lost connection, tried again: %s", e)
+
+    def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
+        return self._retried(lambda: SQLIndex._rows(self, sql, params))
+
+    def search(self, query):
+        return self._retried(lambda: SQLIndex.search(self, query))
+
     @contextmanager
     def _writing(self, uids: Iterable[str]) -> Iterator:
         """A write transaction holding the advisory locks of ``uids`` until it ends."""
@@ -231,10 +258,42 @@ class PostgreSQLIndex(SQLIndex):
         (session advisory locks on a connection held meanwhile; a separate key
         space from the transactions' locks, so a holder's own commit never waits
         for it)."""
+        import psycopg
+
         keys = sorted({_key32(u) for u in sop_uids})
-        with self._placing.connection() as con:
-            con.cursor().executemany("SELECT pg_advisory_lock(%s, %s)", [(_PLACE_LOCKS, k) for k in keys])
+        con = self._placing_connection()
+        try:
+            try:
+                con.cursor().executemany("SELECT pg_advisory_lock(%s, %s)", [(_PLACE_LOCKS, k) for k in keys])
+            except psycopg.OperationalError as e:  # the server went away since the pool's check
+                raise IndexUnavailable(f"the index database: {e}") from e
             try:
                 yield
             finally:
-                con.execute("SELECT pg_advisory_unlock_all()")
+                try:
+                    con.execute("SELECT pg_advisory_unlock_all()")
+                except psycopg.OperationalError as e:
+                    # the session is gone, and its locks with it; what the block did (a commit on
+                    # the writer's connection) stands: this must not turn it into an error
+                    log.warning("placement locks released by a lost session: %s", e)
+        finally:
+            self._placing.putconn(con)  # (a broken connection is discarded by the pool)
+
+    def _placing_connection(self):
+        """A placement-lock connection: waits (at most PLACE_WAIT) while the pool is busy,
+        but raises IndexUnavailable as soon as the pool's connection attempts fail (the
+        database is down or restarting): a store then fails at once, instead of holding
+        its request, worker thread and folder locks for ten minutes (the pool's wait)."""
+        from psycopg_pool import PoolTimeout
+
+        deadline = time.monotonic() + PLACE_WAIT
+        errors = self._placing.get_stats().get("connections_errors", 0)
+        while True:
+            try:
+                return self._placing.getconn(timeout=max(0.05, min(PLACE_LOOK, deadline - time.monotonic())))
+            except PoolTimeout:
+                if self._placing.get_stats().get("connections_errors", 0) > errors:
+                    raise IndexUnavailable("the index database cannot be reached (connections refused "
+                                           "or failing)") from None
+                if time.monotonic() >= deadline:
+                    raise

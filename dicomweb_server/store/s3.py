@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 from .. import faults
 from .blobs import BlobStore, Placed
-from .objects import Listed
+from .objects import Listed, StorageUnavailable
 
 log = logging.getLogger("dicomweb_server.store.s3")
 
@@ -106,20 +106,29 @@ _FULL = {"QuotaExceeded", "XMinioStorageFull", "StorageFull", "EntityTooLarge", 
 def _os_error(err: Exception, what: str) -> OSError:
     """A boto3/botocore error as the OSError the archive handles (STOW failure 0xA700
     for 'no room or no write access', else 0x0110)."""
+    from botocore.exceptions import ConnectionError as NoConnection, HTTPClientError
+
     code = _code(err)
+    message = f"{what}: {code or type(err).__name__}: {err}"
     if code in _FULL:
         number = errno.ENOSPC
     elif code in ("AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         number = errno.EACCES
+    elif _status(err) >= 500 or isinstance(err, (NoConnection, HTTPClientError)):
+        return StorageUnavailable(errno.EIO, message)  # (after botocore's retries)
     else:
         number = errno.EIO
-    return OSError(number, f"{what}: {code or type(err).__name__}: {err}")
+    return OSError(number, message)
 
 
 def _gone(err: Exception) -> bool:
     """Not there (any more), or not the version asked for (416: a shorter object)."""
     return _status(err) in (404, 412, 416) or _code(err) in ("NoSuchKey", "404", "PreconditionFailed",
                                                                "InvalidRange")
+
+
+class BucketUnreachable(RuntimeError):
+    """The bucket of ``--storage`` cannot be reached (named, with the cause)."""
 
 
 class S3BlobStore(BlobStore):
@@ -171,11 +180,11 @@ class S3BlobStore(BlobStore):
     # --- start-up ---------------------------------------------------------------------
 
     def check_bucket(self) -> None:
-        """Raise RuntimeError, naming the bucket and the cause, when it cannot be reached."""
+        """Raise BucketUnreachable, naming the bucket and the cause, when it cannot be reached."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except Exception as e:  # noqa: BLE001 - botocore raises several families
-            raise RuntimeError(f"storage {self.url}: the bucket cannot be reached: {e}") from e
+            raise BucketUnreachable(f"storage {self.url}: the bucket cannot be reached: {e}") from e
 
     def probe_conditional_put(self) -> bool:
         """Whether the server refuses ``PutObject`` with ``If-None-Match: *`` over an

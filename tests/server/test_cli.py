@@ -227,3 +227,26 @@ def test_serve_with_a_taken_dimse_port_goes_on_without_dimse(tmp_path):
     assert page["dimse_port"] is None or page["dimse_port"] == 0
     assert f"DIMSE listener cannot listen on 127.0.0.1:{dport}: Address already in use" in err
     assert "--dimse-port 0" in err and f"DIMSE DICOMWEB at 127.0.0.1:{dport}" not in err
+
+
+def test_check_repair_with_the_blobs_folder_missing_drops_no_row(tmp_path, capsys):
+    """An unmounted blobs share (or the wrong --data-dir with a PostgreSQL index): every
+    row looked like a "missing file" and `check --repair` dropped the whole index."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(2):
+        make_dataset().save_as(folder / f"{k}.dcm", enforce_file_format=True)
+    data = tmp_path / "data"
+    assert main(["import", "--quiet", "--data-dir", str(data), str(folder)]) == 0
+    os.rename(data / "blobs", tmp_path / "blobs-elsewhere")  # the share is not mounted
+    (data / "blobs").mkdir()
+    capsys.readouterr()
+    assert main(["check", "--repair", "--data-dir", str(data)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("-> not repaired: the index and the storage share no instance") == 2
+    assert "nothing repaired: none of the indexed instances is in this storage" in out
+    archive = Archive.open(Settings(data_dir=data))
+    try:
+        assert archive.index.count() == 2
+    finally:
+        archive.close()

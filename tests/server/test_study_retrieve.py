@@ -145,3 +145,83 @@ def test_an_answer_ended_early_closes_its_files(archive, monkeypatch):
     assert head.startswith(b"--b\r\n") and data in files
     gc.collect()
     assert _open_fds() == before
+
+
+def test_answers_hold_at_most_the_descriptor_budget_then_stream(archive, monkeypatch):
+    """A few dozen stalled whole-study readers (256 descriptors each) used to exhaust
+    RLIMIT_NOFILE; answers now take their descriptors from a per-process budget and
+    one that does not fit streams file by file (one descriptor at a time)."""
+    import asyncio
+
+    from dicomweb_server.api import wado
+
+    budget = retrieve.DescriptorBudget(limit=4)
+    monkeypatch.setattr(retrieve, "DESCRIPTORS", budget)
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        study, _series, files = _study(c, 3)
+        locs = archive.index.instances(study)
+        held = asyncio.run(wado._opened_files_response(archive, locs, "b", {}))  # a stalled reader
+        assert held is not None and budget.in_use == 3
+        r = c.get(f"/studies/{study}", headers=WHOLE)
+        assert r.status_code == 200 and "content-length" not in r.headers  # did not fit: streamed
+        assert sorted(_parts(r)) == sorted(files)
+        assert budget.in_use == 3
+        del held
+        gc.collect()
+        assert budget.in_use == 0  # a dropped answer gives its descriptors back
+        r = c.get(f"/studies/{study}", headers=WHOLE)
+        assert int(r.headers["content-length"]) == len(r.content)  # fits again: opened files
+        assert sorted(_parts(r)) == sorted(files)
+        assert budget.in_use == 0  # a sent answer gives them back as its batches are read
+
+
+def test_budget_given_back_when_an_answer_ends_early_or_files_are_gone(archive, monkeypatch):
+    import asyncio
+
+    from dicomweb_server.api import wado
+
+    budget = retrieve.DescriptorBudget(limit=10)
+    monkeypatch.setattr(retrieve, "DESCRIPTORS", budget)
+    monkeypatch.setattr(retrieve, "READ_BATCH", 1)  # one file per hop
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        study, _series, _files = _study(c, 3)
+    locs = archive.index.instances(study)
+    os.unlink(archive.blobs.resolve(locs[0].path))  # deleted after the look-up
+
+    async def main():
+        response = await wado._opened_files_response(archive, locs, "b", {})
+        assert budget.in_use == 2  # the gone file's share given back at once
+        body = response.body_iterator
+        await body.__anext__()
+        await body.aclose()  # the client went away mid-answer
+        await asyncio.sleep(0.2)
+
+    asyncio.run(main())
+    gc.collect()
+    assert budget.in_use == 0
+
+
+def test_out_of_descriptors_is_503_with_retry_after_and_leaks_nothing(archive, monkeypatch):
+    """EMFILE while opening a study's files was an unhandled OSError: a 500."""
+    import errno
+
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        study, _series, _files = _study(c, 3)
+        c.get(f"/studies/{study}", headers=WHOLE)  # warm
+        before = _open_fds()
+        real_open, calls = os.open, []
+
+        def open_until_full(path, *a, **k):
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(path, *a, **k)
+
+        monkeypatch.setattr(retrieve.os, "open", open_until_full)
+        r = c.get(f"/studies/{study}", headers=WHOLE)
+        monkeypatch.setattr(retrieve.os, "open", real_open)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert "Too many open files" in r.headers["warning"]
+        assert retrieve.DESCRIPTORS.in_use == 0
+        gc.collect()
+        assert _open_fds() == before  # the first file opened was closed

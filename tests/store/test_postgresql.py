@@ -97,3 +97,87 @@ def test_nul_in_a_stored_value_fails_nothing_and_matches_as_elsewhere(pg_url, tm
         assert len(pg.search(parse_query("study", [("PatientName", "doe?john")]))) == 1
     finally:
         pg.close()
+
+
+def _stored(archive, n=1):
+    from tests.helpers import make_dataset, to_bytes
+    from dicomweb_server.dicom.multipart import SpooledPart
+
+    parts = []
+    for _ in range(n):
+        ds = make_dataset()
+        p = archive.blobs.spool / f"{ds.SOPInstanceUID}.part"
+        p.write_bytes(to_bytes(ds))
+        parts.append(SpooledPart(headers={}, path=p, size=p.stat().st_size, complete=True))
+    return archive.store(parts)
+
+
+def test_a_store_while_postgresql_is_down_fails_at_once_then_recovers(tmp_path, monkeypatch):
+    """PostgreSQL stopped: a STOW-RS waited the placement pool's 600 s for a connection
+    (its request, worker thread and folder locks held), then failed with a 500. Now it
+    fails as soon as the pool's connection attempts fail, each instance with 0x0110,
+    nothing spooled or stored; once PostgreSQL is back, stores succeed (no restart)."""
+    import threading
+
+    from dicomweb_server.archive import Archive
+    from dicomweb_server.store import postgresql
+    from tests.postgres import PostgresServer, skipped
+
+    if skipped():
+        pytest.skip("DICOMWEB_POSTGRES=skip")
+    pg = PostgresServer()  # a server of its own: this test stops it
+    data = pg.dir / "data"
+    archive = Archive.open(Settings(data_dir=tmp_path, index="postgresql", database_url=pg.url))
+    try:
+        first = _stored(archive).stored
+        assert len(first) == 1
+        pg._run("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop")
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(outcome=_stored(archive, 2)), daemon=True)
+        worker.start()
+        worker.join(120)  # a bound, not a measurement: before the fix this waited 600 s
+        assert not worker.is_alive(), "the store waited for the database"
+        outcome = result["outcome"]
+        assert outcome.stored == [] and [int(f.reason) for f in outcome.failed] == [0x0110, 0x0110]
+        assert all("the index database cannot be reached" in f.message for f in outcome.failed)
+        assert not list(archive.blobs.spool.iterdir())
+        assert [p.rsplit("/", 1)[1] for p in archive.blobs.walk()] == [first[0].sop_instance_uid + ".dcm"]
+        pg._run("pg_ctl", "-D", str(data), "-l", str(pg.dir / "log"), "-w", "-t", "60", "-o",
+                f"-c listen_addresses=127.0.0.1 -p {pg.port} -k {pg.dir}", "start")
+        assert archive.index.locate(first[0].sop_instance_uid) is not None  # reads on stale pooled
+        assert archive.index.count() == 1  # connections are tried again (they were 500s)
+        assert len(_stored(archive).stored) == 1  # recovered, same process
+        assert archive.index.count() == 2
+    finally:
+        archive.close()
+        pg.stop()
+
+
+def test_a_placement_session_lost_after_the_commit_keeps_the_store(pg_url, tmp_path, monkeypatch):
+    """The placement locks' session killed (PostgreSQL restart, idle timeout) after the
+    index commit: the unlock's OperationalError escaped and the committed store answered
+    500. The session's locks died with it; the store is acknowledged."""
+    from dicomweb_server import archive as archive_module
+    from dicomweb_server.archive import Archive
+
+    archive = Archive.open(Settings(data_dir=tmp_path, index="postgresql", database_url=pg_url))
+    real = archive_module.faults.point
+
+    def kill_placing_session(step):
+        if step == "indexed":
+            with psycopg.connect(pg_url, autocommit=True) as con:
+                killed = con.execute("SELECT pg_terminate_backend(pid) FROM pg_locks "
+                                     "WHERE locktype = 'advisory' AND objid > 0 AND classid = %s",
+                                     (0x44434D50,)).fetchall()
+                assert killed == [(True,)]
+        real(step)
+
+    monkeypatch.setattr(archive_module.faults, "point", kill_placing_session)
+    try:
+        outcome = _stored(archive)
+        assert len(outcome.stored) == 1 and not outcome.failed
+        monkeypatch.setattr(archive_module.faults, "point", real)
+        assert len(_stored(archive).stored) == 1  # the pool replaced the lost connection
+        assert archive.index.count() == 2
+    finally:
+        archive.close()

@@ -385,3 +385,109 @@ def test_import_command_stores_into_the_bucket(tmp_path, s3_server, s3_storage):
     assert r.returncode == 0 and "imported 1 new instance(s)" in r.stdout, r.stdout + r.stderr
     assert s3_server.keys(bucket) == [prefix + rel(ds)] and s3_server.get(bucket, prefix + rel(ds)) == to_bytes(ds)
     assert not list((tmp_path / "data" / "blobs").rglob("*.dcm"))  # nothing kept on local disk
+
+
+def test_check_repair_against_the_wrong_prefix_or_index_changes_nothing(tmp_path, s3_server, s3_storage):
+    """An operator's `check --repair` with the wrong --storage prefix (or bucket) saw every
+    row as a "missing file" and dropped the whole index; with another archive's (non-empty)
+    index it removed every object as an "orphan". When the index and the storage share no
+    instance at all, nothing is repaired and the report says why."""
+    bucket, prefix = bucket_of(s3_storage)
+    data = tmp_path / "data"
+    a = Archive.open(Settings(data_dir=data, index="sqlite", **s3_storage))
+    try:
+        stored = [make_dataset(), make_dataset()]
+        assert len(a.store([spooled(a, ds) for ds in stored]).stored) == 2
+    finally:
+        a.close()
+    elsewhere = "elsewhere/" + rel(make_dataset())  # another archive's object
+    s3_server.client.put_object(Bucket=bucket, Key=elsewhere, Body=b"x")
+    wrong = Archive.open(Settings(data_dir=data, index="sqlite", storage=f"s3://{bucket}/elsewhere",
+                                  s3_endpoint_url=s3_storage["s3_endpoint_url"]))
+    try:
+        report = reconcile(wrong, repair=True, grace=0)
+        assert sorted(p.kind for p in report.problems) == ["missing file", "missing file", "orphan"]
+        assert {p.action for p in report.problems} == {
+            "not repaired: the index and the storage share no instance (the wrong --storage or database?)"}
+        assert all(wrong.index.locate(ds.SOPInstanceUID) for ds in stored)  # every row kept
+        assert elsewhere in s3_server.keys(bucket)  # and every object
+    finally:
+        wrong.close()
+
+
+@pytest.mark.parametrize("outage", ["503", "no connection"])
+def test_an_object_store_outage_fails_the_request_at_once_and_keeps_nothing(archive, s3_server, s3_storage, outage):
+    """S3 answering 503 (or not at all) during a STOW-RS: each instance went through
+    botocore's retries and back-off in turn (23 s for 3 instances with the archive's
+    client, a STOW-RS of 100 instances ~13 min, past any proxy's timeout). Now the first
+    failure after the retries fails the rest of the request at once, each with its
+    status; nothing is acknowledged, indexed, spooled or left in the bucket."""
+    import boto3
+    from botocore.awsrequest import AWSResponse
+    from botocore.config import Config
+    from botocore.exceptions import EndpointConnectionError
+    from starlette.testclient import TestClient
+
+    from dicomweb_server.app import create_app
+
+    client = boto3.session.Session().client(  # the archive's client, with fewer retries (a quicker test)
+        "s3", endpoint_url=s3_server.url, config=Config(retries={"mode": "standard", "max_attempts": 2},
+                                                        s3={"addressing_style": "path"}))
+    archive.blobs.client = client
+    puts = []
+
+    class Body:
+        def stream(self, **_kw):
+            yield b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+
+    def down(request, **_kw):
+        puts.append(request.url)
+        if outage == "503":
+            return AWSResponse(request.url, 503, {}, Body())
+        raise EndpointConnectionError(endpoint_url=request.url)
+
+    client.meta.events.register("before-send.s3.PutObject", down)
+    datasets = [make_dataset() for _ in range(3)]
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        r = stow(c, datasets)
+    assert r.status_code == 409
+    failed = r.json()["00081198"]["Value"]
+    assert [f["00081197"]["Value"] for f in failed] == [[0x0110]] * 3
+    assert sorted(f["00081155"]["Value"][0] for f in failed) == sorted(ds.SOPInstanceUID for ds in datasets)
+    assert len(puts) >= 2 and len(set(puts)) == 1  # one instance's attempts; the other two not tried
+    assert "not tried: the storage failed an earlier instance" in r.headers["warning"]
+    assert archive.index.count() == 0 and not list(archive.blobs.spool.iterdir())
+    bucket, _prefix = bucket_of(s3_storage)
+    assert s3_server.keys(bucket) == []
+
+
+@pytest.mark.parametrize("endpoint", ["garbage", "http://", "ftp://127.0.0.1:9000", "http://[::1", "http://h:port",
+                                      "minio:9000"])
+def test_a_garbage_endpoint_url_is_one_clear_line_not_a_traceback(tmp_path, capsys, endpoint):
+    """--s3-endpoint-url garbage: botocore's bare ValueError came out of Archive.open as a
+    traceback (check, import) or a crashed start-up (serve)."""
+    from dicomweb_server.cli import main
+
+    with pytest.raises(pydantic.ValidationError, match="S3 endpoint"):
+        Settings(data_dir=tmp_path, storage="s3://b/x", s3_endpoint_url=endpoint)
+    args = ["--data-dir", str(tmp_path), "--storage", "s3://b/x", "--s3-endpoint-url", endpoint]
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", *args])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dicomweb-server: s3_endpoint_url: S3 endpoint ") and "Traceback" not in err
+    if endpoint == "garbage":  # serve re-executes itself: in a process of its own
+        serve = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "serve", "--port", "0", *args],
+                               capture_output=True, text=True, timeout=120)
+        assert serve.returncode == 2 and serve.stderr.startswith("dicomweb-server: s3_endpoint_url: S3 endpoint")
+    assert Settings(data_dir=tmp_path, s3_endpoint_url=" https://s3.example:9000/ ").s3_endpoint_url == \
+        "https://s3.example:9000/"
+
+
+def test_check_with_an_unreachable_bucket_is_one_line(tmp_path, s3_server, capsys):
+    from dicomweb_server.cli import main
+
+    assert main(["check", "--data-dir", str(tmp_path), "--storage", "s3://no-such-bucket/x",
+                 "--s3-endpoint-url", s3_server.url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dicomweb-server: storage s3://no-such-bucket/x: the bucket cannot be reached")
