@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -156,3 +157,14 @@ class LiveServer:
     def restart(self) -> "LiveServer":
         self.stop()
         return self.start()
+
+
+def stop_processes(procs) -> None:
+    """Terminate each process still running (SIGTERM, then SIGKILL after 10 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import free_port
+from tests.helpers import stop_processes, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = {"dicomweb-server": [sys.executable, "-m", "dicomweb_server.cli"], "python": [sys.executable],
@@ -145,13 +145,7 @@ def test_compose_services_run_as_written(tmp_path):
         assert "Aggregated" in out and "QIDO-RS /studies" in out, out[-3000:]
         assert worker.wait(timeout=30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_processes(procs)
 
 
 def test_dockerfile_command_starts_with_authentication_from_the_environment(tmp_path):

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.helpers import free_port, make_dataset, multipart, to_bytes
+from tests.helpers import stop_processes, free_port, make_dataset, multipart, to_bytes
 from tests.loadtests.test_compose_commands import PROGRAMS, ROOT, _dockerfile, _start, _wait_healthy
 from tests.s3server import AWS_ENV
 from tests.server.test_sample_files import split_multipart
@@ -165,10 +165,4 @@ def test_scale_out_as_local_processes(tmp_path, postgres, s3_server):
         keys = s3_server.keys(bucket, prefix + "/" + study + "/")
         assert len(keys) == 6  # one object per instance, in the bucket both nodes share
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_processes(procs)
