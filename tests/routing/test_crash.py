@@ -29,7 +29,12 @@ def test_sigkill_while_forwarding_loses_nothing(tmp_path, sink, monkeypatch, bac
     for t in threads:
         t.start()
     if fault is None:
-        wait_for(lambda: len(sink.recorder.received) >= 10, what="forwarding under way")
+        # kill while forwarding is under way AND instances are still owed (acknowledged, not
+        # yet at the sink): a forwarder that keeps up with the storers would otherwise leave
+        # nothing for the restart to prove (dict.copy: atomic while the storers add)
+        wait_for(lambda: len(sink.recorder.received) >= 10
+                 and len(set(acked.copy()) - set(dict(sink.recorder.received))) >= 3,
+                 timeout=60, what="forwarding under way with instances owed")
         srv.kill()
     else:
         srv.proc.wait(60)  # the third batch sent kills it before its rows are settled
