@@ -23,6 +23,7 @@ from starlette.responses import Response
 from ..dicom.matching import QueryError
 from ..dicom.media_types import NotAcceptable
 from ..dicom.multipart import MultipartError, TooLarge
+from ..store.base import IndexUnavailable
 
 log = logging.getLogger("dicomweb_server.api")
 
@@ -89,6 +90,12 @@ def install(app: FastAPI) -> None:
                 return error_response(status, str(exc))
             return handler
         app.add_exception_handler(exc_type, make(status))
+
+    @app.exception_handler(IndexUnavailable)
+    async def _index_down(_request: Request, exc: IndexUnavailable) -> Response:
+        # a temporary condition (RFC 9110 §15.6.4 503 Service Unavailable, §10.2.3 Retry-After)
+        log.warning("index unavailable: %s", exc)
+        return error_response(503, str(exc), {"Retry-After": "5"})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:

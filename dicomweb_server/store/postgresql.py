@@ -39,6 +39,8 @@ _MIGRATE_LOCK = 0x44434D57  # "DCMW": advisory lock key of the schema migration
 _PLACE_LOCKS = 0x44434D50  # "DCMP": namespace of the per-instance placement locks
 #: seconds a store may wait for a placement-lock connection while the pool is busy (back-pressure)
 PLACE_WAIT = 600.0
+#: seconds a search or a DELETE may wait for a connection while its pool is busy
+READ_WAIT = 30.0
 #: seconds between looks at whether the pool is busy or the database is unreachable
 PLACE_LOOK = 2.0
 
@@ -202,8 +204,11 @@ class PostgreSQLIndex(SQLIndex):
 
     @contextmanager
     def _reading(self) -> Iterator:
-        with self._pool.connection() as con:
+        con = _pooled(self._pool, READ_WAIT)
+        try:
             yield con
+        finally:
+            self._pool.putconn(con)  # (a broken connection is discarded by the pool)
 
     def _retried(self, read):
         """``read()``, tried again while it fails on a pooled connection the server closed
@@ -218,7 +223,7 @@ class PostgreSQLIndex(SQLIndex):
                 return read()
             except psycopg.OperationalError as e:
                 if attempt == self._pool.max_size:
-                    raise
+                    raise IndexUnavailable(f"the index database: {e}") from e
                 log.info("index read on a lost connection, tried again: %s", e)
 
     def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
@@ -230,10 +235,14 @@ class PostgreSQLIndex(SQLIndex):
     @contextmanager
     def _writing(self, uids: Iterable[str]) -> Iterator:
         """A write transaction holding the advisory locks of ``uids`` until it ends."""
-        with self._writer.connection() as con, con.transaction():
-            keys = sorted({_key(u) for u in uids})
-            con.cursor().executemany("SELECT pg_advisory_xact_lock(%s)", [(k,) for k in keys])
-            yield con
+        con = _pooled(self._writer, READ_WAIT)
+        try:
+            with con.transaction():
+                keys = sorted({_key(u) for u in uids})
+                con.cursor().executemany("SELECT pg_advisory_xact_lock(%s)", [(k,) for k in keys])
+                yield con
+        finally:
+            self._writer.putconn(con)
 
     def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
         """Index.add in one transaction, atomic across nodes: the locks of every
@@ -280,20 +289,28 @@ class PostgreSQLIndex(SQLIndex):
             self._placing.putconn(con)  # (a broken connection is discarded by the pool)
 
     def _placing_connection(self):
-        """A placement-lock connection: waits (at most PLACE_WAIT) while the pool is busy,
-        but raises IndexUnavailable as soon as the pool's connection attempts fail (the
-        database is down or restarting): a store then fails at once, instead of holding
-        its request, worker thread and folder locks for ten minutes (the pool's wait)."""
-        from psycopg_pool import PoolTimeout
+        """A placement-lock connection: waits (at most PLACE_WAIT) while the pool is busy
+        (back-pressure), but fails at once when the database is unreachable (:func:`_pooled`):
+        a store then fails instead of holding its request, worker thread and folder locks
+        for ten minutes (the pool's wait)."""
+        return _pooled(self._placing, PLACE_WAIT)
 
-        deadline = time.monotonic() + PLACE_WAIT
-        errors = self._placing.get_stats().get("connections_errors", 0)
-        while True:
-            try:
-                return self._placing.getconn(timeout=max(0.05, min(PLACE_LOOK, deadline - time.monotonic())))
-            except PoolTimeout:
-                if self._placing.get_stats().get("connections_errors", 0) > errors:
-                    raise IndexUnavailable("the index database cannot be reached (connections refused "
-                                           "or failing)") from None
-                if time.monotonic() >= deadline:
-                    raise
+
+def _pooled(pool, wait: float):
+    """A connection from ``pool``: waits at most ``wait`` seconds while the pool is busy,
+    but raises IndexUnavailable as soon as the pool's connection attempts fail (the
+    database is down or restarting), so that a search, a DELETE or a store answers 503
+    (or its DIMSE failure status) at once instead of after the pool's own wait and a 500."""
+    from psycopg_pool import PoolTimeout
+
+    deadline = time.monotonic() + wait
+    errors = pool.get_stats().get("connections_errors", 0)
+    while True:
+        try:
+            return pool.getconn(timeout=max(0.05, min(PLACE_LOOK, deadline - time.monotonic())))
+        except PoolTimeout:
+            if pool.get_stats().get("connections_errors", 0) > errors:
+                raise IndexUnavailable("the index database cannot be reached (connections refused "
+                                       "or failing)") from None
+            if time.monotonic() >= deadline:
+                raise IndexUnavailable(f"the index database is busy: no connection free within {wait:g} s") from None

@@ -142,6 +142,18 @@ def test_a_store_while_postgresql_is_down_fails_at_once_then_recovers(tmp_path, 
         assert all("the index database cannot be reached" in f.message for f in outcome.failed)
         assert not list(archive.blobs.spool.iterdir())
         assert [p.rsplit("/", 1)[1] for p in archive.blobs.walk()] == [first[0].sop_instance_uid + ".dcm"]
+        # searches and DELETEs: 503 with Retry-After at once (they waited the pool's 30 s,
+        # then answered 500); the QIDO first, on the read pool's stale idle connection
+        from starlette.testclient import TestClient
+
+        from dicomweb_server.app import create_app
+
+        with TestClient(create_app(archive.settings, archive=archive)) as c:
+            prefix = archive.settings.prefix
+            for r in (c.get(f"{prefix}/studies"), c.get(f"{prefix}/instances", params={"PatientID": "X"}),
+                      c.delete(f"{prefix}/studies/{first[0].study_uid}")):
+                assert (r.status_code, r.headers.get("retry-after")) == (503, "5"), r.text
+                assert "the index database cannot be reached" in r.json()["detail"]
         pg._run("pg_ctl", "-D", str(data), "-l", str(pg.dir / "log"), "-w", "-t", "60", "-o",
                 f"-c listen_addresses=127.0.0.1 -p {pg.port} -k {pg.dir}", "start")
         assert archive.index.locate(first[0].sop_instance_uid) is not None  # reads on stale pooled
