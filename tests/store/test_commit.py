@@ -216,3 +216,40 @@ def test_the_folder_fsync_is_not_made_under_the_writer_lock(tmp_path):
     sync.release.set()
     t.join(5)
     assert gc.batches == 2
+
+
+def test_a_request_committed_by_another_returns_without_taking_the_writer_lock(tmp_path):
+    """B queues while A (the leader) waits for the cross-process lock; A's commit holds
+    both. B then returns at once: before, B took the writer lock itself afterwards,
+    waiting behind the other process's next commit too (issue 11)."""
+    import fcntl
+    import os
+
+    gc = GroupCommitter(MemoryIndex(), tmp_path / "index.lock")
+    entered = []
+    real_writer = gc.writer
+
+    def counting_writer():
+        entered.append(threading.current_thread().name)
+        return real_writer()
+
+    gc.writer = counting_writer
+    other = os.open(tmp_path / "index.lock", os.O_RDWR | os.O_CREAT)  # "the other process"
+    fcntl.flock(other, fcntl.LOCK_EX)
+    results = {}
+    a = threading.Thread(target=lambda: results.setdefault("A", gc.commit([record(tmp_path)], set())), name="A")
+    a.start()
+    deadline = time.monotonic() + 5
+    while not entered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert entered == ["A"]  # A leads, waiting for the flock
+    b = threading.Thread(target=lambda: results.setdefault("B", gc.commit([record(tmp_path)], set())), name="B")
+    b.start()
+    time.sleep(0.1)
+    fcntl.flock(other, fcntl.LOCK_UN)
+    a.join(5)
+    b.join(5)
+    os.close(other)
+    assert results == {"A": [True], "B": [True]}
+    assert gc.batches == 1  # one commit for both
+    assert entered == ["A"]  # B never took the writer lock
