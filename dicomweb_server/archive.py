@@ -6,9 +6,10 @@ Store order for each instance (nothing is acknowledged before step 3 returns):
    (:func:`dicom.instance.describe_instance`);
 2. under the instance's write lock (:meth:`store.blobs.BlobStore.locked`), the file
    is fsynced and hard-linked to its final name (:meth:`store.blobs.BlobStore.place`);
-3. the group commit (:class:`store.commit.GroupCommitter`) fsyncs the directories and
-   commits the index rows of every request waiting, in one durable transaction
-   (SQLite ``synchronous=FULL``).
+3. the group commit (:class:`store.commit.GroupCommitter`): the request fsyncs its
+   directories (a fsync shared with the process's other requests for the same folder,
+   outside the writer lock), then the index rows of every request waiting are
+   committed in one durable transaction (SQLite ``synchronous=FULL``).
 With ``--storage s3://...`` step 2 is a conditional PutObject (store/s3.py), durable
 when the object store answers 200; step 3 has no directory to fsync.
 A crash before 3 leaves a file no index row names: invisible to every search and
@@ -85,7 +86,7 @@ class Archive:
         self.routing: Routing | None = None  # set by open() when a routes file is configured
 
     @classmethod
-    def open(cls, settings: Settings) -> "Archive":
+    def open(cls, settings: Settings) -> Archive:
         """Open (creating if needed) the archive in ``settings.data_dir``.
 
         Safe while other worker processes serve the same folder (case P6): the
