@@ -192,7 +192,15 @@ def _max_pixels(scale: float) -> int:
 # --- targets ---------------------------------------------------------------------------
 
 
+#: ports for the peers (``--peer-ports``): taken in order, before any ephemeral one
+PEER_PORTS: list[int] = []
+
+
 def free_port() -> int:
+    """The next of ``PEER_PORTS`` (a shared machine: each user keeps to a port range), else
+    one the kernel picks."""
+    if PEER_PORTS:
+        return PEER_PORTS.pop(0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -595,7 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=Path("loadtests/results/load01"))
     p.add_argument("--scu-reactor", choices=["blocking", "pynetdicom"], default="blocking",
                    help="the generator SCU's reactors: blocking + TCP_NODELAY (default), or pynetdicom's polling ones")
+    p.add_argument("--peer-ports", type=int, metavar="FIRST",
+                   help="give the peers ports FIRST, FIRST+1, ... (Orthanc DICOM and HTTP, then storescp); "
+                        "default: ports the kernel picks")
     args = p.parse_args(argv)
+    if args.peer_ports:
+        PEER_PORTS[:] = range(args.peer_ports, args.peer_ports + 16)
     fast = args.scu_reactor == "blocking"
     steps = [int(x) for x in args.associations.split(",")]
 

@@ -98,3 +98,11 @@ def test_the_storescp_peer_is_dcmtks_not_pynetdicoms_app_of_that_name(tmp_path, 
     binary.chmod(0o755)
     monkeypatch.setenv("PATH", f"{script.parent}:{binary.parent}")
     assert load01.dcmtk("storescp") == str(binary)
+
+
+def test_peers_take_the_ports_given_in_order_then_ephemeral_ones(monkeypatch):
+    """On a shared machine each user keeps to a port range: ``--peer-ports`` hands the peers
+    those ports (the peers used to get whatever port the kernel picked)."""
+    monkeypatch.setattr(load01, "PEER_PORTS", [28200, 28201])
+    assert [load01.free_port(), load01.free_port()] == [28200, 28201]
+    assert load01.free_port() not in (28200, 28201, 0)
