@@ -595,7 +595,12 @@ def main(argv: list[str] | None = None) -> int:
             "each, 'stored' = the load patient's instances counted on the server after the step minus before; "
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
-            "Errors: non-2xx, socket errors and answers failing wrk's light check. CPU in % of one core; "
+            "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'study' (wrk/study.lua, "
+            "no body buffered in Lua): status >= 400, socket errors, answers not complete by their framing, "
+            "and wrk's byte count outside the window the sizes of the studies, each fully validated just before "
+            "the step (loadtests/study.py), allow; answers ended by the server closing the connection "
+            "(Orthanc's multipart answers have no Content-Length) are noted as 'closed', not errors. "
+            "CPU in % of one core; "
             "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine; "
             "'load avg' = /proc/loadavg (1, 5, 15 min) at the end of the step.", "",
             *text, "## Machine", "", common.machine_md(results["machine"])]
