@@ -128,6 +128,8 @@ def _read_span(f: BinaryIO, offset: int, length: int | None) -> Iterator[bytes]:
 MAX_OPEN_FILES = 256
 #: bytes read per worker-thread hop when sending opened files (several small files a hop)
 READ_BATCH = 1024 * 1024
+#: the largest piece (one bytes object, one ASGI send) of an opened file's content
+SEND_PIECE = 1024 * 1024
 
 
 #: share of the process's RLIMIT_NOFILE soft limit that opened-file answers may hold

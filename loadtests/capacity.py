@@ -55,9 +55,12 @@ from pathlib import Path
 import httpx
 
 from . import common, dataset, preload
+from . import study as study_check
 
 OPS = ("qido", "wado", "study", "rendered", "stow")
 LUA = common.HERE / "wrk" / "load03.lua"
+#: the whole-study retrieve: no response() function, so wrk does not buffer the bodies
+STUDY_LUA = common.HERE / "wrk" / "study.lua"
 PEER_TEMPLATE = common.HERE / "peers" / "orthanc.json"
 WADO_ACCEPT = 'multipart/related; type="application/dicom"; transfer-syntax=*'
 
@@ -132,9 +135,9 @@ class StaticFiles:
     """nginx-light serving the whole-study answers of our archive as static files
     (one file per study, fetched once): the ceiling of a study retrieve."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, port: int | None = None) -> None:
         self.folder = folder.resolve()
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -280,12 +283,12 @@ def write_inputs(manifest: dict, host: str, workdir: Path, studies: list[str]) -
 
 
 def run_wrk(host: str, args: list[str], connections: int, duration: float, threads: int,
-            server_pid: int | None) -> dict:
+            server_pid: int | None, lua: Path = LUA) -> dict:
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk is not installed: apt-get update && apt-get install -y wrk")
     origin = str(httpx.URL(host).copy_with(path="/", query=None))
     cmd = ["wrk", "-t", str(min(threads, connections)), "-c", str(connections), "-d", f"{duration:g}s",
-           "--timeout", "30s", "-s", str(LUA), origin, "--", *args, str(random.randrange(1_000_000))]
+           "--timeout", "30s", "-s", str(lua), origin, "--", *args, str(random.randrange(1_000_000))]
     cpu_before = tree_cpu_seconds(server_pid)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cpu = common.CpuSampler()
@@ -349,17 +352,24 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
     return total
 
 
-def step_row(op: str, conns: int, s: dict, stow_body: int) -> dict:
+def step_row(op: str, conns: int, s: dict, stow_body: int,
+             answers: dict[str, study_check.StudyAnswer] | None = None) -> dict:
+    """One step's row. ``answers``: for ``study``, the validated answers of the
+    sampled studies (loadtests.study.measure) that wrk's counts are checked against."""
     secs = s["duration_us"] / 1e6
-    errors = s["connect"] + s["read"] + s["write"] + s["status"] + s["timeout"] + s["invalid"]
+    if op == "study":
+        detail, notes = study_check.step_errors(s, answers or {})
+    else:
+        detail = {k: s[k] for k in ("connect", "read", "write", "status", "timeout", "invalid") if s[k]}
+        notes = {}
+    errors = sum(detail.values())
     nbytes = s["requests"] * stow_body if op == "stow" else s["bytes"]
     return {
         "operation": op, "connections": conns, "requests": s["requests"],
         "req_s": round(s["requests"] / secs, 1) if secs else 0.0,
         "mb_s": round(nbytes / 1e6 / secs, 2) if secs else 0.0,
         "p50_ms": s["p50_us"] / 1000, "p90_ms": s["p90_us"] / 1000, "p99_ms": s["p99_us"] / 1000,
-        "max_ms": s["max_us"] / 1000, "errors": errors,
-        "error_detail": {k: s[k] for k in ("connect", "read", "write", "status", "timeout", "invalid") if s[k]},
+        "max_ms": s["max_us"] / 1000, "errors": errors, "error_detail": detail, "notes": notes,
         "peak_server_mb": s["peak_server_mb"], "wrk_cpu_pct": s["wrk_cpu_pct"],
         "server_cpu_pct": s["server_cpu_pct"], "other_cpu_pct": s["other_cpu_pct"],
         "cpu_ms_per_op": (round(s["server_cpu_s"] * 1000 / s["requests"], 2)
@@ -386,8 +396,19 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 if settle:
                     common.wait_quiet(settle)
                 before = common.stow_patient_count(host, stow_patient) if op == "stow" else None
-                s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
-                row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]))
+                answers = None
+                if op == "study":  # every sampled study fetched and validated once, its size noted
+                    answers, problems = study_check.measure(host, studies or [], manifest, WADO_ACCEPT,
+                                                                static=name == "static")
+                    if problems:
+                        raise RuntimeError(f"{name}: whole-study answers invalid before the step: {problems[:3]}")
+                    lines = [f"{p}\t{a.total}\n" for p, a in answers.items()]
+                    (workdir / name / "study-sizes.txt").write_text("".join(lines))
+                    s = run_wrk(host, [str(workdir / name / "study-sizes.txt"), WADO_ACCEPT], c, duration,
+                                threads, pid, STUDY_LUA)
+                else:
+                    s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
+                row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]), answers)
                 if before is not None:
                     after = common.stow_patient_count(host, stow_patient)
                     row["stored"] = after - before if after is not None else None
@@ -395,7 +416,7 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 if not quiet:
                     print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
                           f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
-                          f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']}  peak {row['peak_server_mb']} MB",
+                          f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']} {row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
                           file=sys.stderr, flush=True)
     return rows
 
@@ -479,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--study-sample", type=int, default=40, help="studies cycled by 'study' (default %(default)s)")
     p.add_argument("--static-dir", type=Path, default=Path("/tmp/loadtests-static"),
                    help="nginx's files, kept between runs (default %(default)s)")
+    p.add_argument("--static-port", type=int, help="nginx's port (default: a free one)")
     p.add_argument("--baseline-host", help="another build of our archive (e.g. the commit before a change), "
                                            "measured step by step beside ours, with the ratio ours/baseline")
     p.add_argument("--baseline-pid", type=int, help="the baseline server's process")
@@ -521,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                 for pr in problems[:5]:
                     print(f"    {pr}", file=sys.stderr)
         if a.static and "study" in ops:
-            static = StaticFiles(a.static_dir)
+            static = StaticFiles(a.static_dir, a.static_port)
             nbytes = static.fill(host, studies)
             static.start()
             servers.append(("static", static.url, static.pid))
@@ -573,7 +595,12 @@ def main(argv: list[str] | None = None) -> int:
             "each, 'stored' = the load patient's instances counted on the server after the step minus before; "
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
-            "Errors: non-2xx, socket errors and answers failing wrk's light check. CPU in % of one core; "
+            "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'study' (wrk/study.lua, "
+            "no body buffered in Lua): status >= 400, socket errors, answers not complete by their framing, "
+            "and wrk's byte count outside the window the sizes of the studies, each fully validated just before "
+            "the step (loadtests/study.py), allow; answers ended by the server closing the connection "
+            "(Orthanc's multipart answers have no Content-Length) are noted as 'closed', not errors. "
+            "CPU in % of one core; "
             "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine; "
             "'load avg' = /proc/loadavg (1, 5, 15 min) at the end of the step.", "",
             *text, "## Machine", "", common.machine_md(results["machine"])]
