@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need into .venv and run them (the README's test command).
 # The viewer test drives Debian's Chromium (never a downloaded browser), the client's peer
-# suite (tests/peers) Debian's Orthanc with its DICOMweb plugin and nginx: installed here with
+# suite (tests/peers) Debian's Orthanc with its DICOMweb plugin and nginx, the DIMSE walk-through
+# (tests/dimse/test_dcmtk.py) DCMTK's storescu/findscu/getscu/movescu/storescp: installed here with
 # apt-get when missing (as root, or with sudo). The PostgreSQL index's tests start Debian's
 # PostgreSQL server themselves (tests/postgres.py; DICOMWEB_POSTGRES=skip skips them).
 set -euo pipefail
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 ORTHANC_DICOMWEB=/usr/share/orthanc/plugins/libOrthancDicomWeb.so
 if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
    || [ ! -x /usr/sbin/Orthanc ] || [ ! -e "$ORTHANC_DICOMWEB" ] || ! [ -x /usr/sbin/nginx ] \
-   || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+   || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! [ -x /usr/bin/storescu ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -19,6 +20,7 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
   { [ -x /usr/sbin/Orthanc ] && [ -e "$ORTHANC_DICOMWEB" ]; } || $SUDO apt-get install -y -qq orthanc orthanc-dicomweb
   [ -x /usr/sbin/nginx ] || $SUDO apt-get install -y -qq nginx-light
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $SUDO apt-get install -y -qq postgresql
+  [ -x /usr/bin/storescu ] || $SUDO apt-get install -y -qq dcmtk
 fi
 python3 -m venv .venv
 . .venv/bin/activate
