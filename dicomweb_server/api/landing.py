@@ -3,7 +3,8 @@
 An HTML page when a browser asks for it (``Accept`` naming ``text/html`` at least as
 highly as JSON), JSON otherwise (curl, scripts): version, index kind, the numbers of
 studies, series and instances (counted by the index: no file is read, no row scanned),
-the use of the disk holding the data folder, and links
+where the instances are kept (the data folder, or the S3 bucket named by ``--storage``),
+the use of the disk holding the data folder (with S3: spool, locks and the index), and links
 to the DICOMweb root, the OpenAPI documentation, the OHIF viewer when it is on and the
 DIMSE port when it is on. Not part of PS3.18. Under ``--prefix`` the page is also at
 the prefix.
@@ -19,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__
+
 
 def _q_values(accept: str) -> dict[str, float]:
     """Media type -> q of an Accept header (RFC 9110 §12.5.1)."""
@@ -65,9 +67,19 @@ def describe(request: Request) -> dict:
         # the file system holding the data folder (O(1): no walk over the stored files)
         "disk": {"data_dir": str(archive.blobs.root.resolve()), "used_bytes": disk.used,
                  "free_bytes": disk.free, "total_bytes": disk.total},
+        "storage": _storage(archive.blobs),
         "links": links,
         "dimse_port": dimse_port,
     }
+
+
+def _storage(blobs) -> dict:
+    """Where the stored files are: the data folder, or an S3 bucket (its ``s3://`` URL and
+    endpoint; never its credentials)."""
+    if getattr(blobs, "local_files", True):
+        return {"kind": "folder", "url": str(blobs.root.resolve())}
+    endpoint = getattr(getattr(blobs.client, "meta", None), "endpoint_url", None)
+    return {"kind": "s3", "url": blobs.url, "endpoint": endpoint}
 
 
 def _size(n: int) -> str:
@@ -76,6 +88,12 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return ""  # pragma: no cover
+
+
+def _where(storage: dict) -> str:
+    if storage["kind"] == "s3":
+        return f"{storage['url']} (S3{' at ' + storage['endpoint'] if storage.get('endpoint') else ''})"
+    return f"{storage['url']} (folder)"
 
 
 def _html(d: dict) -> str:
@@ -101,6 +119,7 @@ td{{padding:0 1em 0 0}}code{{background:#eee;padding:0 .2em}}</style></head>
 <tr><td>studies</td><td>{d["studies"]:,}</td></tr>
 <tr><td>series</td><td>{d["series"]:,}</td></tr>
 <tr><td>instances</td><td>{d["instances"]:,}</td></tr>
+<tr><td>instances kept in</td><td>{escape(_where(d["storage"]))}</td></tr>
 <tr><td>data folder</td><td>{escape(disk["data_dir"])}</td></tr>
 <tr><td>disk</td><td>{_size(disk["used_bytes"])} used, {_size(disk["free_bytes"])} free of
  {_size(disk["total_bytes"])}</td></tr>

@@ -37,6 +37,7 @@ def test_json_for_programs_with_counts_and_links(server, http, index_kind):
     fs = shutil.disk_usage(server.settings.data_dir)
     assert d["disk"]["total_bytes"] == fs.total and 0 < d["disk"]["used_bytes"] < fs.total
     assert 0 < d["disk"]["free_bytes"] <= d["disk"]["total_bytes"]
+    assert d["storage"] == {"kind": "folder", "url": str(server.settings.data_dir.resolve())}
     assert d["links"] == {"dicomweb": f"{server.url}/studies", "docs": f"{server.url}/docs",
                           "openapi": f"{server.url}/openapi.json"}
     assert d["dimse_port"] == getattr(server.settings, "dimse_port", None)
@@ -90,5 +91,21 @@ def test_dimse_port_when_on(tmp_path):
         page = httpx.get(server.url + "/", headers={"Accept": "text/html"}, timeout=30).text
         assert ("DICOM (DIMSE) on port 11112" in page) == settings_has_it
         assert "OHIF viewer: off (start the archive with <code>--viewer</code>)" in page
+    finally:
+        server.stop()
+
+
+def test_instances_in_s3_are_named_as_such(tmp_path, s3_storage):
+    """With ``--storage s3://...`` the page says the instances are in the bucket (the data
+    folder's disk then holds only spool, locks and the index)."""
+    server = LiveServer(tmp_path / "data", "sqlite", **s3_storage).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            d = http.get("/").json()
+            assert d["storage"] == {"kind": "s3", "url": s3_storage["storage"],
+                                    "endpoint": s3_storage["s3_endpoint_url"]}
+            page = http.get("/", headers={"Accept": BROWSER_ACCEPT}).text
+            assert (f"<tr><td>instances kept in</td><td>{s3_storage['storage']} "
+                    f"(S3 at {s3_storage['s3_endpoint_url']})</td></tr>") in page
     finally:
         server.stop()
