@@ -58,6 +58,7 @@ _UNDEFINED = 0xFFFFFFFF
 _LONG_VRS = frozenset(b.encode() for b in ("OB", "OD", "OF", "OL", "OV", "OW", "SQ", "UC", "UN", "UR", "UT", "SV", "UV"))
 _SHORT_VRS = frozenset(b.encode() for b in ("AE", "AS", "AT", "CS", "DA", "DS", "DT", "FL", "FD", "IS", "LO", "LT",
                                             "PN", "SH", "SL", "SS", "ST", "TM", "UI", "UL", "US"))
+_ALL_VRS = _SHORT_VRS | _LONG_VRS
 _IMPLICIT = pydicom.uid.ImplicitVRLittleEndian
 #: data sets not in Explicit/Implicit VR Little Endian: Deflated (A.5), Big Endian (A.3), JPIP Deflate
 _DECLINED_TS = frozenset({"1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.4.95"})
@@ -80,6 +81,23 @@ class Decline(Exception):
     """The lean path does not handle this file exactly; use the pydicom path."""
 
 
+def _explicit_header(data: bytes, pos: int, n: int) -> tuple[bytes, int, int]:
+    """VR, defined length and value offset of the Explicit VR element at ``pos`` (PS3.5
+    §7.1.2); declines a sequence, an unknown VR or a length past the end."""
+    vrb = data[pos + 4:pos + 6]
+    if vrb in _SHORT_VRS:
+        (length,) = _unpack("<H", data, pos + 6)
+        pos += 8
+    elif vrb in _LONG_VRS and vrb != b"SQ" and pos + 12 <= n:
+        (length,) = _unpack("<I", data, pos + 8)
+        pos += 12
+    else:
+        raise Decline
+    if length == _UNDEFINED or pos + length > n:
+        raise Decline
+    return vrb, length, pos
+
+
 def transfer_syntax_and_start(data: bytes) -> tuple[str, int]:
     """The Transfer Syntax UID in the file meta (PS3.10 §7.1) and where the data set starts."""
     if len(data) < 144 or data[128:132] != b"DICM":
@@ -89,17 +107,7 @@ def transfer_syntax_and_start(data: bytes) -> tuple[str, int]:
         group, element = _unpack("<HH", data, pos)
         if group != 0x0002:
             break
-        vrb = data[pos + 4:pos + 6]
-        if vrb in _SHORT_VRS:
-            (length,) = _unpack("<H", data, pos + 6)
-            pos += 8
-        elif vrb in _LONG_VRS and vrb != b"SQ" and pos + 12 <= n:
-            (length,) = _unpack("<I", data, pos + 8)
-            pos += 12
-        else:
-            raise Decline
-        if length == _UNDEFINED or pos + length > n:
-            raise Decline
+        vrb, length, pos = _explicit_header(data, pos, n)
         if element == 0x0010:
             if vrb != b"UI":
                 raise Decline
@@ -114,7 +122,7 @@ def walk(data: bytes, pos: int, implicit: bool) -> tuple[list[tuple[int, str, by
     """The top-level elements (tag, VR, value bytes) from ``pos`` up to the pixel data
     or the end, and where they stopped."""
     n, out, last = len(data), [], -1
-    if implicit and pos + 6 <= n and data[pos + 4:pos + 6] in _SHORT_VRS | _LONG_VRS:
+    if implicit and pos + 6 <= n and data[pos + 4:pos + 6] in _ALL_VRS:
         raise Decline  # pydicom would take the data set for explicit VR (read_dataset's check)
     while pos < n:
         if pos + 8 > n:
@@ -138,15 +146,7 @@ def walk(data: bytes, pos: int, implicit: bool) -> tuple[list[tuple[int, str, by
             if len(vr) != 2 or vr == "SQ":
                 raise Decline
         else:
-            vrb = data[pos + 4:pos + 6]
-            if vrb in _SHORT_VRS:
-                (length,) = _unpack("<H", data, pos + 6)
-                pos += 8
-            elif vrb in _LONG_VRS and vrb != b"SQ" and pos + 12 <= n:
-                (length,) = _unpack("<I", data, pos + 8)
-                pos += 12
-            else:
-                raise Decline
+            vrb, length, pos = _explicit_header(data, pos, n)
             vr = vrb.decode("ascii")
         if length == _UNDEFINED or pos + length > n:
             raise Decline
