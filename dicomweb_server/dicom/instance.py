@@ -19,6 +19,7 @@ import orjson
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
+from . import lean
 from .attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS
 from .frames import (
     FrameCountMismatch,
@@ -35,6 +36,7 @@ from .reading import Unacceptable, read_instance
 from .status import FailureReason, InstanceError
 from .uids import validate_uid
 
+_UID_TAGS = frozenset({0x00080016, 0x00080018, 0x0020000D, 0x0020000E})
 #: Placeholder for the archive's base URL inside stored JSON; replaced per response.
 BASE_URL_TOKEN = "@@BASE@@"
 
@@ -99,6 +101,11 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
         0xC000 not a PS3.10 file / truncated / unreadable; 0xA900 a required UID is
         missing or invalid; 0xC409 StudyInstanceUID differs from ``expected_study_uid``.
     """
+    if data is not None:
+        try:
+            return _describe_lean(data, bulk_threshold, expected_study_uid)
+        except lean.Decline:
+            pass  # not the common case: pydicom reads it, errors come from there
     size = os.path.getsize(path) if data is None else len(data)
     try:
         ds, ts, layout = read_instance(path, data)
@@ -137,6 +144,45 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
         meta_json[layout.keyword_tag] = {"vr": vr, "BulkDataURI": f"{prefix}/{layout.keyword_tag}"}
         if deflated:  # offsets of the inflated stream mean nothing in the stored file
             pixel = {k: pixel[k] for k in ("tag", "vr", "number_of_frames", "frame_length")} | {"deflated": True}
+    return _record(meta_json, study_uid, series_uid, sop_uid, sop_class, ts, pixel, size)
+
+
+def _describe_lean(data: bytes, bulk_threshold: int, expected_study_uid: str | None) -> InstanceRecord:
+    """:func:`describe_instance` through :mod:`.lean` (no pydicom Dataset): the same
+    record, or :class:`.lean.Decline` (also for every failure, which the pydicom
+    path then reports)."""
+    ts, start = lean.transfer_syntax_and_start(data)
+    implicit = ts == lean._IMPLICIT
+    elements, pos = lean.walk(data, start, implicit)
+    head = lean.to_json([e for e in elements if e[0] in _UID_TAGS], "", bulk_threshold, "")
+    uids = []
+    for key in ("00080016", "00080018", "0020000D", "0020000E"):
+        try:
+            uids.append(validate_uid(lean.first_value(head, key, str, "")))
+        except ValueError:
+            raise lean.Decline from None
+    sop_class, sop_uid, study_uid, series_uid = uids
+    if expected_study_uid is not None and study_uid != expected_study_uid:
+        raise lean.Decline
+    prefix = BASE_URL_TOKEN + instance_url(study_uid, series_uid, sop_uid) + "/bulkdata"
+    meta_json = lean.to_json(elements, prefix, bulk_threshold, lean._encoding(elements))
+    frames = lean.first_value(meta_json, "00280008", int, 1)
+    layout = lean.pixel_layout(data, pos, implicit, frames)
+    pixel = None
+    if layout is not None:
+        get = lean.first_value
+        try:
+            pixel = _pixel_dict(ts, layout, get(meta_json, "00280010", int, 0), get(meta_json, "00280011", int, 0),
+                                get(meta_json, "00280002", int, 1), get(meta_json, "00280100", int, 8), frames)
+        except FrameCountMismatch:
+            raise lean.Decline from None
+        vr = layout.vr if layout.vr in ("OB", "OW", "OF", "OD") else "OW"
+        meta_json[layout.keyword_tag] = {"vr": vr, "BulkDataURI": f"{prefix}/{layout.keyword_tag}"}
+    return _record(meta_json, study_uid, series_uid, sop_uid, sop_class, ts, pixel, len(data))
+
+
+def _record(meta_json: dict, study_uid: str, series_uid: str, sop_uid: str, sop_class: str, ts: str,
+            pixel: dict | None, size: int) -> InstanceRecord:
     meta_json = dict(sorted(meta_json.items()))
     return InstanceRecord(
         study_uid=study_uid,
@@ -172,9 +218,15 @@ def _pixel_record(ds: Dataset, ts: str, layout: PixelLayout, sop_class: str, sop
     samples, bits = _int(ds.get("SamplesPerPixel"), 1), _int(ds.get("BitsAllocated"), 8)
     nframes = _int(ds.get("NumberOfFrames"), 1)
     try:
-        check_frame_count(layout, nframes, native_pixel_bytes(rows, columns, samples, bits, nframes), is_video(ts))
+        return _pixel_dict(ts, layout, rows, columns, samples, bits, nframes)
     except FrameCountMismatch as e:
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e), sop_class, sop_uid) from None
+
+
+def _pixel_dict(ts: str, layout: PixelLayout, rows: int, columns: int, samples: int, bits: int,
+                nframes: int) -> dict:
+    """Raises FrameCountMismatch."""
+    check_frame_count(layout, nframes, native_pixel_bytes(rows, columns, samples, bits, nframes), is_video(ts))
     pixel = layout.to_json()
     pixel["number_of_frames"] = nframes
     pixel["frame_length"] = native_frame_length(rows, columns, samples, bits)

@@ -1,0 +1,168 @@
+"""dicom/lean.py (issue 11): describing an instance from its bytes without a pydicom
+Dataset gives exactly the record of the pydicom path (metadata bytes, study/series
+JSON, index columns, pixel record, UIDs, size, path), or declines. Differential:
+pydicom's test corpus plus synthetic edge cases made with pydicom."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence
+from pydicom.uid import ImplicitVRLittleEndian, JPEGBaseline8Bit
+
+from dicomweb_server.dicom import instance, lean
+from dicomweb_server.dicom.status import InstanceError
+
+from ..helpers import make_dataset, to_bytes
+from .test_reading import CORPUS
+
+MR = "1.2.840.10008.5.1.4.1.1.4"
+
+
+def _slow(data: bytes, tmp: Path, **kw):
+    p = tmp / "x.dcm"
+    p.write_bytes(data)
+    try:
+        return instance.describe_instance(p, **kw)  # from the file: always the pydicom path
+    except InstanceError as e:
+        return e
+
+
+def _fast(data: bytes, threshold: int = 1024, study: str | None = None):
+    try:
+        return instance._describe_lean(data, threshold, study)
+    except lean.Decline:
+        return None
+
+
+def _same_or_declined(data: bytes, tmp: Path, threshold: int = 1024, study: str | None = None) -> bool:
+    """True when the lean path produced a record (then equal to the slow one)."""
+    fast = _fast(data, threshold, study)
+    if fast is None:
+        return False
+    slow = _slow(data, tmp, bulk_threshold=threshold, expected_study_uid=study)
+    assert not isinstance(slow, InstanceError), f"lean accepted what the pydicom path refuses: {slow.message}"
+    assert fast == slow
+    assert fast.metadata == slow.metadata and fast.pixel == slow.pixel and fast.study == slow.study
+    return True
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_corpus_lean_equals_pydicom_or_declines(path, tmp_path):
+    data = path.read_bytes()
+    _same_or_declined(data, tmp_path)
+    _same_or_declined(data, tmp_path, threshold=16)
+
+
+def test_corpus_mostly_takes_the_lean_path(tmp_path):
+    taken = sum(_same_or_declined(p.read_bytes(), tmp_path) for p in CORPUS)
+    assert taken >= 10, taken  # most corpus files hold sequences: declined
+
+
+def test_describe_instance_uses_the_lean_path_for_in_memory_parts(tmp_path, monkeypatch):
+    data = to_bytes(make_dataset(sop_class=MR, modality="MR", rows=256, columns=256))
+    monkeypatch.setattr(instance, "read_instance", None)  # the pydicom path would fail
+    rec = instance.describe_instance(tmp_path / "none.part", data=data)
+    assert rec.pixel["offset"] == len(data) - 256 * 256 * 2
+    assert rec.pixel["length"] == 256 * 256 * 2 and rec.pixel["number_of_frames"] == 1
+
+
+EDGE = {
+    "mr": {},
+    "empty values": {"PatientName": "", "StudyDescription": "", "AccessionNumber": ""},
+    "odd length values": {"StudyDescription": "ABC", "PatientID": "X"},
+    "multi DS IS": {"PixelSpacing": ["0.5", "0.25"], "ImagePositionPatient": ["1.0", "-2.5", "1e3"],
+                    "ReferencedFrameNumber": ["1", "2", "3"]},
+    "bad DS": {"SliceThickness": "1.75"},  # made '@1.7' in the bytes
+    "PN groups": {"PatientName": "Yamada^Tarou=山田^太郎=やまだ^たろう", "SpecificCharacterSet": "ISO_IR 192"},
+    "PN multi": {"ReferringPhysicianName": ["A^B", "", "C^D"]},
+    "latin1": {"PatientName": "Müller^Jürgen", "SpecificCharacterSet": "ISO_IR 100"},
+    "AT": {"FrameIncrementPointer": 0x00181063},
+    "floats": {"RescaleSlope": "1", "FrameTime": "33.3"},
+    "private": {},
+    "sequence": {"ReferencedStudySequence": None},
+    "frames": {"frames": 3},
+    "frames mismatch": {"NumberOfFrames": 5},
+    "bad uid": {"sop": "1.2.03"},
+    "implicit": {"transfer_syntax": ImplicitVRLittleEndian},
+}
+
+
+def _edge(name: str) -> bytes:
+    attrs = dict(EDGE[name])
+    frames = attrs.pop("frames", 1)
+    seq = attrs.pop("ReferencedStudySequence", 0)
+    ds = make_dataset(sop_class=MR, modality="MR", rows=16, columns=16, frames=frames, **attrs)
+    if name == "private":
+        block = ds.private_block(0x0009, "ACME 1.0", create=True)
+        block.add_new(0x01, "LO", "hello")
+        block.add_new(0x02, "OB", bytes(range(40)))
+        block.add_new(0x03, "UN", b"\x01\x02\x03")
+        ds.add_new(0x00291010, "UN", b"\x00" * 2000)
+    if seq is None:
+        item = Dataset()
+        item.ReferencedSOPInstanceUID = "1.2.3"
+        ds.ReferencedStudySequence = Sequence([item])
+    if name == "floats":
+        ds.add_new(0x00189087, "FD", 1.5)
+        ds.add_new(0x00460044, "FD", [float("nan"), float("inf")])
+        ds.add_new(0x00189089, "FD", [0.0, 1.0, -1.0])
+    data = to_bytes(ds)
+    if name == "bad DS":
+        assert data.count(b"1.75") == 1
+        data = data.replace(b"1.75", b"@1.7")
+    return data
+
+
+@pytest.mark.parametrize("name", sorted(EDGE))
+def test_edge_cases(name, tmp_path):
+    data = _edge(name)
+    taken = _same_or_declined(data, tmp_path) | _same_or_declined(data, tmp_path, threshold=8)
+    declines = {"sequence", "frames mismatch", "bad uid"}
+    assert taken == (name not in declines), name
+
+
+def test_study_mismatch_declines(tmp_path):
+    data = _edge("mr")
+    assert _fast(data, study="1.2.3") is None
+    assert isinstance(_slow(data, tmp_path, expected_study_uid="1.2.3"), InstanceError)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 100, 255 * 2, 16 * 16 * 2 + 4, 16 * 16 * 2 + 20])
+def test_truncated_declines(cut, tmp_path):
+    data = _edge("mr")[:-cut]
+    assert _fast(data) is None
+    if cut <= 16 * 16 * 2:  # inside the pixel data (a cut element header pydicom may just drop)
+        assert isinstance(_slow(data, tmp_path), InstanceError)
+
+
+def test_trailing_element_after_pixels_declines(tmp_path):
+    data = _edge("mr") + struct.pack("<HH2s2xI", 0xFFFC, 0xFFFC, b"OB", 4) + b"\0\0\0\0"
+    assert _fast(data) is None
+    assert not isinstance(_slow(data, tmp_path), InstanceError)
+
+
+def test_out_of_order_and_undefined_length_decline():
+    data = bytearray(_edge("mr"))
+    # swap in an undefined-length UN element: a sequence for pydicom
+    ts, start = lean.transfer_syntax_and_start(bytes(data))
+    assert ts == "1.2.840.10008.1.2.1"
+    bad = bytes(data[:start]) + struct.pack("<HH2s2xI", 0x0009, 0x1000, b"UN", 0xFFFFFFFF) + bytes(data[start:])
+    assert _fast(bad) is None
+    elements, _ = lean.walk(bytes(data), start, False)
+    first_two = elements[:2]
+    assert first_two[0][0] < first_two[1][0]
+
+
+def test_encapsulated_pixel_data(tmp_path):
+    ds = make_dataset(sop_class=MR, modality="MR", pixels=False, transfer_syntax=JPEGBaseline8Bit)
+    ds.Rows = ds.Columns = 8
+    ds.SamplesPerPixel, ds.BitsAllocated, ds.BitsStored, ds.HighBit = 1, 8, 8, 7
+    ds.PhotometricInterpretation, ds.PixelRepresentation = "MONOCHROME2", 0
+    from pydicom.encaps import encapsulate
+    ds.PixelData = encapsulate([b"\xff\xd8" + b"\0" * 30 + b"\xff\xd9"])
+    ds["PixelData"].VR = "OB"
+    assert _same_or_declined(to_bytes(ds), tmp_path)
