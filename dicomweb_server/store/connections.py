@@ -8,11 +8,20 @@ thread, and a connection per thread that was never given back held three file
 descriptors and a page cache per association ever served (730 descriptors after
 ~500 associations: the process would have run out of them).
 
+The first connection of each process to a database opens under an exclusive ``flock`` of
+``<database>.init-lock`` beside it: ``PRAGMA journal_mode=WAL`` on a new database needs the
+exclusive lock and, when another process or thread converts it at the same moment, fails at
+once with "database is locked" (SQLite does not wait on its busy handler there). Serve on a
+new data folder starts two workers and two DIMSE listeners together: 11 of 160 such opens
+failed when tried, taking a worker or listener down at start-up.
+
 Used by the SQLite index (``store/sqlite.py``, with two more pragmas) and the routing outbox.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -27,7 +36,7 @@ class _Lease:
 
     __slots__ = ("con", "owner")
 
-    def __init__(self, con: sqlite3.Connection, owner: "ThreadConnections") -> None:
+    def __init__(self, con: sqlite3.Connection, owner: ThreadConnections) -> None:
         self.con = con
         self.owner = owner
 
@@ -47,6 +56,8 @@ class ThreadConnections:
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._opened_once = False  # the first connection (journal mode set) is open
+        self._init_lock = threading.Lock()  # not _lock: a _Lease.__del__ (GC) may take that one
 
     def get(self) -> sqlite3.Connection:
         """This thread's connection (autocommit mode: transactions are explicit)."""
@@ -57,12 +68,21 @@ class ThreadConnections:
             con = self._idle.pop() if self._idle else None
             self._closed = False
         if con is None:
-            con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            for pragma in self.pragmas:
-                con.execute(f"PRAGMA {pragma}")
+            if self._opened_once:
+                con = self._connect()
+            else:
+                with self._init_lock, _exclusive(Path(f"{self.path}.init-lock")):
+                    con = self._connect()
+                    self._opened_once = True
             with self._lock:
                 self._all.add(con)
         self._local.lease = _Lease(con, self)
+        return con
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        for pragma in self.pragmas:
+            con.execute(f"PRAGMA {pragma}")
         return con
 
     def _give_back(self, con: sqlite3.Connection) -> None:
@@ -93,3 +113,19 @@ class ThreadConnections:
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+
+
+class _exclusive:
+    """An exclusive ``flock`` of ``path`` (made if missing) while in the block: blocking,
+    released when the block ends or the process dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # releases the lock
