@@ -65,6 +65,7 @@ from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
 from .retrieve import matching_instances
+from .shutdown import CLOSE_WAIT, end_associations, exit_after
 
 log = logging.getLogger("dicomweb_server.dimse")
 audit_log = logging.getLogger("dicomweb_server.audit")
@@ -467,12 +468,17 @@ class DimseServer:
             p.unlink(missing_ok=True)
         return spool
 
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server = None
-            _unpatch()
-            gc.unfreeze()
+    def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, let the associations go on for at most ``grace`` seconds (default
+        ``shutdown_timeout``), abort the rest (:func:`.shutdown.end_associations`)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.block_on_close = False  # server_close must not wait for connection threads
+        server.shutdown()  # the accept loop ends, the listening socket is closed
+        end_associations(server, self.settings.shutdown_timeout if grace is None else grace)
+        _unpatch()
+        gc.unfreeze()
 
     # --- audit ----------------------------------------------------------------------------
 
@@ -634,7 +640,8 @@ def listen_error(settings: Settings, e: OSError) -> str:
 
 def run_forever(settings: Settings, stop: threading.Event) -> int:
     """The listener as a process (started by ``dicomweb-server serve``): opens the
-    archive, listens until ``stop`` is set."""
+    archive, listens until ``stop`` is set, then ends within ``shutdown_timeout`` +
+    2 x ``CLOSE_WAIT`` seconds (a watchdog exits the process if the orderly end hangs)."""
     archive = Archive.open(settings)
     server = DimseServer(archive, settings)
     try:
@@ -647,6 +654,8 @@ def run_forever(settings: Settings, stop: threading.Event) -> int:
     try:
         stop.wait()
     finally:
+        # bounded, whatever the peers or a stuck thread do (shutdown.py)
+        exit_after(settings.shutdown_timeout + 2 * CLOSE_WAIT)
         server.stop()
         archive.close()
     return 0
