@@ -484,8 +484,9 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
         while not stop.is_set():
             if roots:  # storescp --fork: a child per association, so the trees are re-read
                 server_procs[:] = [q for r in roots for q in process_tree(r)]
-            if pool is None:  # the storescu processes come and go
-                gen_procs[:] = process_tree(os.getpid())
+            if pool is None:  # the storescu processes come and go (a peer started by us is not one)
+                server_pids = {q.pid for q in server_procs}
+                gen_procs[:] = [q for q in process_tree(os.getpid()) if q.pid not in server_pids]
             cpu.sample(server_procs, True)
             gen_cpu.sample([p for p in gen_procs], True)
             machine.sample(True)
