@@ -280,6 +280,11 @@ def _unpatch() -> None:
     store_rsp.uninstall()
 
 
+#: listeners started in this process: a stop that outlasts the start of the next listener
+#: (its associations get up to ``shutdown_timeout`` s) must not undo the new one's patches
+_generation = 0
+
+
 def _receive_into(spool: Path, max_pdu: int) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
@@ -288,7 +293,8 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     sub-operations sent from the stored file in PDUs of at most ``SEND_PDU_MAX``;
     blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`); the
     C-STORE-RSP encoded by hand (:mod:`.store_rsp`), without pynetdicom's debug handlers."""
-    global _pdu_limit
+    global _pdu_limit, _generation
+    _generation += 1
     _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
     transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
@@ -481,11 +487,13 @@ class DimseServer:
         server, self._server = self._server, None
         if server is None:
             return
+        generation = _generation
         server.block_on_close = False  # server_close must not wait for connection threads
         server.shutdown()  # the accept loop ends, the listening socket is closed
         end_associations(server, self.settings.shutdown_timeout if grace is None else grace)
-        _unpatch()
-        gc.unfreeze()
+        if generation == _generation:  # no other listener started in this process meanwhile
+            _unpatch()
+            gc.unfreeze()
 
     # --- audit ----------------------------------------------------------------------------
 
