@@ -15,6 +15,7 @@ flags win over the environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -152,14 +153,14 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
               "(another program on that port? start with --port PORT)", file=sys.stderr)
         return 2
-    dimse = _start_dimse(settings)  # if this process dies, PR_SET_PDEATHSIG ends it too
+    dimse = _start_dimse(settings)  # however this process ends, they end too (a pipe, PDEATHSIG)
     # uvicorn (one worker) re-raises the SIGTERM it handled once it has shut down: as SystemExit
     # here, the clean-up below runs (the default action would end the process first)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         _run_uvicorn(uvicorn, settings, workers)
     finally:
-        _stop_dimse(dimse)
+        _stop_dimse(dimse, settings.shutdown_timeout)
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
@@ -257,33 +258,68 @@ def dimse_processes(settings) -> int:
 def _start_dimse(settings):
     """The DIMSE listener processes (``python -m dicomweb_server.dimse``, sharing the port with
     SO_REUSEPORT: the kernel spreads the associations), or [] when DIMSE is off or runs inside
-    the worker. They die with this process (PR_SET_PDEATHSIG)."""
-    import subprocess
-
+    the worker. They end with this process, however it ends: each watches a pipe whose write
+    end only this process holds (end-of-file: serve is gone; dimse/shutdown.py), and
+    PR_SET_PDEATHSIG sends them SIGTERM as well."""
     if not settings.dimse_port or settings.dimse_in_worker:
         return []
     n = dimse_processes(settings)
     print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
           f"({n} listener process(es))", file=sys.stderr, flush=True)
+    procs = []
+    for _ in range(n):
+        r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w
+        try:
+            proc = _spawn_listener(r)
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        proc.parent_pipe = w  # closed by _stop_dimse, or by the kernel when this process dies
+        procs.append(proc)
+    return procs
+
+
+def _spawn_listener(parent_fd: int, env=None):
+    """One listener process, stopping when the pipe ``parent_fd`` reaches end-of-file."""
+    import subprocess
 
     def die_with_parent() -> None:
         try:
             import ctypes
-            import signal
 
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         except OSError:
             pass
 
-    return [subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse"], preexec_fn=die_with_parent)
-            for _ in range(n)]
+    return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse", "--parent-fd", str(parent_fd)],
+                            pass_fds=(parent_fd,), preexec_fn=die_with_parent, env=env)
 
 
-def _stop_dimse(procs) -> None:
+#: seconds past ``shutdown_timeout`` a listener gets to end after SIGTERM before SIGKILL
+#: (its own watchdog ends it after 2 x CLOSE_WAIT: dimse/shutdown.py)
+DIMSE_KILL_AFTER = 15
+
+
+def _stop_dimse(procs, grace: float = 30) -> None:
+    """SIGTERM each listener, wait at most ``grace`` + :data:`DIMSE_KILL_AFTER` seconds in
+    all, then SIGKILL those still running."""
+    import subprocess
+    import time
+
     for proc in procs:
         proc.terminate()
+        with contextlib.suppress(OSError):
+            os.close(proc.parent_pipe)
+    deadline = time.monotonic() + grace + DIMSE_KILL_AFTER
     for proc in procs:
-        proc.wait(10)
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"dicomweb-server: DIMSE listener {proc.pid} did not stop: killed", file=sys.stderr, flush=True)
+            proc.kill()
+            proc.wait()
 
 
 def _is_loopback(host: str) -> bool:

@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from . import load01_storescu
 from .common import CpuSampler, MachineCpu, fmt, process_tree, table, tree_rss_mb
 
 #: (modality, SOP Class UID, rows, columns, frames, share of images) — the reference mix
@@ -459,7 +460,7 @@ HEADERS = ["Target", "Step (assocs)", "Operations", "Ops/s", "MB/s", "p50 ms", "
 
 
 def run_step(target: Target, associations: int, images: int, scale: float, processes: int, step: str,
-             fast: bool = True) -> StepResult:
+             fast: bool = True, generator: str = "pynetdicom") -> StepResult:
     jobs = plan(images)
     shares = [jobs[i::associations] for i in range(associations)]
     nproc = max(1, min(processes, associations))
@@ -468,8 +469,13 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     cpu, gen_cpu, machine = CpuSampler(), CpuSampler(), MachineCpu()
     peak = [0.0]
     stop = threading.Event()
-    ctx = mp.get_context("fork")
-    pool = ctx.Pool(nproc)
+    if generator == "storescu":  # the files first, outside the timed window (load01_storescu.py)
+        pixels = np.random.default_rng(7).integers(0, 4096, size=max(_max_pixels(scale) // 2, 16),
+                                                    dtype=np.uint16).tobytes()
+        files_root, file_shares = load01_storescu.write_shares(step, shares, scale, pixels, _dataset)
+        pool = None
+    else:
+        pool = mp.get_context("fork").Pool(nproc)
     roots = [p for p in [target.pid, *target.more_pids] if p]
     server_procs = [q for r in roots for q in process_tree(r)]
     gen_procs = process_tree(os.getpid())  # this process and the pool's workers
@@ -478,6 +484,9 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
         while not stop.is_set():
             if roots:  # storescp --fork: a child per association, so the trees are re-read
                 server_procs[:] = [q for r in roots for q in process_tree(r)]
+            if pool is None:  # the storescu processes come and go (a peer started by us is not one)
+                server_pids = {q.pid for q in server_procs}
+                gen_procs[:] = [q for q in process_tree(os.getpid()) if q.pid not in server_pids]
             cpu.sample(server_procs, True)
             gen_cpu.sample([p for p in gen_procs], True)
             machine.sample(True)
@@ -490,12 +499,20 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     t0 = time.perf_counter()
-    out = pool.map(_process_worker, [(target.host, target.port, target.called, step, g, scale, fast) for g in groups])
+    if pool is None:
+        procs = load01_storescu.start(target.host, target.port, target.called, files_root, file_shares)
+        out = [load01_storescu.collect(files_root, procs, file_shares)]
+    else:
+        out = pool.map(_process_worker, [(target.host, target.port, target.called, step, g, scale, fast)
+                                         for g in groups])
     res.seconds = time.perf_counter() - t0
     stop.set()
     th.join()
-    pool.close()
-    pool.join()
+    if pool is None:
+        load01_storescu.remove(files_root)
+    else:
+        pool.close()
+        pool.join()
     sent, hashes = [], {}
     for proc_results in out:
         for r in proc_results:
@@ -603,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=Path("loadtests/results/load01"))
     p.add_argument("--scu-reactor", choices=["blocking", "pynetdicom"], default="blocking",
                    help="the generator SCU's reactors: blocking + TCP_NODELAY (default), or pynetdicom's polling ones")
+    p.add_argument("--generator", choices=["pynetdicom", "storescu"], default="pynetdicom",
+                   help="the SCU: pynetdicom processes (default), or one DCMTK storescu process per association "
+                        "(files written before each step; loadtests/load01_storescu.py)")
     p.add_argument("--peer-ports", type=int, metavar="FIRST",
                    help="give the peers ports FIRST, FIRST+1, ... (Orthanc DICOM and HTTP, then storescp); "
                         "default: ports the kernel picks")
@@ -634,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         for target in targets:
             try:
                 for n in steps:
-                    r = run_step(target, n, args.images, args.scale, args.processes, str(n), fast)
+                    r = run_step(target, n, args.images, args.scale, args.processes, str(n), fast, args.generator)
                     results.append(r)
                     print(table(HEADERS, [r.row()]).splitlines()[-1], flush=True)
                 if args.latency:
@@ -651,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     mix = dict(zip([m[0] for m in MIX], counts(args.images)))
     md = ["# LOAD-01 (C-STORE) results", "",
           f"- images per step: {args.images} ({mix}), scale {args.scale}, generator processes {args.processes}, "
-          f"SCU reactors {args.scu_reactor}; load average at start/end {load0} / {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+          f"generator {args.generator}, SCU reactors {args.scu_reactor}; load average at start/end {load0} / {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
           f"- disk durable-write rate, 512 KB files (temp + fsync + rename + dir fsync): "
           f"{disk['files_per_s']} files/s = {disk['MB_per_s']} MB/s ({disk['folder']})",
           "", table(HEADERS, [r.row() for r in results]), "",

@@ -1,9 +1,12 @@
-"""``python -m dicomweb_server.dimse``: the DIMSE listener as its own process, with
-settings from the ``DICOMWEB_*`` environment (started by ``dicomweb-server serve``
-beside the uvicorn workers; it stops on SIGTERM/SIGINT)."""
+"""``python -m dicomweb_server.dimse [--parent-fd FD]``: the DIMSE listener as its own
+process, with settings from the ``DICOMWEB_*`` environment (started by ``dicomweb-server
+serve`` beside the uvicorn workers). It stops on SIGTERM/SIGINT, or when the pipe ``FD``
+(whose write end only ``serve`` holds) reaches end-of-file: ``serve`` is gone. The end is
+bounded (:mod:`.shutdown`)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
@@ -11,19 +14,30 @@ import threading
 
 from ..settings import Settings
 from .scp import run_forever
+from .shutdown import watch_parent
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dicomweb_server.dimse")
+    parser.add_argument("--parent-fd", type=int, help="stop when this pipe reaches end-of-file")
+    args = parser.parse_args(argv)
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
     logging.getLogger("pynetdicom").setLevel(logging.WARNING)
     if settings.audit_log is not None:
-        from ..api.auth import configure_audit_file  # the same JSON-lines audit file as HTTP
+        from ..api.auth import (
+            configure_audit_file,  # the same JSON-lines audit file as HTTP
+        )
 
         configure_audit_file(settings.audit_log)
     stop = threading.Event()
+
+    # a second signal changes nothing: Ctrl-C reaches serve and its listeners at once, and
+    # serve then sends SIGTERM; the end is bounded anyway (run_forever's watchdog)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.parent_fd is not None:
+        watch_parent(args.parent_fd, stop)
     return run_forever(settings, stop)
 
 

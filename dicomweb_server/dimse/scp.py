@@ -60,11 +60,12 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
-from . import reactor
+from . import reactor, store_rsp
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
 from .retrieve import matching_instances
+from .shutdown import CLOSE_WAIT, end_associations, exit_after
 
 log = logging.getLogger("dicomweb_server.dimse")
 audit_log = logging.getLogger("dicomweb_server.audit")
@@ -264,7 +265,7 @@ _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, 
               dimse_messages.create_file_meta, transport.AssociationSocket.recv,  # type: ignore[attr-defined]
               transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
               Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg,
-              dimse_messages.write_file_meta_info)
+              dimse_messages.write_file_meta_info, _config.LOG_HANDLER_LEVEL)
 
 
 def _unpatch() -> None:
@@ -274,8 +275,14 @@ def _unpatch() -> None:
      dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
      transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
      Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg,
-     dimse_messages.write_file_meta_info) = _UNPATCHED
+     dimse_messages.write_file_meta_info, _config.LOG_HANDLER_LEVEL) = _UNPATCHED
     reactor.uninstall()
+    store_rsp.uninstall()
+
+
+#: listeners started in this process: a stop that outlasts the start of the next listener
+#: (its associations get up to ``shutdown_timeout`` s) must not undo the new one's patches
+_generation = 0
 
 
 def _receive_into(spool: Path, max_pdu: int) -> None:
@@ -283,9 +290,11 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
     aborts its association, a cheap copy of the presentation contexts, PDUs no longer
     than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced); C-GET/C-MOVE
-    sub-operations sent from the stored file in PDUs of at most ``SEND_PDU_MAX``; and
-    blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`)."""
-    global _pdu_limit
+    sub-operations sent from the stored file in PDUs of at most ``SEND_PDU_MAX``;
+    blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`); the
+    C-STORE-RSP encoded by hand (:mod:`.store_rsp`), without pynetdicom's debug handlers."""
+    global _pdu_limit, _generation
+    _generation += 1
     _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
     transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
@@ -300,6 +309,11 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     _config.STORE_SEND_CHUNKED_DATASET = True  # send_c_store(path): the data set read per fragment
     Association.send_c_store = _send_c_store_from_file  # type: ignore[method-assign]
     dimse_messages.DIMSEMessage.encode_msg = _encode_msg_capped  # type: ignore[method-assign]
+    # pynetdicom's standard notification handlers (EVT_DIMSE_RECV/SENT, EVT_PDU_RECV/SENT)
+    # format debug lines for every message and PDU, logged or not: 4-5 % of the listener's
+    # GIL samples per C-STORE (py-spy, store_rsp.py). Debug logging of pynetdicom is off here.
+    _config.LOG_HANDLER_LEVEL = "none"
+    store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
 
 
 #: bytes read from the head of a received file: its file meta and first elements
@@ -467,10 +481,17 @@ class DimseServer:
             p.unlink(missing_ok=True)
         return spool
 
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server = None
+    def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, let the associations go on for at most ``grace`` seconds (default
+        ``shutdown_timeout``), abort the rest (:func:`.shutdown.end_associations`)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        generation = _generation
+        server.block_on_close = False  # server_close must not wait for connection threads
+        server.shutdown()  # the accept loop ends, the listening socket is closed
+        end_associations(server, self.settings.shutdown_timeout if grace is None else grace)
+        if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
             gc.unfreeze()
 
@@ -634,7 +655,8 @@ def listen_error(settings: Settings, e: OSError) -> str:
 
 def run_forever(settings: Settings, stop: threading.Event) -> int:
     """The listener as a process (started by ``dicomweb-server serve``): opens the
-    archive, listens until ``stop`` is set."""
+    archive, listens until ``stop`` is set, then ends within ``shutdown_timeout`` +
+    2 x ``CLOSE_WAIT`` seconds (a watchdog exits the process if the orderly end hangs)."""
     archive = Archive.open(settings)
     server = DimseServer(archive, settings)
     try:
@@ -647,6 +669,8 @@ def run_forever(settings: Settings, stop: threading.Event) -> int:
     try:
         stop.wait()
     finally:
+        # bounded, whatever the peers or a stuck thread do (shutdown.py)
+        exit_after(settings.shutdown_timeout + 2 * CLOSE_WAIT)
         server.stop()
         archive.close()
     return 0

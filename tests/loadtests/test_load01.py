@@ -65,7 +65,11 @@ def serve(tmp_path):
         log.close()
 
 
-def test_a_short_run_passes_every_check(serve, tmp_path):
+@pytest.mark.parametrize("generator", ["pynetdicom", "storescu"])
+def test_a_short_run_passes_every_check(serve, tmp_path, generator):
+    """The same checks with either generator (storescu: one DCMTK process per association)."""
+    if generator == "storescu" and not Path("/usr/bin/storescu").exists():
+        pytest.skip("DCMTK is not installed (apt-get install dcmtk)")
     http, dimse, data = serve
     # the live processes' spool locks (the DIMSE listener's and the HTTP workers', each once
     # it has claimed its folder) are there, and are not partial files
@@ -73,7 +77,7 @@ def test_a_short_run_passes_every_check(serve, tmp_path):
     out = tmp_path / "out"
     rc = load01.main(["--port", str(dimse), "--http", f"http://127.0.0.1:{http}", "--data-dir", str(data),
                       "--associations", "1,2", "--images", "12", "--scale", "0.05", "--processes", "2",
-                      "--latency", "3", "--output", str(out)])
+                      "--latency", "3", "--output", str(out), "--generator", generator])
     results = json.loads((out / "results.json").read_text())
     assert rc == 0
     steps = results["steps"]
@@ -82,6 +86,7 @@ def test_a_short_run_passes_every_check(serve, tmp_path):
         assert s["Operations"] == 12 and s["Errors"] == 0
         assert s["missing/extra/partial"] == "0/0/0"
         assert s["SHA-256 ok"] == "1/1"  # image 0 of the step: every 100th
+        assert s["p50 ms"] > 0 and s["Max ms"] < 120_000  # every operation answered, timed
     assert results["latency"]["ours"]["ok"] == 3
     # the steps' instances and the latency's were removed afterwards
     assert httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json() == []
