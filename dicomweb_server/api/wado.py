@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
+import mmap
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
@@ -16,8 +17,8 @@ from starlette.responses import Response, StreamingResponse
 
 from .. import retrieve
 from ..dicom import pixels
-from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.bulkdata import bulkdata_tagpath_parse
+from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.media_types import (
     DICOM,
     OCTET_STREAM,
@@ -32,8 +33,14 @@ from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError, error_response, warning_header
+from .responses import (
+    DicomJSONResponse,
+    multipart_response,
+    multipart_stream,
+    parse_byte_range,
+    pieces,
+)
 from .threads import run_blocking
-from .responses import DicomJSONResponse, multipart_response, multipart_stream, parse_byte_range, pieces
 
 router = APIRouter(tags=["WADO-RS"])
 
@@ -222,91 +229,120 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
 
 
 class _Opened:
-    """File descriptors of an answer not yet handed to a reading thread; closed by
-    the body's end, or when the answer is dropped unsent."""
+    """The maps of an answer's files (retrieve.map_files), handed out in batches as
+    the client reads; a map is dropped here once its last view is handed out (it is
+    then freed when the transport has written that view), the rest when the body ends
+    or the answer is dropped unsent."""
 
-    def __init__(self, files: list[tuple[bytes, int, int]]) -> None:
-        self.files = files  # (part header, descriptor, size); each taken from retrieve.DESCRIPTORS
-        self.next = 0
+    def __init__(self, files: list[tuple[bytes, mmap.mmap | None, int]]) -> None:
+        self.files = files  # (part header, map, size); each map counted in retrieve.DESCRIPTORS until freed
+        self.at = (0, 0)  # (file, offset) of the next batch
 
     def close_rest(self) -> None:
-        rest, self.next = self.files[self.next:], len(self.files)
-        for _, fd, _ in rest:
-            os.close(fd)
-        retrieve.DESCRIPTORS.give(len(rest))
+        i = self.at[0]
+        for k in range(i, len(self.files)):
+            head, m, size = self.files[k]
+            if m is not None and (k > i or self.at[1] == 0):
+                m.close()  # no view handed out: unmapped (and its descriptor closed) now
+            self.files[k] = (head, None, size)
+        self.at = (len(self.files), 0)
 
     def __del__(self) -> None:
         self.close_rest()
 
+    def next_batch(self) -> list[tuple[int, int, int, mmap.mmap | None]]:
+        """The next (file, start, end, map) spans, in order: whole files while they fit
+        in READ_BATCH bytes, or READ_BATCH bytes of a larger file (so an answer holds at
+        most two batches of populated pages whatever its files' sizes); [] at the end."""
+        i, off = self.at
+        spans: list[tuple[int, int, int, mmap.mmap | None]] = []
+        total = 0
+        while i < len(self.files):
+            head, m, size = self.files[i]
+            if spans and total + size - off > retrieve.READ_BATCH:
+                break  # the next batch (whole files in one batch: one send each, see _send_opened)
+            end = min(size, off + retrieve.READ_BATCH)
+            spans.append((i, off, end, m))
+            total += end - off
+            if end >= size:
+                self.files[i] = (head, None, size)  # the views hold the map from here on
+                i, off = i + 1, 0
+            else:
+                off = end
+        self.at = (i, off)
+        return spans
 
-def _read_batch(batch: list[tuple[int, int]]) -> list[list[bytes]]:
-    """retrieve.read_files (which closes the descriptors), then their budget given back.
-    Each file is read in pieces of up to retrieve.SEND_PIECE (a 512x512 CT file in one pread):
-    every piece is one ASGI send through the middleware and one transport.write, and a
-    py-spy --gil profile of a study retrieve had those sends as the largest share."""
-    try:
-        return retrieve.read_files(batch, retrieve.SEND_PIECE)
-    finally:
-        retrieve.DESCRIPTORS.give(len(batch))
+
+def _give_back_with(m: mmap.mmap) -> None:
+    """One descriptor of retrieve.DESCRIPTORS given back when ``m`` is freed (its
+    duplicate descriptor closed: retrieve.map_files)."""
+    weakref.finalize(m, retrieve.DESCRIPTORS.give, 1)
 
 
 async def _opened_files_response(archive, locs: list[InstanceLocation], boundary: str,
                                  headers: dict[str, str]) -> Response | None:
-    """Every file as stored, opened before the answer starts (one thread hop), sent
-    with a Content-Length; instances deleted before they were opened are left out.
-    None when the process's descriptor budget (retrieve.DESCRIPTORS) cannot hold them
-    now: the caller streams file by file. 503 (Retry-After) when the process is out
-    of descriptors altogether."""
+    """Every file as stored, opened and mapped before the answer starts (one thread
+    hop), sent with a Content-Length; instances deleted before they were opened are
+    left out. None when the process's descriptor budget (retrieve.DESCRIPTORS) cannot
+    hold them now: the caller streams file by file. 503 (Retry-After) when the process
+    is out of descriptors altogether."""
     if not retrieve.DESCRIPTORS.take(len(locs)):
         return None
     try:
-        opened = await run_blocking(retrieve.open_files, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
+        opened = await run_blocking(retrieve.map_files, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
     except BaseException as e:
         retrieve.DESCRIPTORS.give(len(locs))
         if isinstance(e, retrieve.OutOfDescriptors):
             raise DICOMwebHTTPError(503, str(e), {"Retry-After": "5"}) from None
         raise
-    retrieve.DESCRIPTORS.give(len(locs) - len(opened))  # left out: gone since the look-up
+    mapped = [m for _, m in opened if m is not None]
+    for m in mapped:
+        _give_back_with(m)
+    retrieve.DESCRIPTORS.give(len(locs) - len(mapped))  # left out (gone since the look-up), or empty
     files = []
-    for i, (loc, fd) in enumerate(opened):
+    for i, (loc, m) in enumerate(opened):
         head = (b"\r\n" if i else b"") + part_header(boundary, _dicom_part_type(loc.transfer_syntax_uid))
-        files.append((head, fd, loc.size))
+        files.append((head, m, loc.size))
     state = _Opened(files)
     tail = closing(boundary)
     headers["Content-Length"] = str(sum(len(h) + n for h, _, n in files) + len(tail))
     return StreamingResponse(_send_opened(state, tail), media_type=content_type(boundary, DICOM), headers=headers)
 
 
-async def _send_opened(state: _Opened, tail: bytes) -> AsyncIterator[bytes]:
-    """The parts of opened files, read about READ_BATCH bytes per thread hop; the next
-    batch is read while this one is sent (so at most two batches are held)."""
-    files = state.files
-
-    def start_next() -> tuple[int, int, asyncio.Future] | None:
-        i = j = state.next
-        if i >= len(files):
+async def _send_opened(state: _Opened, tail: bytes) -> AsyncIterator[bytes | memoryview]:
+    """The parts of mapped files, about READ_BATCH bytes read in (retrieve.populate) per
+    thread hop; the next batch is read while this one is sent (so at most two batches
+    are held), each sent as views of its map in pieces of at most retrieve.SEND_PIECE
+    (a 512x512 CT file in one send: every piece is one ASGI send through the middleware
+    and one transport.write, the largest share of a py-spy --gil profile of a study
+    retrieve)."""
+    def start_next() -> tuple[list, asyncio.Future] | None:
+        spans = state.next_batch()
+        if not spans:
             return None
-        total = 0
-        while j < len(files) and (j == i or total + files[j][2] <= retrieve.READ_BATCH):
-            total += files[j][2]
-            j += 1
-        state.next = j  # handed to read_files, which closes them
-        return i, j, asyncio.ensure_future(run_blocking(_read_batch, [(fd, n) for _, fd, n in files[i:j]]))
+        todo = [(m, a, b) for _, a, b, m in spans if m is not None]
+        return spans, asyncio.ensure_future(run_blocking(retrieve.populate, todo))
 
     pending = start_next()
     try:
         while pending is not None:
-            i, j, future = pending
-            data = await future
+            spans, future = pending
+            await future
             pending = start_next()
-            for (head, _, _), chunks in zip(files[i:j], data):
-                yield head
-                for chunk in chunks:
-                    yield chunk
+            for i, start, end, m in spans:
+                if start == 0:
+                    yield state.files[i][0]
+                if m is None:
+                    continue
+                view = memoryview(m)
+                for at in range(start, end, retrieve.SEND_PIECE):
+                    yield view[at : min(end, at + retrieve.SEND_PIECE)]
+                del view
+            del spans
         yield tail
     finally:
-        if pending is not None:  # the answer ended early: the read finishes (and closes) on its own
-            pending[2].add_done_callback(lambda f: f.cancelled() or f.exception())
+        if pending is not None:  # the answer ended early: the read finishes on its own
+            pending[1].add_done_callback(lambda f: f.cancelled() or f.exception())
         state.close_rest()
 
 
