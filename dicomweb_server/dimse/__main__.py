@@ -14,7 +14,7 @@ import threading
 
 from ..settings import Settings
 from .scp import run_forever
-from .shutdown import watch_parent
+from .shutdown import stop_on_signals_and_parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,10 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # a second signal changes nothing: Ctrl-C reaches serve and its listeners at once, and
     # serve then sends SIGTERM; the end is bounded anyway (run_forever's watchdog)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    if args.parent_fd is not None:
-        watch_parent(args.parent_fd, stop)
+    stop_on_signals_and_parent(stop, (signal.SIGTERM, signal.SIGINT), args.parent_fd)
     return run_forever(settings, stop)
 
 

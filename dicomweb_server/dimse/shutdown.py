@@ -14,7 +14,7 @@ parent died before ``PR_SET_PDEATHSIG`` was armed. Hence:
   nothing indexed); a C-STORE whose handler is running finishes its store (durable and
   indexed, or not at all) before the archive closes, though its C-STORE-RSP may not get
   out: the SCU then sends it again, and the duplicate policy applies;
-- :func:`watch_parent`: ``serve`` hands each listener the read end of a pipe whose write
+- :func:`stop_on_signals_and_parent`: ``serve`` hands each listener the read end of a pipe whose write
   end only ``serve`` holds: when ``serve`` ends in any way (SIGKILL included, even before
   the listener started) the read returns end-of-file. ``PR_SET_PDEATHSIG`` alone can miss
   a parent gone before ``prctl`` ran, and fires when the forking *thread* ends;
@@ -71,19 +71,49 @@ def end_associations(server, grace: float) -> None:
         assoc.join(max(0.0, until - time.monotonic()))  # a handler still storing finishes
 
 
-def watch_parent(fd: int, stop: threading.Event) -> threading.Thread:
-    """Set ``stop`` when the pipe ``fd`` reaches end-of-file (its writer, ``serve``, is gone)."""
+def stop_on_signals_and_parent(stop: threading.Event, signals, parent_fd: int | None = None) -> threading.Thread:
+    """Set ``stop`` on one of ``signals``, or when the pipe ``parent_fd`` reaches end-of-file
+    (its writer, ``serve``, is gone).
+
+    The signal handler only writes a byte to a pipe (async-signal-safe); a thread waiting
+    on that pipe and on ``parent_fd`` sets ``stop``. A handler calling ``Event.set`` itself
+    deadlocked a listener: when ``serve`` died, the parent pipe's end-of-file set ``stop``
+    and PR_SET_PDEATHSIG's SIGTERM arrived while the main thread was re-acquiring the
+    event's (non-reentrant) lock in ``Event.wait``; the handler, run in the main thread,
+    then waited for that lock for ever, before the watchdog (:func:`exit_after`) was armed.
+    """
+    import select
+    import signal
+
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def on_signal(*_) -> None:
+        try:
+            os.write(wake_w, b"\0")
+        except OSError:  # the pipe is full: a wake-up is pending already
+            pass
+
+    for sig in signals:
+        signal.signal(sig, on_signal)
 
     def watch() -> None:
-        try:
-            while os.read(fd, 4096):
-                pass
-        except OSError:
-            pass
-        log.warning("DIMSE listener: serve (its parent) is gone; stopping")
+        watched = [wake_r] + ([parent_fd] if parent_fd is not None else [])
+        while True:
+            try:
+                ready, _, _ = select.select(watched, [], [])
+            except InterruptedError:
+                continue
+            if wake_r in ready:
+                break
+            try:
+                if not os.read(parent_fd, 4096):  # type: ignore[arg-type]
+                    log.warning("DIMSE listener: serve (its parent) is gone; stopping")
+                    break
+            except OSError:
+                break
         stop.set()
 
-    t = threading.Thread(target=watch, name="dimse-parent-watch", daemon=True)
+    t = threading.Thread(target=watch, name="dimse-stop-watch", daemon=True)
     t.start()
     return t
 

@@ -183,3 +183,25 @@ def test_serve_kills_a_listener_that_does_not_stop(monkeypatch):
     assert proc.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 5
     proc.stdout.close()
+
+
+_SIGNAL_WHILE_EVENT_LOCKED = """
+import os, signal, sys, threading
+from dicomweb_server.dimse.shutdown import stop_on_signals_and_parent
+stop = threading.Event()
+stop_on_signals_and_parent(stop, (signal.SIGTERM,), None)
+with stop._cond:  # where Event.wait is when a signal lands as it re-takes the event's lock
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in this thread
+assert stop.wait(10)
+print("stopped")
+"""
+
+
+def test_sigterm_while_the_main_thread_holds_the_stop_events_lock_still_stops():
+    """When serve died, the parent pipe's end-of-file set the stop event and PDEATHSIG's
+    SIGTERM arrived while the main thread re-took the event's lock in Event.wait: the
+    handler, calling Event.set in that same thread, waited for that lock for ever (found
+    after a CI run: a listener alive 18 min after its serve, py-spy showing exactly that)."""
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_EVENT_LOCKED], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "stopped"), proc.stderr
