@@ -25,6 +25,7 @@ import pydicom
 import pytest
 from pydicom.data import get_testdata_file
 
+from loadtests import load01
 from tests.helpers import free_port, stop_processes
 
 CT = Path(get_testdata_file("CT_small.dcm"))
@@ -33,13 +34,10 @@ SOP = "1.3.6.1.4.1.5962.1.1.1.1.1.20040119072730.12322"
 
 
 def dcmtk(tool: str) -> str:
-    """DCMTK's binary, not pynetdicom's Python app of the same name in the venv's bin/."""
-    for d in ["/usr/bin", *os.environ.get("PATH", "").split(os.pathsep)]:
-        path = os.path.join(d, tool)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            with open(path, "rb") as f:
-                if f.read(2) != b"#!":
-                    return path
+    """DCMTK's binary (load01.dcmtk: not pynetdicom's Python app of the same name in the venv's bin/)."""
+    path = load01.dcmtk(tool)
+    if os.path.isabs(path):
+        return path
     message = f"DCMTK's {tool} is not installed (Debian package dcmtk)"
     if os.environ.get("DICOMWEB_PEERS", "").lower() == "skip":
         pytest.skip(message)
