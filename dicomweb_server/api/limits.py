@@ -94,11 +94,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # after a refusal: discarded (see _refuse)
+        began_here = not self._in_head
         if self._in_head:
             self._head_bytes += len(data)
             self._line_done = self._line_done or b"\n" in data
         # fed first: the read that completes a head may carry body bytes too
         super().data_received(data)
+        if began_here and self._in_head:
+            # The next request of a keep-alive connection began inside this read
+            # (on_message_begin): count the read from it. Without pipelining the read
+            # starts with its request line; with pipelining it may also hold the end of
+            # the request before, which over-counts by at most that read.
+            self._head_bytes = len(data)
+            self._line_done = b"\n" in data
         if self._in_head and self._head_bytes > self._max_head and not self.transport.is_closing():
             if self._line_done:
                 self._refuse(431, f"request headers exceed {self._max_head} bytes")

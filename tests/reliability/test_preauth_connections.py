@@ -112,6 +112,39 @@ def test_a_huge_url_is_refused_414_before_it_ends(guarded):
     assert sent < 64 * 1024 * 1024
 
 
+def _flood_after_one_request(srv: LiveServer, head: bytes, filler: bytes) -> bytes:
+    """Like :func:`_flood`, on a keep-alive connection that has already been answered
+    once: the head of its second request must be counted from its first byte."""
+    with _connect(srv) as s:
+        s.sendall(b"GET /studies HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        s.sendall(head + filler * 100)  # line (and Host) in one read, as a client sends them
+        piece, sent = filler * (65536 // len(filler)), 0
+        while sent < 64 * 1024 * 1024:
+            try:
+                sent += s.send(piece)
+            except OSError:
+                break
+            if select.select([s], [], [], 0)[0]:
+                break
+        try:
+            return _read_all(s)
+        except ConnectionResetError:
+            return b""
+
+
+def test_the_second_request_of_a_connection_gets_431_for_a_huge_header(guarded):
+    """The read that starts a keep-alive connection's next request was not counted,
+    so its request line was never seen and a huge header got 414 (CI, 2026-12-03)."""
+    answer = _flood_after_one_request(guarded, b"GET /studies HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a")
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+
+
+def test_the_second_request_of_a_connection_gets_414_for_a_huge_url(guarded):
+    answer = _flood_after_one_request(guarded, b"GET /studies?PatientID=", b"a")
+    assert answer.startswith(b"HTTP/1.1 414 "), answer[:80]
+
+
 def test_many_header_fields_count_towards_the_bound(guarded):
     answer, _ = _flood(guarded, b"GET /studies HTTP/1.1\r\nHost: x\r\n", b"X-h: v\r\n", 64 * 1024 * 1024)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
