@@ -171,6 +171,14 @@ def _dul_run_reactor(self) -> None:
         with q.not_full:  # a sender waiting for room (_send_pdu_paced) stops waiting
             self._ended = True
             q.not_full.notify_all()
+        # A thread waiting on the to-user queue (pynetdicom's acceptor waits there for
+        # its A-ASSOCIATE-RQ, for acse_timeout) learns that nothing more will come: None is
+        # what that wait returns on a timeout, and it then kills the association and
+        # closes its socket. A DUL that ended without putting a primitive there (garbage
+        # or a refused PDU before the A-ASSOCIATE-RQ: PS3.8 Sta2 -> AA-1, no indication)
+        # held that thread, and its place among the listener's associations, for
+        # acse_timeout (30 s). Queued primitives stay ahead of it.
+        self.to_user_queue.put(None)
         wake = getattr(self.assoc, "_wake", None)
         if wake is not None:
             wake.set()  # the association thread sees the DUL has ended

@@ -31,6 +31,22 @@ def _still_serving(dimse) -> None:
     assert _spool(dimse) == []
 
 
+def _associations_end(port: int, within: float = 5.0) -> None:
+    """Every association thread of the in-worker listener on ``port`` ends within
+    ``within`` seconds (well below dimse_acse_timeout, 30 s: before the fix a connection
+    refused before its A-ASSOCIATE-RQ held its thread, and its place, that long)."""
+    import threading
+
+    deadline = time.monotonic() + within
+    while True:
+        left = [t for t in threading.enumerate() if "AcceptorThread" in t.name
+                and getattr(getattr(t, "_server", None), "server_address", (None, None))[1] == port]
+        if not left or time.monotonic() > deadline:
+            break
+        left[0].join(0.05)
+    assert not left, f"{len(left)} association thread(s) still open"
+
+
 def _wait_empty_spool(dimse) -> None:
     deadline = time.monotonic() + 10
     while _spool(dimse) and time.monotonic() < deadline:
@@ -108,6 +124,7 @@ def test_garbage_on_the_port(dimse):
                     pass
             except OSError:
                 pass
+    _associations_end(dimse.port)
     _still_serving(dimse)
 
 
@@ -188,6 +205,7 @@ def test_pdu_longer_than_announced_is_refused_at_its_header(dimse, pdu_type):
             assert s.recv(4096) == b""  # closed by the server; without the bound: the recv times out
         except ConnectionResetError:
             pass
+    _associations_end(dimse.port)
     _still_serving(dimse)
 
 
