@@ -11,7 +11,6 @@ import select
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
