@@ -215,8 +215,8 @@ class ViewerFiles:
 
     def resolve(self, rel: str) -> Path | None:
         """A file of dist/ named by a URL path, never outside it."""
-        if not rel or rel.endswith("/"):
-            return None
+        if not rel or rel.endswith("/") or "\0" in rel:
+            return None  # a NUL names no file (and os calls refuse it: ValueError)
         path = (self.dist / rel).resolve()
         if self.dist not in path.parents or not path.is_file():
             return None

@@ -123,6 +123,16 @@ def test_missing_files_and_escapes_are_404(client, dist):
     assert files.resolve("assets") is None  # a folder
 
 
+@pytest.mark.parametrize("path", ["/viewer/x%00", "/viewer/%00", "/viewer/app-config.js%00.html"])
+def test_a_nul_in_the_path_is_no_server_error(client, dist, path):
+    """A NUL named no file but raised ValueError in Path.resolve: 500 (new-user trial)."""
+    for method in ("GET", "HEAD"):
+        r = client.request(method, path)
+        assert r.status_code in (404, 200), (method, path, r.status_code)  # 200 = the app page
+        assert b"root:" not in r.content
+    assert viewer.ViewerFiles(dist).resolve("app-config.js\0.html") is None
+
+
 def test_app_config_points_at_the_archive(tmp_path, dist):
     def config(**kw):
         with _Archive(tmp_path, viewer=True, viewer_dir=dist, **kw) as c:
