@@ -32,6 +32,7 @@ from pathlib import Path
 from . import faults, metrics
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import SpooledPart
+from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
 from .routing import Routes, Routing, load_routes, open_outbox
 from .settings import Settings
@@ -290,6 +291,14 @@ class Archive:
                           f"part Content-Type {part.content_type!r} is not application/dicom")
         return None
 
+    def _same_data_set(self, spooled: Path, relpath: str) -> bool:
+        """Whether a stored instance that is not byte-identical to ``spooled`` holds
+        the same data set under other file meta (the same instance received through the
+        other front door: :func:`.dicom.reading.same_data_set`). The stored file, its
+        index record (pixel offsets) included, is kept as it is."""
+        with self.blobs.local_copy(relpath) as stored:
+            return same_data_set(spooled, stored)
+
     def _place_and_index(self, described: list[tuple[InstanceRecord, SpooledPart]], outcome: StoreOutcome,
                          announced: Expected | None = None) -> None:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
@@ -310,7 +319,7 @@ class Archive:
                 else:
                     same = self.blobs.same(spooled, rec.path)
                     if self.index.locate(rec.sop_uid) is not None:
-                        if same:
+                        if same or self._same_data_set(spooled, rec.path):
                             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
                                                          rec.series_uid, duplicate=True))
                         else:

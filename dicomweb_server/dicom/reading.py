@@ -26,6 +26,7 @@ from typing import BinaryIO
 import pydicom
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset, FileDataset, FileMetaDataset
+from pydicom.errors import InvalidDicomError
 from pydicom.filereader import (
     _at_pixel_data,
     _read_command_set_elements,
@@ -211,3 +212,37 @@ def _int(value: object, default: int) -> int:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return default
+
+
+def _data_set_start(fp: BinaryIO) -> str:
+    """The Transfer Syntax UID of the PS3.10 file ``fp``, leaving ``fp`` at the first
+    byte of its data set (after the preamble, ``DICM`` and the file meta)."""
+    read_preamble(fp, False)
+    return str(_read_file_meta_info(fp).get("TransferSyntaxUID", "") or "")
+
+
+def same_data_set(a: Path, b: Path) -> bool:
+    """Whether two PS3.10 files hold byte-identical data sets in the same transfer
+    syntax, whatever their file meta information.
+
+    The file meta (PS3.10 §7.1) describes how a file was made, not the SOP Instance:
+    Source Application Entity Title, Implementation Class UID and Version Name,
+    Private Information differ between a copy received by STOW-RS (the sender's
+    file) and one received by C-STORE (file meta built from the association) of the
+    very same instance. Files that do not parse compare as different.
+    """
+    try:
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            ts_a, ts_b = _data_set_start(fa), _data_set_start(fb)
+            if not ts_a or ts_a != ts_b:
+                return False
+            if os.fstat(fa.fileno()).st_size - fa.tell() != os.fstat(fb.fileno()).st_size - fb.tell():
+                return False
+            while True:
+                piece = fa.read(_CHUNK)
+                if piece != fb.read(_CHUNK):
+                    return False
+                if not piece:
+                    return True
+    except (OSError, ValueError, InvalidDicomError):
+        return False

@@ -30,6 +30,32 @@ def test_store_then_qido_and_wado(dimse):
     assert got.file_meta.MediaStorageSOPInstanceUID == ds.SOPInstanceUID
 
 
+def test_the_same_instance_through_both_front_doors_is_a_duplicate(dimse):
+    """STOW-RS then C-STORE of one instance, and C-STORE then STOW-RS of another: the
+    second copy differs only in its file meta (the C-STORE's is built from the
+    association), so it is the identical instance: Success / 200, the first copy kept.
+    Before: 0x0111 and 409 (the README's walk-through, after `import --samples`)."""
+    from tests.helpers import multipart, to_bytes
+
+    def stow(ds) -> int:
+        body, ctype = multipart([to_bytes(ds)])
+        return dimse.http.post("/studies", content=body, headers={"Content-Type": ctype}).status_code
+
+    a, b = make_dataset(PatientID="BOTH1"), make_dataset(PatientID="BOTH2")
+    assert stow(a) == 200
+    assert dimse.store([a]) == [S.SUCCESS]
+    assert dimse.store([b]) == [S.SUCCESS]
+    assert stow(b) == 200
+    a.PatientName = "Other^Content"
+    assert dimse.store([a]) == [S.DUPLICATE_SOP_INSTANCE]  # other content: refused
+    for ds, aet in ((a, None), (b, "TESTSCU")):
+        r = dimse.http.get(f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}",
+                           headers={"Accept": "application/dicom; transfer-syntax=*"})
+        got = pydicom.dcmread(io.BytesIO(r.content))
+        assert got.file_meta.get("SourceApplicationEntityTitle") == aet  # the first copy, kept
+        assert got.PatientName != "Other^Content"
+
+
 def test_associations_in_the_audit_log(tmp_path):
     import json
 

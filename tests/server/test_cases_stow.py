@@ -170,6 +170,31 @@ def test_duplicate_policy(http, server):
     assert len(http.get("/instances").json()) == 1
 
 
+def test_the_same_data_set_under_other_file_meta_is_a_duplicate_not_a_conflict(http, server):
+    """The same instance received again with other file meta (PS3.10 §7.1: e.g. first
+    by STOW-RS as the sender's file, then by C-STORE with file meta built from the
+    association) is the identical instance: success, the stored file kept as it was.
+    Before: 0x0111 "already stored with different content" (new-user trial)."""
+    ds = make_dataset()
+    first = to_bytes(ds)
+    assert post(http, [first]).status_code == 200
+    ds.file_meta.SourceApplicationEntityTitle = "MODALITY"
+    ds.file_meta.ImplementationVersionName = "OTHER_1.0"
+    again = to_bytes(ds)
+    assert again != first  # the file meta differs; the data set is the same
+    r = post(http, [again])
+    assert r.status_code == 200, r.text
+    assert r.json()[REFERENCED]["Value"][0]["00081155"]["Value"] == [ds.SOPInstanceUID]
+    url = f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
+    assert http.get(url, headers={"Accept": "application/dicom; transfer-syntax=*"}).content == first
+    # the same attributes in another transfer syntax are other bytes: still a conflict
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2"
+    r = post(http, [to_bytes(ds)])
+    assert r.status_code == 409
+    assert r.json()[FAILED]["Value"][0]["00081197"]["Value"] == [0x0111]
+    assert len(http.get("/instances").json()) == 1
+
+
 def test_same_instance_twice_in_one_request(http, server):
     data = to_bytes(make_dataset())
     r = post(http, [data, data])
