@@ -112,8 +112,9 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
     except (Unacceptable, Truncated) as e:
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e)) from None
     except InvalidDicomError as e:
+        why = str(e).replace(" Use force=True to force reading.", "")  # pydicom's hint is for its callers
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND,
-                            f"not a PS3.10 DICOM file (preamble and 'DICM' prefix required): {e}") from None
+                            f"not a PS3.10 DICOM file (preamble and 'DICM' prefix required): {why}") from None
     except Exception as e:  # pydicom raises many types on garbage input
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot parse the DICOM file: {e}") from None
     deflated = ts == DEFLATED_LE
