@@ -223,26 +223,51 @@ def _data_set_start(fp: BinaryIO) -> str:
 
 def same_data_set(a: Path, b: Path) -> bool:
     """Whether two PS3.10 files hold byte-identical data sets in the same transfer
-    syntax, whatever their file meta information.
+    syntax, whatever their file meta information and but for a Data Set Trailing
+    Padding element that one of them ends with and the other lacks.
 
     The file meta (PS3.10 §7.1) describes how a file was made, not the SOP Instance:
     Source Application Entity Title, Implementation Class UID and Version Name,
     Private Information differ between a copy received by STOW-RS (the sender's
     file) and one received by C-STORE (file meta built from the association) of the
-    very same instance. Files that do not parse compare as different.
+    very same instance. Data Set Trailing Padding (FFFC,FFFC) has no meaning
+    (PS3.10 §7.2) and senders drop it (DCMTK's storescu does: pydicom's
+    ``CT_small.dcm`` ends with 138 bytes of it). Anything else that differs, even an
+    equivalent encoding, is other content. Files that do not parse compare as
+    different.
     """
     try:
         with open(a, "rb") as fa, open(b, "rb") as fb:
             ts_a, ts_b = _data_set_start(fa), _data_set_start(fb)
             if not ts_a or ts_a != ts_b:
                 return False
-            if os.fstat(fa.fileno()).st_size - fa.tell() != os.fstat(fb.fileno()).st_size - fb.tell():
-                return False
             while True:
-                piece = fa.read(_CHUNK)
-                if piece != fb.read(_CHUNK):
-                    return False
-                if not piece:
-                    return True
+                pa, pb = fa.read(_CHUNK), fb.read(_CHUNK)
+                if pa == pb:
+                    if not pa:
+                        return True
+                    continue
+                n = min(len(pa), len(pb))
+                if len(pa) == len(pb) or pa[:n] != pb[:n]:
+                    return False  # different bytes (not one data set ending where the other goes on)
+                # a short read of a regular file is its end: the shorter data set ended here
+                longer, rest = (fa, pa[n:]) if len(pa) > n else (fb, pb[n:])
+                return _only_trailing_padding(longer, rest, implicit=ts_a == "1.2.840.10008.1.2")
     except (OSError, ValueError, InvalidDicomError):
         return False
+
+
+def _only_trailing_padding(fp: BinaryIO, head: bytes, implicit: bool) -> bool:
+    """Whether ``head`` + the rest of ``fp`` is exactly one Data Set Trailing Padding
+    element (FFFC,FFFC), in the data set's VR encoding (PS3.5 §7.1.2-3)."""
+    head += fp.read(12)
+    if implicit:
+        ok = head[:4] == b"\xfc\xff\xfc\xff" and len(head) >= 8
+        length, header = (int.from_bytes(head[4:8], "little"), 8) if ok else (0, 0)
+    else:
+        ok = head[:6] == b"\xfc\xff\xfc\xffOB" and len(head) >= 12
+        length, header = (int.from_bytes(head[8:12], "little"), 12) if ok else (0, 0)
+    if not ok or length == _UNDEFINED:
+        return False
+    here = fp.tell() - (len(head) - header)  # the first byte of the padding's value
+    return os.fstat(fp.fileno()).st_size - here == length
