@@ -151,3 +151,21 @@ def test_cmove_to_unknown_destination_is_refused(walkthrough):
     out = proc.stdout + proc.stderr
     assert "Final Move Response (Refused: MoveDestinationUnknown)" in out, out  # DCMTK's name of 0xA801
     assert list(walkthrough["recv"].iterdir()) == []
+
+
+def test_storescu_of_a_file_imported_before_is_a_success(walkthrough):
+    """The README's storescu step on the first command's archive (``import --samples``
+    holds CT_small.dcm): DCMTK sends the data set under its own file meta and without
+    the file's Data Set Trailing Padding, the same instance: Success, one copy kept.
+    Before: 0x0111 (storescu exits 1)."""
+    port, d = walkthrough["dimse"], walkthrough["dir"]
+    subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "import", "--quiet", "--data-dir", str(d / "data"),
+                    str(CT)], check=True, timeout=120)
+    before = CT.read_bytes()
+    run("storescu", "-aec", "DICOMWEB", "127.0.0.1", port, str(CT), cwd=d)
+    url = f"http://127.0.0.1:{walkthrough['http']}"
+    assert [h["00080018"]["Value"][0] for h in httpx.get(f"{url}/instances").json()] == [SOP]
+    series = pydicom.dcmread(CT, stop_before_pixels=True).SeriesInstanceUID
+    stored = httpx.get(f"{url}/studies/{STUDY}/series/{series}/instances/{SOP}",
+                       headers={"Accept": "application/dicom; transfer-syntax=*"})
+    assert stored.content == before  # the imported file, kept byte for byte
