@@ -231,7 +231,7 @@ def same_data_set(a: Path, b: Path) -> bool:
     Private Information differ between a copy received by STOW-RS (the sender's
     file) and one received by C-STORE (file meta built from the association) of the
     very same instance. Data Set Trailing Padding (FFFC,FFFC) has no meaning
-    (PS3.10 §7.2) and senders drop it (DCMTK's storescu does: pydicom's
+    (PS3.10 §7) and senders drop it (DCMTK's storescu does: pydicom's
     ``CT_small.dcm`` ends with 138 bytes of it). Anything else that differs, even an
     equivalent encoding, is other content. Files that do not parse compare as
     different.

@@ -1,5 +1,5 @@
 """dicom.reading.same_data_set: the duplicate policy's "same instance" (PS3.10 §7.1
-file meta and §7.2 Data Set Trailing Padding set aside, every other byte compared)."""
+file meta and the Data Set Trailing Padding of §7 set aside, every other byte compared)."""
 
 from __future__ import annotations
 
