@@ -15,16 +15,18 @@ value decoders :mod:`.json_model` uses (``_FAST``, ``_binary_json``): the values
 are decoded by one piece of code whichever path ran.
 
 The walker covers exactly: a 128-byte preamble + ``DICM`` + a group 0002 in
-Explicit VR Little Endian (PS3.10 §7.1), then a data set in Explicit or Implicit
-VR Little Endian (PS3.5 §7.1.2, §7.1.3, A.1, A.2; also the encapsulated syntaxes,
+Explicit VR Little Endian starting with its group length (PS3.10 §7.1), then a data
+set in Explicit VR Little Endian (PS3.5 §7.1.2, A.2; also the encapsulated syntaxes,
 whose data set is Explicit VR Little Endian, PS3.5 A.4), elements in ascending
 tag order (PS3.5 §7.1), every value of defined length and inside the file, up
 to the pixel data (7FE0,0010 / 0008 / 0009), which :func:`.frames.scan_pixel_data`
 then describes, with nothing after it.
 
 It *declines* (returns None, and the caller takes the pydicom path, which gives
-the answer or the error of today) on anything else: Deflated or Big Endian or
-private or unknown transfer syntaxes, sequences, undefined lengths, command set
+the answer or the error of today) on anything else: Implicit VR (see _DECLINED_TS),
+Deflated or Big Endian or private or unknown transfer syntaxes, the key UIDs and
+pixel description attributes in another VR than their dictionary's, a public element
+in UN, a NUL inside the Specific Character Set, sequences, undefined lengths, command set
 elements, private elements of implicit-VR files, ambiguous dictionary VRs ('US
 or SS', 'OB or OW'), unknown explicit VRs, a Specific Character Set other than a
 single non-ISO-2022 term, values a fast decoder refuses (ISO 2022 escapes,
@@ -63,8 +65,19 @@ _SHORT_VRS = frozenset(b.encode() for b in ("AE", "AS", "AT", "CS", "DA", "DS", 
                                             "PN", "SH", "SL", "SS", "ST", "TM", "UI", "UL", "US"))
 _ALL_VRS = _SHORT_VRS | _LONG_VRS
 _IMPLICIT = pydicom.uid.ImplicitVRLittleEndian
-#: data sets not in Explicit/Implicit VR Little Endian: Deflated (A.5), Big Endian (A.3), JPIP Deflate
-_DECLINED_TS = frozenset({"1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.4.95"})
+#: data sets not in Explicit VR Little Endian: Deflated (A.5), Big Endian (A.3), JPIP Deflate, and
+#: Implicit VR Little Endian (A.1): the pydicom path converts every implicit element to its
+#: dictionary VR's value (reading.check_complete) and builds the JSON from those, which
+#: strips, refuses or decodes otherwise than the raw decoders here (a fuzzer found ' 1.2.3'
+#: kept in a UI, 'inf' in an IS accepted, a 3-byte group length accepted): declined
+_DECLINED_TS = frozenset({"1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.4.95", _IMPLICIT})
+#: the VR each of these must have here; another VR (UN, OB, AE, ...) is read by the
+#: pydicom path through its dictionary, with other results: declined
+_EXPECTED_VR = {0x00080016: "UI", 0x00080018: "UI", 0x0020000D: "UI", 0x0020000E: "UI",
+                0x00280002: "US", 0x00280008: "IS", 0x00280010: "US", 0x00280011: "US", 0x00280100: "US"}
+#: the first file meta element: (0002,0000) File Meta Information Group Length, UL, 4 bytes
+#: (PS3.10 §7.1), which pydicom decodes (and refuses when malformed)
+_META_GROUP_LENGTH = struct.pack("<HH2sH", 0x0002, 0x0000, b"UL", 4)
 _KNOWN_TS = frozenset(str(u) for u in pydicom.uid.AllTransferSyntaxes)
 _CHARSET = 0x00080005
 _unpack = struct.unpack_from
@@ -103,7 +116,7 @@ def _explicit_header(data: bytes, pos: int, n: int) -> tuple[bytes, int, int]:
 
 def transfer_syntax_and_start(data: bytes) -> tuple[str, int]:
     """The Transfer Syntax UID in the file meta (PS3.10 §7.1) and where the data set starts."""
-    if len(data) < 144 or data[128:132] != b"DICM":
+    if len(data) < 144 or data[128:132] != b"DICM" or data[132:140] != _META_GROUP_LENGTH:
         raise Decline
     pos, n, ts = 132, len(data), None
     while pos + 8 <= n:
@@ -151,6 +164,10 @@ def walk(data: bytes, pos: int, implicit: bool) -> tuple[list[tuple[int, str, by
         else:
             vrb, length, pos = _explicit_header(data, pos, n)
             vr = vrb.decode("ascii")
+            if vr == "UN" and not group & 1:
+                raise Decline  # pydicom reads a public UN through its dictionary VR
+            if _EXPECTED_VR.get(tag, vr) != vr:
+                raise Decline
         if length == _UNDEFINED or pos + length > n:
             raise Decline
         out.append((tag, vr, data[pos:pos + length]))
@@ -162,8 +179,8 @@ def _encoding(elements: list[tuple[int, str, bytes]]) -> str:
     for tag, vr, value in elements:
         if tag == _CHARSET:
             terms = value.decode("latin-1").split("\\")
-            if vr != "CS" or len(terms) != 1:
-                raise Decline
+            if vr != "CS" or len(terms) != 1 or b"\0" in value.rstrip(b" \0"):
+                raise Decline  # a NUL that is not trailing padding: pydicom keeps it (and refuses)
             term = terms[0].strip(" \0")
             if not term or term.startswith("ISO 2022") or term not in python_encoding:
                 raise Decline
