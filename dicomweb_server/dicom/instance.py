@@ -32,7 +32,7 @@ from .frames import (
 from .json_model import dataset_to_json, level_attributes
 from .matching import column_value as _column_value
 from .media_types import DEFLATED_LE, is_video
-from .reading import Unacceptable, read_instance
+from .reading import Unacceptable, file_meta_uids, read_instance
 from .status import FailureReason, InstanceError
 from .uids import validate_uid
 
@@ -110,13 +110,14 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
     try:
         ds, ts, layout = read_instance(path, data)
     except (Unacceptable, Truncated) as e:
-        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e)) from None
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, str(e), *file_meta_uids(path, data)) from None
     except InvalidDicomError as e:
         why = str(e).replace(" Use force=True to force reading.", "")  # pydicom's hint is for its callers
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND,
                             f"not a PS3.10 DICOM file (preamble and 'DICM' prefix required): {why}") from None
     except Exception as e:  # pydicom raises many types on garbage input
-        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot parse the DICOM file: {e}") from None
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot parse the DICOM file: {e}",
+                            *file_meta_uids(path, data)) from None
     deflated = ts == DEFLATED_LE
 
     sop_class_raw = str(ds.get("SOPClassUID", "") or "") or None

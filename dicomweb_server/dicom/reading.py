@@ -221,6 +221,27 @@ def _data_set_start(fp: BinaryIO) -> str:
     return str(_read_file_meta_info(fp).get("TransferSyntaxUID", "") or "")
 
 
+def file_meta_uids(path: Path, data: bytes | None = None) -> tuple[str | None, str | None]:
+    """(Media Storage SOP Class UID, Media Storage SOP Instance UID) of a PS3.10 file
+    whose data set could not be read, from its file meta (PS3.10 §7.1), each None when
+    absent or not a valid UID: what a FailedSOPSequence item can name (PS3.18 §10.5.3)."""
+    from .uids import validate_uid
+
+    try:
+        with (open(path, "rb") if data is None else io.BytesIO(data)) as fp:
+            read_preamble(fp, False)
+            meta = _read_file_meta_info(fp)
+    except Exception:  # noqa: BLE001 - not even the file meta: nothing to name
+        return None, None
+    out = []
+    for keyword in ("MediaStorageSOPClassUID", "MediaStorageSOPInstanceUID"):
+        try:
+            out.append(validate_uid(str(meta.get(keyword, "") or "")))
+        except ValueError:
+            out.append(None)
+    return out[0], out[1]
+
+
 def same_data_set(a: Path, b: Path) -> bool:
     """Whether two PS3.10 files hold byte-identical data sets in the same transfer
     syntax, whatever their file meta information and but for a Data Set Trailing

@@ -195,6 +195,21 @@ def test_the_same_data_set_under_other_file_meta_is_a_duplicate_not_a_conflict(h
     assert len(http.get("/instances").json()) == 1
 
 
+def test_a_part_cut_short_names_its_uids_from_the_file_meta(http, server):
+    """A part whose data set cannot be read (here: cut inside its pixel data) still names
+    the instance in its FailedSOPSequence item, from the file meta (PS3.10 §7.1, PS3.18
+    §10.5.3); the good part beside it is stored."""
+    bad, good = make_dataset(rows=64, columns=64), make_dataset()
+    r = post(http, [to_bytes(bad)[:-100], to_bytes(good)])
+    assert r.status_code == 202, r.text
+    (item,) = r.json()[FAILED]["Value"]
+    assert item["00081197"]["Value"] == [0xC000]
+    assert item["00081150"]["Value"] == [bad.SOPClassUID]
+    assert item["00081155"]["Value"] == [bad.SOPInstanceUID]
+    (ref,) = r.json()[REFERENCED]["Value"]
+    assert ref["00081155"]["Value"] == [good.SOPInstanceUID]
+
+
 def test_same_instance_twice_in_one_request(http, server):
     data = to_bytes(make_dataset())
     r = post(http, [data, data])
