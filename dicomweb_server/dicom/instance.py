@@ -118,6 +118,18 @@ def describe_instance(path: Path, *, bulk_threshold: int = 1024, expected_study_
     except Exception as e:  # pydicom raises many types on garbage input
         raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot parse the DICOM file: {e}",
                             *file_meta_uids(path, data)) from None
+    try:
+        return _describe_dataset(ds, ts, layout, size, bulk_threshold, expected_study_uid)
+    except InstanceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a value pydicom cannot convert when asked (an odd-length UN as US)
+        raise InstanceError(FailureReason.CANNOT_UNDERSTAND, f"cannot read the DICOM file: {e}",
+                            *file_meta_uids(path, data)) from None
+
+
+def _describe_dataset(ds: Dataset, ts: str, layout, size: int, bulk_threshold: int,
+                      expected_study_uid: str | None) -> InstanceRecord:
+    """:func:`describe_instance` after the file is read (the pydicom path)."""
     deflated = ts == DEFLATED_LE
 
     sop_class_raw = str(ds.get("SOPClassUID", "") or "") or None

@@ -210,6 +210,23 @@ def test_a_part_cut_short_names_its_uids_from_the_file_meta(http, server):
     assert ref["00081155"]["Value"] == [good.SOPInstanceUID]
 
 
+def test_a_pixel_description_pydicom_cannot_convert_fails_that_part_alone(http, server):
+    """SamplesPerPixel as UN of 3 bytes: pydicom raises when the value is asked for, after
+    the file was read. It was a 500 for the whole request (the good part not stored)."""
+    import struct
+
+    bad, good = make_dataset(rows=2, columns=2), make_dataset()
+    data = to_bytes(bad)
+    i = data.index(struct.pack("<HH2sH", 0x28, 0x02, b"US", 2))
+    data = data[:i] + struct.pack("<HH2s2xI", 0x28, 0x02, b"UN", 3) + b"\x01\x00\x00" + data[i + 10:]
+    r = post(http, [data, to_bytes(good)])
+    assert r.status_code == 202, r.text
+    (item,) = r.json()[FAILED]["Value"]
+    assert item["00081197"]["Value"] == [0xC000]
+    assert item["00081155"]["Value"] == [bad.SOPInstanceUID]
+    assert [i["00080018"]["Value"][0] for i in http.get("/instances").json()] == [good.SOPInstanceUID]
+
+
 def test_same_instance_twice_in_one_request(http, server):
     data = to_bytes(make_dataset())
     r = post(http, [data, data])
