@@ -166,8 +166,7 @@ def _describe_lean(data: bytes, bulk_threshold: int, expected_study_uid: str | N
     record, or :class:`.lean.Decline` (also for every failure, which the pydicom
     path then reports)."""
     ts, start = lean.transfer_syntax_and_start(data)
-    implicit = ts == lean._IMPLICIT
-    elements, pos = lean.walk(data, start, implicit)
+    elements, pos = lean.walk(data, start)
     head = lean.to_json([e for e in elements if e[0] in _UID_TAGS], "", bulk_threshold, "")
     uids = []
     for key in ("00080016", "00080018", "0020000D", "0020000E"):
@@ -181,7 +180,7 @@ def _describe_lean(data: bytes, bulk_threshold: int, expected_study_uid: str | N
     prefix = BASE_URL_TOKEN + instance_url(study_uid, series_uid, sop_uid) + "/bulkdata"
     meta_json = lean.to_json(elements, prefix, bulk_threshold, lean._encoding(elements))
     frames = lean.first_value(meta_json, "00280008", int, 1)
-    layout = lean.pixel_layout(data, pos, implicit, frames)
+    layout = lean.pixel_layout(data, pos, frames)
     pixel = None
     if layout is not None:
         get = lean.first_value

@@ -27,8 +27,7 @@ the answer or the error of today) on anything else: Implicit VR (see _DECLINED_T
 Deflated or Big Endian or private or unknown transfer syntaxes, the key UIDs and
 pixel description attributes in another VR than their dictionary's, a public element
 in UN, a NUL inside the Specific Character Set, sequences, undefined lengths, command set
-elements, private elements of implicit-VR files, ambiguous dictionary VRs ('US
-or SS', 'OB or OW'), unknown explicit VRs, a Specific Character Set other than a
+elements, unknown explicit VRs, a Specific Character Set other than a
 single non-ISO-2022 term, values a fast decoder refuses (ISO 2022 escapes,
 undecodable bytes, wrong lengths), a truncated element, elements out of order,
 elements after the pixel data. Only successes are produced here: a UID that is
@@ -54,7 +53,6 @@ from .json_model import (
     _FAST,
     _binary_json,
     _Ctx,
-    _public_vr,
     _UsePydicom,
 )
 
@@ -63,7 +61,6 @@ _UNDEFINED = 0xFFFFFFFF
 _LONG_VRS = frozenset(b.encode() for b in ("OB", "OD", "OF", "OL", "OV", "OW", "SQ", "UC", "UN", "UR", "UT", "SV", "UV"))
 _SHORT_VRS = frozenset(b.encode() for b in ("AE", "AS", "AT", "CS", "DA", "DS", "DT", "FL", "FD", "IS", "LO", "LT",
                                             "PN", "SH", "SL", "SS", "ST", "TM", "UI", "UL", "US"))
-_ALL_VRS = _SHORT_VRS | _LONG_VRS
 _IMPLICIT = pydicom.uid.ImplicitVRLittleEndian
 #: data sets not in Explicit VR Little Endian: Deflated (A.5), Big Endian (A.3), JPIP Deflate, and
 #: Implicit VR Little Endian (A.1): the pydicom path converts every implicit element to its
@@ -134,12 +131,10 @@ def transfer_syntax_and_start(data: bytes) -> tuple[str, int]:
     return ts, pos
 
 
-def walk(data: bytes, pos: int, implicit: bool) -> tuple[list[tuple[int, str, bytes]], int]:
-    """The top-level elements (tag, VR, value bytes) from ``pos`` up to the pixel data
-    or the end, and where they stopped."""
+def walk(data: bytes, pos: int) -> tuple[list[tuple[int, str, bytes]], int]:
+    """The top-level elements (tag, VR, value bytes) of an Explicit VR Little Endian data
+    set from ``pos`` up to the pixel data or the end, and where they stopped."""
     n, out, last = len(data), [], -1
-    if implicit and pos + 6 <= n and data[pos + 4:pos + 6] in _ALL_VRS:
-        raise Decline  # pydicom would take the data set for explicit VR (read_dataset's check)
     while pos < n:
         if pos + 8 > n:
             raise Decline
@@ -150,24 +145,12 @@ def walk(data: bytes, pos: int, implicit: bool) -> tuple[list[tuple[int, str, by
         if tag <= last or group in (0x0000, 0x0002, 0xFFFE):
             raise Decline
         last = tag
-        if implicit:
-            (length,) = _unpack("<I", data, pos + 4)
-            pos += 8
-            if group & 1:
-                if not 0x0010 <= element <= 0x00FF:
-                    raise Decline  # needs the private dictionary and the creator (PS3.5 7.8.1)
-                vr = "LO"
-            else:
-                vr = _public_vr(tag) or "UN"
-            if len(vr) != 2 or vr == "SQ":
-                raise Decline
-        else:
-            vrb, length, pos = _explicit_header(data, pos, n)
-            vr = vrb.decode("ascii")
-            if vr == "UN" and not group & 1:
-                raise Decline  # pydicom reads a public UN through its dictionary VR
-            if _EXPECTED_VR.get(tag, vr) != vr:
-                raise Decline
+        vrb, length, pos = _explicit_header(data, pos, n)
+        vr = vrb.decode("ascii")
+        if vr == "UN" and not group & 1:
+            raise Decline  # pydicom reads a public UN through its dictionary VR
+        if _EXPECTED_VR.get(tag, vr) != vr:
+            raise Decline
         if length == _UNDEFINED or pos + length > n:
             raise Decline
         out.append((tag, vr, data[pos:pos + length]))
@@ -225,12 +208,12 @@ def first_value(meta: dict[str, Any], key: str, kind: type, default: Any) -> Any
     return values[0]
 
 
-def pixel_layout(data: bytes, pos: int, implicit: bool, number_of_frames: int) -> PixelLayout | None:
+def pixel_layout(data: bytes, pos: int, number_of_frames: int) -> PixelLayout | None:
     """The pixel data's layout when it is the last element of the file, or None for no pixel data."""
     if pos >= len(data):
         return None
     try:
-        layout = scan_pixel_data(io.BytesIO(data), pos, len(data), implicit_vr=implicit, little_endian=True,
+        layout = scan_pixel_data(io.BytesIO(data), pos, len(data), implicit_vr=False, little_endian=True,
                                  number_of_frames=number_of_frames)
     except Truncated:
         raise Decline from None

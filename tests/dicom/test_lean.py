@@ -152,7 +152,7 @@ def test_out_of_order_and_undefined_length_decline():
     assert ts == "1.2.840.10008.1.2.1"
     bad = bytes(data[:start]) + struct.pack("<HH2s2xI", 0x0009, 0x1000, b"UN", 0xFFFFFFFF) + bytes(data[start:])
     assert _fast(bad) is None
-    elements, _ = lean.walk(bytes(data), start, False)
+    elements, _ = lean.walk(bytes(data), start)
     first_two = elements[:2]
     assert first_two[0][0] < first_two[1][0]
 
