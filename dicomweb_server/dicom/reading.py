@@ -70,8 +70,7 @@ def read_instance(path: Path, data: bytes | None = None) -> tuple[Dataset, str, 
         Not parseable (the caller maps them to 0xC000).
     """
     with (open(path, "rb") if data is None else io.BytesIO(data)) as fp:
-        preamble = read_preamble(fp, False)
-        meta = _read_file_meta_info(fp)
+        preamble, meta = _read_meta(fp)
         ts = str(meta.get("TransferSyntaxUID", "") or "")
         if not ts:
             raise Unacceptable("no TransferSyntaxUID in the file meta information (PS3.10 §7.1)")
@@ -214,11 +213,10 @@ def _int(value: object, default: int) -> int:
         return default
 
 
-def _data_set_start(fp: BinaryIO) -> str:
-    """The Transfer Syntax UID of the PS3.10 file ``fp``, leaving ``fp`` at the first
-    byte of its data set (after the preamble, ``DICM`` and the file meta)."""
-    read_preamble(fp, False)
-    return str(_read_file_meta_info(fp).get("TransferSyntaxUID", "") or "")
+def _read_meta(fp: BinaryIO) -> tuple[bytes | None, FileMetaDataset]:
+    """The preamble and file meta (PS3.10 §7.1) of the PS3.10 file ``fp``, leaving ``fp``
+    at the first byte of its data set."""
+    return read_preamble(fp, False), _read_file_meta_info(fp)
 
 
 def file_meta_uids(path: Path, data: bytes | None = None) -> tuple[str | None, str | None]:
@@ -229,8 +227,7 @@ def file_meta_uids(path: Path, data: bytes | None = None) -> tuple[str | None, s
 
     try:
         with (open(path, "rb") if data is None else io.BytesIO(data)) as fp:
-            read_preamble(fp, False)
-            meta = _read_file_meta_info(fp)
+            _, meta = _read_meta(fp)
     except Exception:  # noqa: BLE001 - not even the file meta: nothing to name
         return None, None
     out = []
@@ -259,7 +256,7 @@ def same_data_set(a: Path, b: Path) -> bool:
     """
     try:
         with open(a, "rb") as fa, open(b, "rb") as fb:
-            ts_a, ts_b = _data_set_start(fa), _data_set_start(fb)
+            ts_a, ts_b = (str(_read_meta(f)[1].get("TransferSyntaxUID", "") or "") for f in (fa, fb))
             if not ts_a or ts_a != ts_b:
                 return False
             while True:
