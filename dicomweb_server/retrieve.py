@@ -222,17 +222,10 @@ def map_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[Instance
     out: list[tuple[InstanceLocation, mmap.mmap | None]] = []
     try:
         for path, loc in items:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            fd = _open_stored_fd(path, loc)
+            if fd is None:
                 continue
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE):
-                    raise OutOfDescriptors(e.errno, f"cannot open stored files now: {e.strerror}") from None
-                raise
             try:
-                if os.fstat(fd).st_size != loc.size:
-                    continue
                 out.append((loc, mmap.mmap(fd, loc.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
                             if loc.size else None))
             except OSError as e:
@@ -247,6 +240,51 @@ def map_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[Instance
                 m.close()
         raise
     return out
+
+
+def open_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[InstanceLocation, int]]:
+    """The stored files of ``items`` (in order), each opened read-only: ``(loc,
+    descriptor)``, for the kernel to send (``sendfile``: api/sendfile.py). A file
+    already gone or replaced since the look-up is left out, as in :func:`map_files`;
+    an open descriptor reads what the file held whatever happens to its name later.
+    The caller closes the descriptors (one each of :class:`DescriptorBudget`).
+
+    Raises
+    ------
+    OutOfDescriptors
+        EMFILE/ENFILE (nothing left open).
+    """
+    out: list[tuple[InstanceLocation, int]] = []
+    try:
+        for path, loc in items:
+            fd = _open_stored_fd(path, loc)
+            if fd is not None:
+                out.append((loc, fd))
+    except BaseException:
+        for _, fd in out:
+            os.close(fd)
+        raise
+    return out
+
+
+def _open_stored_fd(path: Path, loc: InstanceLocation) -> int | None:
+    """``path`` opened read-only; None when it is gone or not ``loc.size`` long."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise OutOfDescriptors(e.errno, f"cannot open stored files now: {e.strerror}") from None
+        raise
+    try:
+        if os.fstat(fd).st_size == loc.size:
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 def populate(spans: list[tuple[mmap.mmap, int, int]]) -> None:

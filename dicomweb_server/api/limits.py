@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .errors import error_response, warning_header
+from .sendfile import SENDFILE, SendfileSender, can_sendfile
 
 log = logging.getLogger("dicomweb_server.api")
 LINGER = 2.0  # seconds a refused connection's input is still read and discarded
@@ -51,7 +52,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline and a byte bound on each
     request head (request line + header fields). The deadline starts with the
     connection, and for later requests of a keep-alive connection with their first
-    byte (the idle time between requests is uvicorn's ``timeout_keep_alive``)."""
+    byte (the idle time between requests is uvicorn's ``timeout_keep_alive``).
+
+    It also offers the application the SENDFILE extension (stored files sent by the
+    kernel: :mod:`.sendfile`) on connections without TLS."""
 
     def __init__(self, *args: Any, header_timeout: float, max_header_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,6 +66,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._line_done = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._lingering = False
+        self._sendfile: SendfileSender | None = None
 
     def _start_head(self) -> None:
         if self._in_head:
@@ -77,11 +82,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if can_sendfile(transport):
+            self._sendfile = SendfileSender(self)
         self._start_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_head()
         super().connection_lost(exc)
+        if self._sendfile is not None:
+            self._sendfile.connection_lost()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if self._sendfile is not None and SENDFILE in cycle.scope.get("extensions", ()):
+            app = self._sendfile.wrap(cycle, app)
+        super()._start_asgi_task(cycle, app)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -89,6 +103,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._end_head()
+        if self._sendfile is not None:
+            self.scope["extensions"] = {**self.scope.get("extensions", {}), SENDFILE: {}}
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:

@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_response, safe_header_value
+from .sendfile import SENDFILE
 
 log = logging.getLogger("dicomweb_server.api")
 
@@ -107,7 +108,7 @@ class HTTPMethods:
                         headers = [h for h in headers if h[0].lower() != b"allow"]
                         headers.append((b"allow", ", ".join(allow).encode()))
                 message = {**message, "headers": headers}
-            elif head and message["type"] == "http.response.body":
+            elif head and message["type"] in ("http.response.body", SENDFILE):
                 if body_sent:
                     raise _HeadDone
                 body_sent = True

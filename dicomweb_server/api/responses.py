@@ -9,7 +9,8 @@ piece in the transport beyond the answer's own data (case "slow readers")."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+import os
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 from starlette.background import BackgroundTask
 from starlette.concurrency import iterate_in_threadpool
@@ -18,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..dicom.media_types import DICOM_JSON
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
+from .sendfile import SENDFILE, Piece, piece_length
 
 #: largest body piece handed to the server's transport at once
 SEND_PIECE = 256 * 1024
@@ -59,6 +61,38 @@ class ChunksResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self.background is not None:
             await self.background()
+
+
+class FilesResponse(Response):
+    """A body of framing bytes and open files, sent by the server's kernel
+    (``sendfile``) in one SENDFILE message (:mod:`.sendfile`); only where the scope
+    offers that extension. The descriptors are closed, and ``release(n)`` called
+    with their count, when the answer ends or is dropped unsent."""
+
+    def __init__(self, body: list[Piece], media_type: str, headers: dict[str, str],
+                 release: Callable[[int], None]) -> None:
+        super().__init__(b"", 200, headers, media_type)
+        self.pieces = body
+        self._release = release
+        self._open = [p[0] for p in body if not isinstance(p, bytes)]
+        self.headers["content-length"] = str(sum(piece_length(p) for p in body))
+
+    def close(self) -> None:
+        fds, self._open = self._open, []
+        for fd in fds:
+            os.close(fd)
+        if fds:
+            self._release(len(fds))
+
+    def __del__(self) -> None:
+        self.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": SENDFILE, "pieces": self.pieces, "more_body": False})
+        finally:
+            self.close()
 
 
 def multipart_response(parts: list[tuple[str, bytes]], part_type: str,

@@ -35,11 +35,13 @@ from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError, error_response, warning_header
 from .responses import (
     DicomJSONResponse,
+    FilesResponse,
     multipart_response,
     multipart_stream,
     parse_byte_range,
     pieces,
 )
+from .sendfile import SENDFILE
 from .threads import run_blocking
 
 router = APIRouter(tags=["WADO-RS"])
@@ -221,7 +223,10 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
     if archive.blobs.local_files and ok == len(locs) and len(locs) <= retrieve.MAX_OPEN_FILES and all(
             not negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode,
                                     single_part_allowed=False).transcode for loc in locs):
-        opened = await _opened_files_response(archive, locs, boundary, headers)
+        if SENDFILE in request.scope.get("extensions", ()):
+            opened = await _sendfile_response(archive, locs, boundary, headers)
+        else:
+            opened = await _opened_files_response(archive, locs, boundary, headers)
         if opened is not None:
             return opened
     return StreamingResponse(_stream_instances(archive, locs, accept, boundary),
@@ -279,6 +284,39 @@ def _give_back_with(m: mmap.mmap) -> None:
     weakref.finalize(m, retrieve.DESCRIPTORS.give, 1)
 
 
+async def _open_within_budget(archive, locs: list[InstanceLocation], opener) -> list | None:
+    """``opener`` (retrieve.open_files or map_files) on the files of ``locs`` in a
+    worker thread, with one descriptor each taken from retrieve.DESCRIPTORS first (the
+    caller gives back those of files left out); None when the budget cannot hold them
+    now, 503 with Retry-After when the process is out of descriptors altogether."""
+    if not retrieve.DESCRIPTORS.take(len(locs)):
+        return None
+    try:
+        return await run_blocking(opener, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
+    except BaseException as e:
+        retrieve.DESCRIPTORS.give(len(locs))
+        if isinstance(e, retrieve.OutOfDescriptors):
+            raise DICOMwebHTTPError(503, str(e), {"Retry-After": "5"}) from None
+        raise
+
+
+async def _sendfile_response(archive, locs: list[InstanceLocation], boundary: str,
+                             headers: dict[str, str]) -> Response | None:
+    """Every file as stored, opened before the answer starts (one thread hop) and
+    sent by the kernel (api/sendfile.py), with a Content-Length; instances deleted
+    before they were opened are left out. None, or 503, as _opened_files_response."""
+    opened = await _open_within_budget(archive, locs, retrieve.open_files)
+    if opened is None:
+        return None
+    retrieve.DESCRIPTORS.give(len(locs) - len(opened))  # left out: gone since the look-up
+    body: list = []
+    for i, (loc, fd) in enumerate(opened):
+        body.append((b"\r\n" if i else b"") + part_header(boundary, _dicom_part_type(loc.transfer_syntax_uid)))
+        body.append((fd, 0, loc.size))
+    body.append(closing(boundary))
+    return FilesResponse(body, content_type(boundary, DICOM), headers, retrieve.DESCRIPTORS.give)
+
+
 async def _opened_files_response(archive, locs: list[InstanceLocation], boundary: str,
                                  headers: dict[str, str]) -> Response | None:
     """Every file as stored, opened and mapped before the answer starts (one thread
@@ -286,15 +324,9 @@ async def _opened_files_response(archive, locs: list[InstanceLocation], boundary
     left out. None when the process's descriptor budget (retrieve.DESCRIPTORS) cannot
     hold them now: the caller streams file by file. 503 (Retry-After) when the process
     is out of descriptors altogether."""
-    if not retrieve.DESCRIPTORS.take(len(locs)):
+    opened = await _open_within_budget(archive, locs, retrieve.map_files)
+    if opened is None:
         return None
-    try:
-        opened = await run_blocking(retrieve.map_files, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
-    except BaseException as e:
-        retrieve.DESCRIPTORS.give(len(locs))
-        if isinstance(e, retrieve.OutOfDescriptors):
-            raise DICOMwebHTTPError(503, str(e), {"Retry-After": "5"}) from None
-        raise
     mapped = [m for _, m in opened if m is not None]
     for m in mapped:
         _give_back_with(m)
