@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import faults, metrics
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
-from .dicom.multipart import SpooledPart
+from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
 from .routing import Routes, Routing, load_routes, open_outbox
@@ -60,6 +60,22 @@ class Failed:
     sop_class_uid: str | None = None
     sop_instance_uid: str | None = None
     source: Path | None = None  # the spooled part that failed (names the file for `import --report`)
+
+
+def _small_file(part: SpooledPart) -> bytes | None:
+    """The bytes of a spooled file no larger than an in-memory STOW-RS part (a DIMSE
+    C-STORE data set arrives as a file), so that it is described from memory like one:
+    without a pydicom Dataset in the common case (dicom/lean.py; issue 10). None for
+    larger files, or when it cannot be read (then described from the file, which
+    reports the error)."""
+    if part.path is None or not 0 < part.size <= MEMORY_PART_BYTES:
+        return None
+    try:
+        with open(part.path, "rb") as f:
+            data = f.read(MEMORY_PART_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) == part.size else None
 
 
 @dataclass(slots=True)
@@ -235,7 +251,8 @@ class Archive:
                 # whose folder takes the inflated copy of a Deflated data set)
                 rec = describe_instance(part.path or self.blobs.spool / "in-memory.part",
                                         bulk_threshold=self.settings.bulk_threshold,
-                                        expected_study_uid=expected_study_uid, data=data)
+                                        expected_study_uid=expected_study_uid,
+                                        data=data if data is not None else _small_file(part))
             except InstanceError as e:
                 outcome.failed.append(Failed(e.reason, e.message, e.sop_class_uid, e.sop_instance_uid))
                 continue
