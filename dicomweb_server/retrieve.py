@@ -191,7 +191,7 @@ class OutOfDescriptors(OSError):
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
-def map_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[InstanceLocation, mmap.mmap | None]]:
+def map_files(items: list[tuple[str | Path, InstanceLocation]]) -> list[tuple[InstanceLocation, mmap.mmap | None]]:
     """The stored files of ``items`` (in order), each mapped read-only in memory
     (``mmap``, MAP_SHARED; None for an empty file); a file already gone or replaced
     since the look-up (see module docstring) is left out. A map stays readable
@@ -242,7 +242,7 @@ def map_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[Instance
     return out
 
 
-def open_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[InstanceLocation, int]]:
+def open_files(items: list[tuple[str | Path, InstanceLocation]]) -> list[tuple[InstanceLocation, int]]:
     """The stored files of ``items`` (in order), each opened read-only: ``(loc,
     descriptor)``, for the kernel to send (``sendfile``: api/sendfile.py). A file
     already gone or replaced since the look-up is left out, as in :func:`map_files`;
@@ -267,7 +267,7 @@ def open_files(items: list[tuple[Path, InstanceLocation]]) -> list[tuple[Instanc
     return out
 
 
-def _open_stored_fd(path: Path, loc: InstanceLocation) -> int | None:
+def _open_stored_fd(path: str | Path, loc: InstanceLocation) -> int | None:
     """``path`` opened read-only; None when it is gone or not ``loc.size`` long."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -138,8 +138,13 @@ class SendfileSender:
             raise RuntimeError(f"{SENDFILE} before the response start or after its end")
         if cycle.chunked_encoding:
             raise RuntimeError(f"{SENDFILE} needs a Content-Length")
-        pieces: list[Piece] = [p for p in message["pieces"] if piece_length(p)]
-        total = sum(piece_length(p) for p in pieces)
+        pieces: list[Piece] = []
+        total = 0
+        for piece in message["pieces"]:
+            n = len(piece) if isinstance(piece, bytes) else piece[2]
+            if n:
+                pieces.append(piece)
+                total += n
         if total > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
         if cycle.scope["method"] == "HEAD":

@@ -21,6 +21,7 @@ from ..dicom.bulkdata import bulkdata_tagpath_parse
 from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.media_types import (
     DICOM,
+    Choice,
     OCTET_STREAM,
     NotAcceptable,
     negotiate_bulkdata,
@@ -206,23 +207,23 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
     accept = parse_accept(request.headers.get("accept"))
-    ok = 0
-    reason = ""
-    for loc in locs:
+    # one negotiation per transfer syntax (a study has one or a few), not per instance
+    choices: dict[str, Choice | NotAcceptable] = {}
+    for ts in {loc.transfer_syntax_uid for loc in locs}:
         try:
-            negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
-            ok += 1
+            choices[ts] = negotiate_instances(accept, ts, retrieve.can_decode, single_part_allowed=False)
         except NotAcceptable as e:
-            reason = str(e)
-    if ok == 0:
+            choices[ts] = e
+    refused = [loc for loc in locs if isinstance(choices[loc.transfer_syntax_uid], NotAcceptable)]
+    reason = str(choices[refused[-1].transfer_syntax_uid]) if refused else ""
+    if len(refused) == len(locs):
         raise NotAcceptable(reason)
     headers = {}
-    if ok < len(locs):
-        headers["Warning"] = warning_header(f"{len(locs) - ok} instance(s) omitted: {reason}")
+    if refused:
+        headers["Warning"] = warning_header(f"{len(refused)} instance(s) omitted: {reason}")
     boundary = new_boundary()
-    if archive.blobs.local_files and ok == len(locs) and len(locs) <= retrieve.MAX_OPEN_FILES and all(
-            not negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode,
-                                    single_part_allowed=False).transcode for loc in locs):
+    if archive.blobs.local_files and not refused and len(locs) <= retrieve.MAX_OPEN_FILES and all(
+            not choice.transcode for choice in choices.values()):
         if SENDFILE in request.scope.get("extensions", ()):
             opened = await _sendfile_response(archive, locs, boundary, headers)
         else:
@@ -292,7 +293,8 @@ async def _open_within_budget(archive, locs: list[InstanceLocation], opener) -> 
     if not retrieve.DESCRIPTORS.take(len(locs)):
         return None
     try:
-        return await run_blocking(opener, [(archive.blobs.resolve(loc.path), loc) for loc in locs])
+        resolve = archive.blobs.resolve_str
+        return await run_blocking(opener, [(resolve(loc.path), loc) for loc in locs])
     except BaseException as e:
         retrieve.DESCRIPTORS.give(len(locs))
         if isinstance(e, retrieve.OutOfDescriptors):

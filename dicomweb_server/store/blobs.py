@@ -65,6 +65,7 @@ class BlobStore(BlobStorage):
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.spool_root.mkdir(parents=True, exist_ok=True)
         self._blobs_abs = self.blobs.resolve()
+        self._blobs_abs_str = str(self._blobs_abs)
         self.locks = root / "locks"
         self.locks.mkdir(parents=True, exist_ok=True)
         self._spool: Path | None = None
@@ -263,10 +264,19 @@ class BlobStore(BlobStorage):
             ``relpath`` is absolute or climbs out of the blob root (``..``). A
             lexical check: the archive itself never creates symbolic links.
         """
+        return self._blobs_abs / self._inside(relpath)
+
+    def resolve_str(self, relpath: str) -> str:
+        """:meth:`resolve` as a ``str`` (no ``Path`` object: a whole-study answer
+        resolves every file of the study per request)."""
+        return os.path.join(self._blobs_abs_str, self._inside(relpath))
+
+    @staticmethod
+    def _inside(relpath: str) -> str:
         norm = os.path.normpath(relpath)
         if os.path.isabs(norm) or norm == ".." or norm.startswith("../") or "\0" in norm:
             raise ValueError(f"path {relpath!r} is outside the archive")
-        return self._blobs_abs / norm
+        return norm
 
     def _mkdirs(self, directory: Path) -> None:
         """Create ``directory`` and missing parents (holding the folder lock
