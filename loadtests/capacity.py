@@ -412,6 +412,7 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 if before is not None:
                     after = common.stow_patient_count(host, stow_patient)
                     row["stored"] = after - before if after is not None else None
+                    common.remove_stow_patient(host, stow_patient)  # back to the reference size
                 rows[name].append(row)
                 if not quiet:
                     print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
@@ -551,6 +552,12 @@ def main(argv: list[str] | None = None) -> int:
                                             "precheck_problems": []}
             if not a.quiet:
                 print(f"static: nginx at {static.url} ({len(studies)} studies, {nbytes:,} B)", file=sys.stderr)
+        for name, h, _ in servers:  # what earlier runs' STOW-RS steps left: the data set at its reference size
+            if name != "static":
+                n = common.remove_stow_patient(h, manifest["stow"]["PatientID"])
+                if n and not a.quiet:
+                    print(f"{name}: {n} study/studies of the STOW-RS load patient left by earlier runs deleted",
+                          file=sys.stderr)
         by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle,
                                 studies)
         for name, rows in by_server.items():
@@ -592,7 +599,9 @@ def main(argv: list[str] | None = None) -> int:
             f"data set {s['studies']} studies / {s['instances']} images (CT {s['by_modality']['CT']} x "
             f"{s['object_sizes']['CT']}, MR {s['by_modality']['MR']} x {s['object_sizes']['MR']}); STOW-RS: one "
             f"{manifest['stow']['size']}x{manifest['stow']['size']} MR image per request, a new SOP Instance UID "
-            "each, 'stored' = the load patient's instances counted on the server after the step minus before; "
+            "each, 'stored' = the load patient's instances counted on the server after the step minus before "
+            "(they are deleted again after each STOW-RS step, and any left by earlier runs before the first "
+            "step, so that every step sees the data set at its reference size); "
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
             "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'study' (wrk/study.lua, "

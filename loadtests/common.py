@@ -218,6 +218,41 @@ def stow_patient_count(host: str, patient_id: str, timeout: float = 30.0) -> int
     return total
 
 
+def remove_stow_patient(host: str, patient_id: str, timeout: float = 600.0) -> int:
+    """Delete every study of the STOW-RS load patient from a server, so that each run
+    (and each step after a STOW-RS step) measures the data set at its reference size:
+    without this, every run left ~8,000-17,000 more instances on both servers. Our
+    archive: DICOMweb ``DELETE /studies/{uid}``; Orthanc (a ``.../dicom-web`` root, whose
+    DICOMweb plugin has no DELETE): its REST API (``/tools/lookup``, ``DELETE
+    /studies/{id}``). Returns the number of studies deleted."""
+    uids, offset = [], 0
+    with httpx.Client(timeout=timeout) as c:
+        for _ in range(500):
+            r = c.get(f"{host.rstrip('/')}/studies?PatientID={patient_id}&limit=200&offset={offset}",
+                      headers={"Accept": "application/dicom+json"})
+            if r.status_code == 204:
+                break
+            r.raise_for_status()
+            page = r.json()
+            uids += [s["0020000D"]["Value"][0] for s in page]
+            if len(page) < 200:
+                break
+            offset += len(page)
+        root = host.rstrip("/")
+        orthanc = root.endswith("/dicom-web")
+        for uid in dict.fromkeys(uids):
+            if orthanc:
+                rest = root.removesuffix("/dicom-web")
+                for hit in c.post(f"{rest}/tools/lookup", content=uid).raise_for_status().json():
+                    if hit.get("Type") == "Study":
+                        c.delete(f"{rest}/studies/{hit['ID']}").raise_for_status()
+            else:
+                r = c.delete(f"{root}/studies/{uid}")
+                if r.status_code not in (204, 404):
+                    r.raise_for_status()
+    return len(set(uids))
+
+
 def fmt(v, digits: int = 1) -> str:
     if v is None:
         return "-"

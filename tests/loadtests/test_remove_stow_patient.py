@@ -1,0 +1,61 @@
+"""The capacity runner keeps the data set at its reference size: the STOW-RS load
+patient's studies are deleted (after each STOW-RS step, and what earlier runs left
+before the first), on our archive through DICOMweb DELETE and on Orthanc through its
+REST API; other patients' studies stay."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from loadtests import common
+from loadtests.capacity import Orthanc
+from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+
+LOAD = "ZZLOADTEST-STOW"
+
+
+def _stow(url: str, patient: str, n: int) -> str:
+    first = make_dataset(rows=8, columns=8)
+    first.PatientID = patient
+    datasets = [first]
+    for _ in range(n - 1):
+        ds = make_dataset(study=first.StudyInstanceUID, series=first.SeriesInstanceUID, rows=8, columns=8)
+        ds.PatientID = patient
+        datasets.append(ds)
+    body, _ = multipart([to_bytes(ds) for ds in datasets], boundary="removetest1")
+    ctype = 'multipart/related; type="application/dicom"; boundary=removetest1'  # Orthanc: no quoted boundary
+    r = httpx.post(f"{url}/studies", content=body, headers={"Content-Type": ctype}, timeout=60)
+    assert r.status_code == 200, r.text
+    return first.StudyInstanceUID
+
+
+def _check(url: str) -> None:
+    kept = _stow(url, "OTHER-1", 2)
+    _stow(url, LOAD, 3)
+    _stow(url, LOAD, 2)
+    assert common.stow_patient_count(url, LOAD) == 5
+    assert common.remove_stow_patient(url, LOAD) == 2
+    assert common.stow_patient_count(url, LOAD) == 0
+    r = httpx.get(f"{url}/studies", params={"PatientID": "OTHER-1"}, timeout=30)
+    assert [s["0020000D"]["Value"][0] for s in r.json()] == [kept]
+    assert common.remove_stow_patient(url, LOAD) == 0
+
+
+def test_ours(tmp_path):
+    srv = LiveServer(tmp_path / "data").start()
+    try:
+        _check(srv.url)
+    finally:
+        srv.stop()
+
+
+def test_orthanc(tmp_path):
+    try:
+        peer = Orthanc(tmp_path / "orthanc").start()
+    except FileNotFoundError as e:
+        pytest.fail(f"Orthanc is part of the test setup (scripts/test.sh installs it): {e}")
+    try:
+        _check(peer.url)
+    finally:
+        peer.stop()
