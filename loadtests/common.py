@@ -194,28 +194,32 @@ def wait_quiet(max_wait: float = 60.0, busy_below: float = 30.0) -> tuple[float,
     return round(time.monotonic() - t0, 1), busy
 
 
+def _stow_patient_studies(c: httpx.Client, host: str, patient_id: str) -> list[dict]:
+    """The STOW-RS load patient's studies on a server (QIDO-RS, paged, at most 500
+    pages of 200), with NumberOfStudyRelatedInstances."""
+    studies: list[dict] = []
+    for _ in range(500):
+        r = c.get(f"{host.rstrip('/')}/studies?PatientID={patient_id}&includefield=00201208"
+                  f"&limit=200&offset={len(studies)}", headers={"Accept": "application/dicom+json"})
+        if r.status_code == 204:
+            break
+        r.raise_for_status()
+        page = r.json()
+        studies += page
+        if len(page) < 200:
+            break
+    return studies
+
+
 def stow_patient_count(host: str, patient_id: str, timeout: float = 30.0) -> int | None:
     """Instances the server holds for the STOW-RS load patient (QIDO-RS, paged;
     None when the server cannot say)."""
-    total, offset = 0, 0
     try:
         with httpx.Client(timeout=timeout) as c:
-            for _ in range(500):  # bounded: 500 pages
-                r = c.get(f"{host.rstrip('/')}/studies?PatientID={patient_id}&includefield=00201208"
-                          f"&limit=200&offset={offset}", headers={"Accept": "application/dicom+json"})
-                if r.status_code == 204:
-                    break
-                r.raise_for_status()
-                page = r.json()
-                for s in page:
-                    v = s.get("00201208", {}).get("Value", [0])
-                    total += int(v[0]) if v else 0
-                if len(page) < 200:
-                    break
-                offset += len(page)
+            studies = _stow_patient_studies(c, host, patient_id)
+        return sum(int((s.get("00201208", {}).get("Value") or [0])[0]) for s in studies)
     except (httpx.HTTPError, ValueError):
         return None
-    return total
 
 
 def remove_stow_patient(host: str, patient_id: str, timeout: float = 600.0) -> int:
@@ -225,19 +229,8 @@ def remove_stow_patient(host: str, patient_id: str, timeout: float = 600.0) -> i
     archive: DICOMweb ``DELETE /studies/{uid}``; Orthanc (a ``.../dicom-web`` root, whose
     DICOMweb plugin has no DELETE): its REST API (``/tools/lookup``, ``DELETE
     /studies/{id}``). Returns the number of studies deleted."""
-    uids, offset = [], 0
     with httpx.Client(timeout=timeout) as c:
-        for _ in range(500):
-            r = c.get(f"{host.rstrip('/')}/studies?PatientID={patient_id}&limit=200&offset={offset}",
-                      headers={"Accept": "application/dicom+json"})
-            if r.status_code == 204:
-                break
-            r.raise_for_status()
-            page = r.json()
-            uids += [s["0020000D"]["Value"][0] for s in page]
-            if len(page) < 200:
-                break
-            offset += len(page)
+        uids = [s["0020000D"]["Value"][0] for s in _stow_patient_studies(c, host, patient_id)]
         root = host.rstrip("/")
         orthanc = root.endswith("/dicom-web")
         for uid in dict.fromkeys(uids):

@@ -71,10 +71,10 @@ class FilesResponse(Response):
 
     def __init__(self, body: list[Piece], media_type: str, headers: dict[str, str],
                  release: Callable[[int], None]) -> None:
-        super().__init__(b"", 200, headers, media_type)
-        self.pieces = body
+        self._open = [p[0] for p in body if not isinstance(p, bytes)]  # first: __del__ closes them
         self._release = release
-        self._open = [p[0] for p in body if not isinstance(p, bytes)]
+        self.pieces = body
+        super().__init__(b"", 200, headers, media_type)
         self.headers["content-length"] = str(sum(piece_length(p) for p in body))
 
     def close(self) -> None:

@@ -141,7 +141,7 @@ class SendfileSender:
         pieces: list[Piece] = []
         total = 0
         for piece in message["pieces"]:
-            n = len(piece) if isinstance(piece, bytes) else piece[2]
+            n = piece_length(piece)
             if n:
                 pieces.append(piece)
                 total += n
