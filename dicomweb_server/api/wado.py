@@ -135,25 +135,39 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
         return await _stream_file(path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
     try:
-        data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+        choice, data = await _payload_or_stored(path, loc, choice)
     except retrieve.NotFound as e:  # deleted since the look-up
         raise DICOMwebHTTPError(404, str(e)) from None
     except pixels.UnsupportedTransferSyntax as e:
-        if not choice.defaulted:
-            raise NotAcceptable(str(e)) from None
-        # no syntax asked and the stored pixels cannot be decoded (e.g. a corrupt codestream):
-        # the file as stored with the Warning, as when no decoder exists for its syntax
-        choice = replace(choice, transfer_syntax=loc.transfer_syntax_uid, transcode=False)
-        try:
-            data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
-        except retrieve.NotFound as e:  # deleted since the look-up
-            raise DICOMwebHTTPError(404, str(e)) from None
+        raise NotAcceptable(str(e)) from None
     headers = {}
     if choice.defaulted and choice.transfer_syntax != "1.2.840.10008.1.2.1":
         headers["Warning"] = warning_header(_DEFAULT_TS_WARNING.format(ts=choice.transfer_syntax))
     if not choice.multipart:
         return Response(data, media_type=_dicom_part_type(choice.transfer_syntax), headers=headers)
     return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
+
+
+async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tuple[Choice, bytes]:
+    """The instance as ``choice`` says (retrieve.instance_payload, in a worker thread),
+    and the choice it was sent as. When no transfer syntax was asked (``defaulted``,
+    PS3.18 §8.7.3.5.2) and the stored pixels cannot be decoded (e.g. a corrupt
+    codestream), the file as stored, as when no decoder exists for its syntax.
+
+    Raises
+    ------
+    pixels.UnsupportedTransferSyntax
+        The syntax asked for cannot be produced from this file.
+    retrieve.NotFound
+        Deleted since the look-up.
+    """
+    try:
+        return choice, await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+    except pixels.UnsupportedTransferSyntax:
+        if not choice.defaulted:
+            raise
+    choice = replace(choice, transfer_syntax=loc.transfer_syntax_uid, transcode=False)
+    return choice, await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
 
 
 async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
@@ -189,9 +203,11 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
             if large:  # opened before its part starts; read in bounded pieces as the client reads
                 chunks = await run_in_threadpool(retrieve.file_chunks, path, loc)
             else:
-                data = await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+                choice, data = await _payload_or_stored(path, loc, choice)
         except (NotAcceptable, pixels.UnsupportedTransferSyntax, retrieve.NotFound):
-            continue  # checked before the answer started; an instance deleted meanwhile is skipped
+            # refused before the answer started (its Warning), a syntax asked for that this
+            # file's pixels cannot give, or deleted meanwhile: left out
+            continue
         yield (b"" if first else b"\r\n") + part_header(boundary, _dicom_part_type(choice.transfer_syntax))
         if large:
             async for chunk in iterate_in_threadpool(chunks):
