@@ -21,8 +21,8 @@ from ..dicom.bulkdata import bulkdata_tagpath_parse
 from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.media_types import (
     DICOM,
-    Choice,
     OCTET_STREAM,
+    Choice,
     NotAcceptable,
     negotiate_bulkdata,
     negotiate_frames,

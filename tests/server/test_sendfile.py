@@ -206,7 +206,7 @@ def test_a_file_cut_short_underneath_ends_the_connection(live):
     """Stored files never change; one truncated by hand after the answer opened it
     cannot keep the Content-Length: the connection ends (the client sees a short
     body), the server goes on."""
-    study, files = _store_study(live.url, 2, 512)
+    study, _ = _store_study(live.url, 2, 512)
     real = retrieve.open_files
 
     def open_then_truncate(items):

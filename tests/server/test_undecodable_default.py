@@ -65,7 +65,7 @@ def test_undecodable_instance_comes_back_as_stored_when_no_syntax_was_asked(clie
         assert r.status_code == 200
         parts = _parts(r)
         assert len(parts) == 2
-        assert [p for p in parts if f"transfer-syntax={J2K}" in p[0]][0][1] == bad_file
+        assert next(p for p in parts if f"transfer-syntax={J2K}" in p[0])[1] == bad_file
 
     one = client.get(f"/studies/{study}/series/{series}/instances/{bad.SOPInstanceUID}", headers={"Accept": MULTI})
     assert one.status_code == 200 and "cannot be converted" in one.headers["warning"]
