@@ -60,7 +60,7 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
-from . import reactor, store_rsp
+from . import pdata, reactor, store_rsp
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
@@ -278,6 +278,7 @@ def _unpatch() -> None:
      dimse_messages.write_file_meta_info, _config.LOG_HANDLER_LEVEL) = _UNPATCHED
     reactor.uninstall()
     store_rsp.uninstall()
+    pdata.uninstall()
 
 
 #: listeners started in this process: a stop that outlasts the start of the next listener
@@ -314,6 +315,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     # GIL samples per C-STORE (py-spy, store_rsp.py). Debug logging of pynetdicom is off here.
     _config.LOG_HANDLER_LEVEL = "none"
     store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
+    pdata.install()  # P-DATA-TF in Sta6 to the DIMSE layer as views of one buffer (pdata.py)
 
 
 #: bytes read from the head of a received file: its file meta and first elements
