@@ -34,6 +34,11 @@ from .outbox import Row, Settlement
 
 log = logging.getLogger("dicomweb_server.routing")
 
+#: delivered rows are removed (Outbox.prune) at start and then this often, in chunks of
+#: PRUNE_CHUNK rows (one short transaction each, so stores and claims wait little)
+PRUNE_EVERY = 600.0
+PRUNE_CHUNK = 10_000
+
 
 class Forwarder:
     def __init__(self, routing: Routing, blobs: BlobStore) -> None:
@@ -57,6 +62,7 @@ class Forwarder:
             self._senders[name] = sender_for(dest, self.delivery.timeout)
             for lane in range(self.delivery.concurrency):
                 self._tasks.append(asyncio.create_task(self._lane(name), name=f"forward-{name}-{lane}"))
+        self._tasks.append(asyncio.create_task(self._prune(), name="forward-prune"))
         self.routing.set_waker(self._wake_threadsafe)
 
     async def stop(self) -> None:
@@ -71,6 +77,21 @@ class Forwarder:
             await asyncio.to_thread(self.routing.outbox.release, self.owner)
         except Exception as e:  # noqa: BLE001 - shutting down; the leases expire anyway
             log.warning("could not release the forwarder's leases: %s", e)
+
+    async def _prune(self) -> None:
+        """Delivered rows older than ``keep_delivered`` removed: the outbox holds what is
+        owed, the dead letters and a window of deliveries, not every forward ever made (the
+        queue's counts and ``/metrics`` gauges read the whole table)."""
+        keep = self.delivery.keep_delivered
+        while True:
+            try:
+                while await asyncio.to_thread(self.routing.outbox.prune, keep, PRUNE_CHUNK) == PRUNE_CHUNK:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - housekeeping never stops delivery; tried again later
+                log.warning("could not remove delivered outbox rows: %s", e)
+            await asyncio.sleep(min(PRUNE_EVERY, keep))
 
     def _wake_threadsafe(self, destinations: set[str]) -> None:
         loop = self._loop

@@ -3,7 +3,7 @@
 Rows are inserted by an index write hook (:meth:`store.base.Index.add_write_hook`)
 inside the transaction that indexes the instance: with the SQLite index they live in
 ``index.sqlite`` and commit atomically with the instance row; with the PostgreSQL
-index in its database (table ``outbox``, schema version 2: routing/outbox_pg.py),
+index in its database (table ``outbox``, schema version 2, its delivered index 3: routing/outbox_pg.py),
 committed in the same transaction, shared by every node; with the in-memory index
 they live in ``outbox.sqlite`` in the data folder and are committed
 (``synchronous=FULL``) before the index changes and before the STOW-RS answer. Once
@@ -15,7 +15,9 @@ connection, a transaction and the time (:class:`SQLiteOutbox` here, the
 PostgreSQL one in routing/outbox_pg.py).
 
 States: ``pending`` (owed; "in flight" while a worker holds its lease), ``delivered``,
-``failed`` (dead letter, with the last error). A worker claims a batch by writing
+``failed`` (dead letter, with the last error). Delivered rows are removed once
+``keep_delivered`` seconds old (:meth:`Outbox.prune`): the table holds what is owed,
+the dead letters, and a window of recent deliveries, not every forward ever made. A worker claims a batch by writing
 its lease (owner token and expiry) into the rows; another worker (or a restart)
 may take them over only after the lease expired, so two workers never send one
 instance to one destination at the same time. The number of live leases per
@@ -56,6 +58,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(destination, _state, _due);
 CREATE INDEX IF NOT EXISTS outbox_sop ON outbox(SOPInstanceUID, destination);
+CREATE INDEX IF NOT EXISTS outbox_delivered ON outbox(_state, _delivered);
 """
 
 
@@ -320,6 +323,16 @@ class Outbox(ABC):
                 sql += " AND destination = ?"
                 params.append(destination)
             return con.execute(self._sql(sql), params).rowcount
+
+    def prune(self, keep: float, limit: int = 10_000) -> int:
+        """Remove up to ``limit`` rows delivered more than ``keep`` seconds ago (the back
+        end's clock), oldest first, in one short transaction. Pending (owed) and failed
+        (dead letter) rows are never removed. Returns how many went."""
+        with self._transaction() as con:
+            cutoff = self._now(con) - keep
+            return con.execute(self._sql(
+                "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE _state = 'delivered' AND "
+                "_delivered < ? ORDER BY _delivered LIMIT ?)"), (cutoff, limit)).rowcount
 
     def rows(self, destination: str | None = None) -> list[dict]:
         """Every row (for tests and the load test's reconciliation); times on the

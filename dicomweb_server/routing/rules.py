@@ -16,6 +16,7 @@
     [delivery]          # optional, the defaults shown
     batch_size = 20     concurrency = 2     max_attempts = 10    max_age = 86400
     backoff_base = 1.0  backoff_max = 300   poll_interval = 1.0  lease = 120   timeout = 60
+    keep_delivered = 86400
 
 A rule's ``match`` holds QIDO-RS matching keys (PS3.18 §8.3.4, PS3.4 C.2.2.2) and is
 parsed by the same :func:`dicom.matching.parse_query` as a search for instances, then
@@ -79,6 +80,7 @@ class Delivery:
     poll_interval: float = 1.0  # bounded poll for rows committed by other worker processes
     lease: float = 120.0  # a claimed batch is another worker's to retry after this many seconds
     timeout: float = 60.0  # per request / association
+    keep_delivered: float = 86400.0  # seconds a delivered row is kept (the queue's counts), then removed
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,8 +115,14 @@ CREATE TABLE outbox (
     ]
 
 
+def _v3() -> list[str]:
+    """Delivered outbox rows are removed after ``keep_delivered`` (``Outbox.prune``): found
+    by this index, not by reading the whole table."""
+    return ["CREATE INDEX outbox_delivered ON outbox(_state, _delivered)"]
+
+
 # version -> the statements that bring the schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

@@ -52,3 +52,68 @@ def test_an_outbox_that_cannot_be_written_fails_the_store(tmp_path, monkeypatch,
         assert len(archive.store([_part(archive, "d.dcm", modality="MR")]).stored) == 1
     finally:
         archive.close()
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_delivered_rows_are_removed_after_keep_delivered(tmp_path, backend):
+    """Delivered rows older than ``keep_delivered`` go (oldest first, ``limit`` at a time);
+    recent deliveries, owed rows and dead letters stay. Before, every forward ever made
+    stayed in the table that the queue's counts and the /metrics gauges read whole."""
+    import asyncio
+
+    from dicomweb_server.routing.forwarder import Forwarder
+    from dicomweb_server.routing.outbox import Settlement
+
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[destinations]]\nname = "pacs"\nstow_url = "http://127.0.0.1:9/x"\n'
+                      '[[rules]]\ndestinations = ["pacs"]\n[delivery]\nkeep_delivered = 3600\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index=backend.index, routes_file=routes,
+                                    **backend.settings))
+    try:
+        outbox = archive.routing.outbox
+        with outbox._reading() as con:  # found by an index (PostgreSQL: schema version 3)
+            names = {r[0] for r in con.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'outbox'" if backend.index == "postgresql"
+                else "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'outbox'")}
+        assert "outbox_delivered" in names
+        assert len(archive.store([_part(archive, f"{i}.dcm", PatientID=f"P{i}") for i in range(5)]).stored) == 5
+        rows, _ = outbox.claim("pacs", 4, "test:1:x:0", 60.0, 2)
+        ids = sorted(r.id for r in rows)
+        ids += [r["id"] for r in outbox.rows() if r["id"] not in ids]  # the fifth, still owed
+        outbox.settle(Settlement(delivered=ids[:3], retry=[], failed=[(ids[3], "refused")], solo=[]), "test:1:x:0")
+        with outbox._transaction() as con:  # two deliveries two and three hours ago, one just now
+            for i, age in ((ids[0], 7200), (ids[1], 10800)):
+                con.execute(outbox._sql("UPDATE outbox SET _delivered = _delivered - ? WHERE id = ?"), (age, i))
+
+        def states():
+            return sorted((r["id"], r["state"]) for r in outbox.rows())
+
+        before = states()
+        assert outbox.prune(3600, limit=1) == 1  # the oldest first
+        assert states() == [s for s in before if s[0] != ids[1]]
+        assert outbox.prune(3600) == 1
+        assert outbox.prune(3600) == 0
+        assert states() == [(ids[2], "delivered"), (ids[3], "failed"), (ids[4], "pending")] == \
+            [s for s in before if s[0] not in ids[:2]]
+        assert outbox.stats()["pacs"] | {"oldest_pending_age": None, "last_delivered": None} == {
+            "pending": 1, "in_flight": 0, "delivered": 1, "failed": 1, "oldest_pending_age": None,
+            "last_error": "refused", "last_delivered": None}
+
+        # the forwarder removes them at start (and every PRUNE_EVERY seconds after)
+        with outbox._transaction() as con:
+            con.execute(outbox._sql("UPDATE outbox SET _delivered = _delivered - 7200 WHERE id = ?"), (ids[2],))
+
+        async def start_and_stop():
+            fw = Forwarder(archive.routing, archive.blobs)
+            await fw.start()
+            for _ in range(200):
+                if ids[2] not in {r["id"] for r in outbox.rows()}:
+                    break
+                await asyncio.sleep(0.05)
+            await fw.stop()
+
+        asyncio.run(start_and_stop())
+        assert ids[2] not in {r["id"] for r in outbox.rows()}
+        assert {r["id"] for r in outbox.rows()} >= {ids[3]}  # the dead letter stays
+    finally:
+        archive.close()
