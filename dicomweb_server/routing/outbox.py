@@ -3,7 +3,7 @@
 Rows are inserted by an index write hook (:meth:`store.base.Index.add_write_hook`)
 inside the transaction that indexes the instance: with the SQLite index they live in
 ``index.sqlite`` and commit atomically with the instance row; with the PostgreSQL
-index in its database (table ``outbox``, schema version 2, its delivered index 3: routing/outbox_pg.py),
+index in its database (table ``outbox``: schema versions 2 and 3, routing/outbox_pg.py),
 committed in the same transaction, shared by every node; with the in-memory index
 they live in ``outbox.sqlite`` in the data folder and are committed
 (``synchronous=FULL``) before the index changes and before the STOW-RS answer. Once
@@ -17,11 +17,12 @@ PostgreSQL one in routing/outbox_pg.py).
 States: ``pending`` (owed; "in flight" while a worker holds its lease), ``delivered``,
 ``failed`` (dead letter, with the last error). Delivered rows are removed once
 ``keep_delivered`` seconds old (:meth:`Outbox.prune`): the table holds what is owed,
-the dead letters, and a window of recent deliveries, not every forward ever made. A worker claims a batch by writing
-its lease (owner token and expiry) into the rows; another worker (or a restart)
-may take them over only after the lease expired, so two workers never send one
-instance to one destination at the same time. The number of live leases per
-destination is bounded (``concurrency``), across all worker processes.
+the dead letters and a window of recent deliveries, not every forward ever made.
+
+A worker claims a batch by writing its lease (owner token and expiry) into the rows;
+another worker (or a restart) may take them over only after the lease expired, so two
+workers never send one instance to one destination at the same time. The number of
+live leases per destination is bounded (``concurrency``), across all worker processes.
 """
 
 from __future__ import annotations
