@@ -47,6 +47,7 @@ import threading
 from pynetdicom import association as _association
 from pynetdicom import dul as _dul
 from pynetdicom import transport as _transport
+from pynetdicom.fsm import InvalidEventError
 from pynetdicom.pdu import A_ABORT_RQ
 from pynetdicom.pdu_primitives import P_DATA
 
@@ -162,7 +163,16 @@ def _dul_run_reactor(self) -> None:
             except queue.Empty:  # nothing to do: wait (a readable socket returns at once)
                 _dul_wait(self, rfd)
                 continue
-            self.state_machine.do_action(event)
+            try:
+                self.state_machine.do_action(event)
+            except InvalidEventError as exc:
+                # A service primitive that arrives after the association ended under it (an
+                # A-ASSOCIATE or A-RELEASE response from the association thread once the peer's
+                # PDUs moved the machine to Sta13): PS3.8 Table 9-10 has no action for it. The
+                # DUL ends, as it did in pynetdicom, where the exception ended the thread with a
+                # traceback; the association thread then sees it gone and ends the association.
+                log.warning("association ended under its own response (%s)", exc)
+                break
     finally:
         self._wake_w = None
         os.close(wfd)

@@ -21,11 +21,11 @@ import copy
 import functools
 import gc
 import logging
-import os
 import socket
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -39,7 +39,6 @@ from pynetdicom import (
     AllStoragePresentationContexts,
     _config,
     build_context,
-    dimse,
     dimse_messages,
     evt,
     transport,
@@ -61,6 +60,7 @@ from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from . import pdata, reactor, store_rsp
+from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
@@ -141,22 +141,6 @@ def _write_file_meta(fp, file_meta, *args, **kwargs):
     _write_file_meta_info(fp, file_meta, *args, **kwargs)
 
 
-def _receive_primitive_or_abort(self, primitive) -> None:
-    """pynetdicom decodes a P-DATA command set outside its reactor's error handling: a
-    command set that does not parse kills the association's reactor thread. Here it is
-    an invalid PDU (PS3.8 §9.2, event 19: A-ABORT), and the spool file is removed."""
-    try:
-        _receive_primitive(self, primitive)
-    except Exception as e:
-        log.warning("DIMSE message that does not parse (%s): association aborted", e)
-        _drop_partial(self.assoc)
-        self.message = None
-        self.dul.event_queue.put("Evt19")
-
-
-_receive_primitive = dimse.DIMSEServiceProvider.receive_primitive
-
-
 def _copy_contexts(obj, memo=None):
     """pynetdicom deep-copies the listener's presentation contexts for every association
     (``RequestHandler._create_association``: 170 storage SOP classes x 16 transfer
@@ -176,26 +160,50 @@ def _copy_contexts(obj, memo=None):
 # memory, before any calling AE check: one connection could hold gigabytes.
 _PDU_FLOOR = 1 << 20
 _pdu_limit = _PDU_FLOOR
+#: bytes/s below which a PDU still arriving after the network timeout is refused
+PDU_MIN_RATE = 10 * 1024
 
 
 def _bounded_recv(self, nr_bytes: int) -> bytearray:
     """``AssociationSocket.recv``: exactly ``nr_bytes`` (fewer if the peer closed), into one
     buffer sized once. pynetdicom reads 4096 bytes per ``recv`` and appends each to a
-    growing bytearray: 128 system calls and reallocations for one 512 KB P-DATA PDU."""
+    growing bytearray: 128 system calls and reallocations for one 512 KB P-DATA PDU.
+
+    Bounded in length (``_pdu_limit``: refused at the header) and in time: with the
+    socket's timeout (the network timeout), no read waits longer than it and the whole read
+    must end within it plus ``nr_bytes`` at ``PDU_MIN_RATE``. A peer trickling a PDU a byte
+    every 20 s used to hold its association, and the DUL thread (so the network timeout's
+    A-ABORT was never sent), for as long as it liked. Either refusal is
+    :class:`.pdata.PDURefused`: an A-ABORT, and the connection closed."""
     if nr_bytes > _pdu_limit:
-        # OSError: pynetdicom's DUL treats it as the connection closed (event 17)
-        raise OSError(f"PDU of {nr_bytes} bytes is longer than the {_pdu_limit} bytes accepted")
+        raise PDURefused(f"a PDU of {nr_bytes} bytes, longer than the {_pdu_limit} bytes accepted", 6)
     buf = bytearray(nr_bytes)
     view = memoryview(buf)
     got = 0
     sock = self.socket
-    while got < nr_bytes:
-        n = sock.recv_into(view[got:])  # type: ignore[union-attr]
-        if not n:  # closed: what was read so far, as pynetdicom returns it
-            del view
-            del buf[got:]
-            return buf
-        got += n
+    timeout = sock.gettimeout()  # type: ignore[union-attr]
+    deadline = None if timeout is None else time.monotonic() + timeout + nr_bytes / PDU_MIN_RATE
+    try:
+        while got < nr_bytes:
+            if got and deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received in "
+                                     f"{timeout + nr_bytes / PDU_MIN_RATE:.0f} s", 0)
+                if left < timeout:
+                    sock.settimeout(left)  # type: ignore[union-attr]
+            n = sock.recv_into(view[got:])  # type: ignore[union-attr]
+            if not n:  # closed: what was read so far, as pynetdicom returns it
+                del view
+                del buf[got:]
+                return buf
+            got += n
+    except TimeoutError as e:
+        raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received, then nothing within the "
+                         "network timeout", 0) from e
+    finally:
+        if deadline is not None and sock.gettimeout() != timeout:  # type: ignore[union-attr]
+            sock.settimeout(timeout)  # type: ignore[union-attr]
     return buf
 
 
@@ -260,7 +268,7 @@ _send_c_store = Association.send_c_store
 _write_file_meta_info = dimse_messages.write_file_meta_info  # type: ignore[attr-defined]
 _encode_msg = dimse_messages.DIMSEMessage.encode_msg
 
-_UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive,  # type: ignore[attr-defined]
+_UNPATCHED = (transport.deepcopy,  # type: ignore[attr-defined]
               _config.STORE_RECV_CHUNKED_DATASET, dimse_messages.NamedTemporaryFile,  # type: ignore[attr-defined]
               dimse_messages.create_file_meta, transport.AssociationSocket.recv,  # type: ignore[attr-defined]
               transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
@@ -271,7 +279,7 @@ _UNPATCHED = (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, 
 def _unpatch() -> None:
     """Undo :func:`_receive_into` (the listener stopped: other pynetdicom users in this
     process, e.g. a test's own Storage SCP, get pynetdicom's own behaviour back)."""
-    (transport.deepcopy, dimse.DIMSEServiceProvider.receive_primitive, _config.STORE_RECV_CHUNKED_DATASET,
+    (transport.deepcopy, _config.STORE_RECV_CHUNKED_DATASET,
      dimse_messages.NamedTemporaryFile, dimse_messages.create_file_meta, transport.AssociationSocket.recv,
      transport.AssociationServer.verify_request, _config.STORE_SEND_CHUNKED_DATASET,
      Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg,
@@ -288,20 +296,21 @@ _generation = 0
 
 def _receive_into(spool: Path, max_pdu: int) -> None:
     """Patch pynetdicom (process-wide: one listener per process) as described above:
-    chunked receive into ``spool`` with a Source AE Title slot, an unparsable command set
-    aborts its association, a cheap copy of the presentation contexts, PDUs no longer
-    than ``max_pdu`` (at least 1 MiB; 0: unlimited, as announced); C-GET/C-MOVE
+    chunked receive into ``spool`` with a Source AE Title slot, P-DATA received as views of
+    one buffer and checked against the rules of message assembly (:mod:`.pdata`: a broken
+    rule or an unparsable command set aborts the association), a cheap copy of the
+    presentation contexts, PDUs no longer than ``max_pdu`` (at least 1 MiB; 0: unlimited,
+    as announced) and no slower than ``PDU_MIN_RATE`` past the network timeout; C-GET/C-MOVE
     sub-operations sent from the stored file in PDUs of at most ``SEND_PDU_MAX``;
     blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`); the
     C-STORE-RSP encoded by hand (:mod:`.store_rsp`), without pynetdicom's debug handlers."""
     global _pdu_limit, _generation
     _generation += 1
-    _pdu_limit = max(max_pdu, _PDU_FLOOR) + 6 if max_pdu else 1 << 32
+    _pdu_limit = max(max_pdu, _PDU_FLOOR) if max_pdu else 1 << 32  # of the PDU's variable field
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
     transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
     reactor.install()
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
-    dimse.DIMSEServiceProvider.receive_primitive = _receive_primitive_or_abort  # type: ignore[method-assign]
     _config.STORE_RECV_CHUNKED_DATASET = True
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
         tempfile.NamedTemporaryFile, dir=spool, prefix="dimse-")
@@ -315,7 +324,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     # GIL samples per C-STORE (py-spy, store_rsp.py). Debug logging of pynetdicom is off here.
     _config.LOG_HANDLER_LEVEL = "none"
     store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
-    pdata.install()  # P-DATA-TF in Sta6 to the DIMSE layer as views of one buffer (pdata.py)
+    pdata.install()  # P-DATA-TF as views of one buffer, PDV by PDV, message assembly checked (pdata.py)
 
 
 #: bytes read from the head of a received file: its file meta and first elements
@@ -375,20 +384,6 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
         if have and have != said:
             return f"{command} {said[:64]!r} of the command is not the data set's {keyword} {have[:64]!r}"
     return None
-
-
-def _drop_partial(assoc) -> None:
-    """Remove the spool file of a C-STORE data set the association did not finish
-    (aborted or closed mid data set): nothing is left in the spool."""
-    msg = getattr(getattr(assoc, "dimse", None), "message", None)
-    f = getattr(msg, "_data_set_file", None)
-    if f is None:
-        return
-    try:
-        f.close()
-        os.unlink(f.name)
-    except OSError:
-        pass
 
 
 def _status(code: int, comment: str | None = None):
@@ -463,6 +458,10 @@ class DimseServer:
         def get_request_nodelay():  # request/response traffic: no Nagle delay (lessons.md, DCMTK)
             sock, addr = get_request()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # no read or write waits longer than the network timeout (as pynetdicom's requestor
+            # sockets): an accepted socket came blocking without one, and a peer that stopped
+            # mid PDU, or stopped reading, held its association and threads for ever
+            sock.settimeout(self.ae.network_timeout)
             return sock, addr
 
         self._server.get_request = get_request_nodelay  # type: ignore[method-assign]
@@ -513,15 +512,18 @@ class DimseServer:
         audit_log.info(orjson.dumps(record).decode())
 
     def _on_abort(self, event) -> None:
-        _drop_partial(event.assoc)
+        pdata.drop_partial(event.assoc)
         self._audit(event)
 
     def _on_close(self, event) -> None:
-        _drop_partial(event.assoc)
+        pdata.drop_partial(event.assoc)
 
     # --- C-STORE (PS3.4 B.2) --------------------------------------------------------------
 
     def _on_store(self, event):
+        if getattr(event.request, "_dataset_path", None) is None:
+            # Command Data Set Type 0x0101: a C-STORE-RQ without the data set it must carry (PS3.7 §9.3.1.1)
+            return _status(S.STORE_CANNOT_UNDERSTAND, "C-STORE-RQ without a data set")
         path = Path(event.dataset_path)
         try:
             mismatch = _fill_source_ae_and_check(event.request, path, event.assoc.requestor.ae_title,

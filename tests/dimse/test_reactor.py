@@ -93,6 +93,9 @@ class _Chunks:
         self.data = self.data[n:]
         return n
 
+    def gettimeout(self):
+        return 60.0
+
 
 def test_a_pdu_is_read_into_one_buffer_not_4096_bytes_per_call(tmp_path):
     """pynetdicom read a P-DATA PDU 4096 bytes per recv (128 calls and reallocations for a
