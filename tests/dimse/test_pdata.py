@@ -350,3 +350,28 @@ def test_a_p_data_before_the_association_is_accepted_ends_it_without_a_dead_thre
         assert kinds[-1:] == [ABORT] or not kinds, kinds
     time.sleep(0.5)  # the listener's threads finish their part
     _nothing_left(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_a_data_set_in_one_byte_fragments_is_stored_exactly(dimse):
+    """3,000 one-byte PDVs in one PDU and 500 one-byte PDUs, then the rest: the data fragments
+    are written without a flush each (pynetdicom made a write system call per fragment), and
+    the stored bytes are the bytes sent."""
+    sop = f"{ROOT}.60"
+    pixels = hashlib.sha256(b"one byte at a time").digest() * 16384  # 512 KB
+    data = ct_dataset(sop, pixels)
+    s = _two_contexts(dimse.port)
+    s.sendall(_pdu(_pdv(c_store_rq(sop, 1), True, True)))
+    s.sendall(_pdu(*(_pdv(data[i:i + 1], False, False) for i in range(3000))))
+    for i in range(3000, 3500):
+        s.sendall(_pdu(_pdv(data[i:i + 1], False, False)))
+    s.sendall(_pdu(_pdv(data[3500:], False, True)))
+    assert _status(_read_pdu(s)[1]) == S.SUCCESS
+    _release(s)
+    r = dimse.http.get(f"/studies/{STUDY_ROOT}.1/series/{STUDY_ROOT}.1.1/instances/{sop}",
+                       headers={"Accept": 'multipart/related; type="application/dicom"; transfer-syntax=*'})
+    assert r.status_code == 200
+    assert data in r.content  # the data set as sent, after the file meta the listener wrote
+    stored = pydicom.dcmread(io.BytesIO(r.content[r.content.index(b"DICM") - 128:]))
+    assert hashlib.sha256(stored.PixelData).digest() == hashlib.sha256(pixels).digest()
+    _nothing_left(dimse)
