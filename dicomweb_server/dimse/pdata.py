@@ -106,19 +106,26 @@ def _refuse(dul, exc: PDURefused) -> None:
     dul.event_queue.put("Evt17")
 
 
+def _read(dul, n: int):
+    """``n`` bytes from the association's socket (fewer if the peer closed), or None once the
+    event for what went wrong is queued: a refused PDU (A-ABORT, then closed) or a connection
+    that failed (event 17)."""
+    try:
+        return dul.socket.recv(n)
+    except PDURefused as exc:
+        _refuse(dul, exc)
+    except (OSError, TimeoutError) as exc:
+        log.error("Connection closed before the entire PDU was received: %s", exc)
+        dul.event_queue.put("Evt17")
+    return None
+
+
 def read_pdu_data(self) -> None:
     """``DULServiceProvider._read_pdu_data``: the same events for the same input (Evt17 when
     the connection ends mid PDU, Evt19 for an unknown PDU type or one that does not decode),
     with a P-DATA-TF in Sta6 handed to the DIMSE provider as views of one buffer."""
-    sock = self.socket
-    try:
-        header = sock.recv(6)
-    except PDURefused as exc:
-        _refuse(self, exc)
-        return
-    except (OSError, TimeoutError) as exc:
-        log.error("Connection closed before the entire PDU was received: %s", exc)
-        self.event_queue.put("Evt17")
+    header = _read(self, 6)
+    if header is None:
         return
     if len(header) != 6:
         self.event_queue.put("Evt17")
@@ -128,14 +135,8 @@ def read_pdu_data(self) -> None:
         log.error("Unknown PDU type received '0x%02X'", pdu_type)
         self.event_queue.put("Evt19")
         return
-    try:
-        body = sock.recv(pdu_length)  # .scp._bounded_recv: one buffer, refused beyond the PDU limit
-    except PDURefused as exc:
-        _refuse(self, exc)
-        return
-    except (OSError, TimeoutError) as exc:
-        log.error("Connection closed before the entire PDU was received: %s", exc)
-        self.event_queue.put("Evt17")
+    body = _read(self, pdu_length)  # .scp._bounded_recv: one buffer, refused beyond the PDU limit
+    if body is None:
         return
     if len(body) != pdu_length:
         log.error("The received PDU is shorter than expected (%d of %d bytes received)",
