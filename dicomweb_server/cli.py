@@ -410,7 +410,8 @@ def _import(args: argparse.Namespace) -> int:
         archive.close()
     if args.report:
         Path(args.report).write_text("".join(line + "\n" for line in not_stored))
-    reasons = {"CANNOT_UNDERSTAND": "not PS3.10 DICOM or truncated", "DATASET_MISMATCH": "missing/invalid UIDs",
+    reasons = {"CANNOT_UNDERSTAND": "not PS3.10 DICOM or truncated",
+               "DATASET_MISMATCH": "missing/invalid UIDs or against a stored study's patient or series' study",
                "DUPLICATE_SOP_INSTANCE": "same SOP Instance UID as a stored file, other content"}
     skipped = ", ".join(f"{n} {reasons.get(k, k.lower().replace('_', ' '))}" for k, n in sorted(failed.items()))
     print(f"imported {stored} new instance(s), {dup} already stored"

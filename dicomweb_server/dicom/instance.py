@@ -31,6 +31,7 @@ from .frames import (
 )
 from .json_model import dataset_to_json, level_attributes
 from .matching import column_value as _column_value
+from .patient import PatientIdentity, patient_identity
 from .media_types import DEFLATED_LE, is_video
 from .reading import Unacceptable, file_meta_uids, read_instance
 from .status import FailureReason, InstanceError
@@ -58,6 +59,7 @@ class InstanceRecord:
     metadata: bytes  # the whole instance (DICOM JSON object), BASE_URL_TOKEN in URIs
     pixel: dict | None  # PixelLayout.to_json() + frame_length, number_of_frames
     size: int
+    patient: PatientIdentity  # whose study this is (dicom/patient.py)
     path: str = ""  # relative to the blob root, set when the file is placed
 
 
@@ -211,6 +213,7 @@ def _record(meta_json: dict, study_uid: str, series_uid: str, sop_uid: str, sop_
         metadata=dumps(meta_json),
         pixel=pixel,
         size=size,
+        patient=patient_identity(meta_json),
         path=instance_path(study_uid, series_uid, sop_uid),
     )
 

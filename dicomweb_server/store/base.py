@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query
+from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
 
 
@@ -50,15 +51,21 @@ class Refused:
 
 
 def hierarchy_conflict(record: InstanceRecord, sop_place: tuple[str, str] | None,
-                       series_study: str | None) -> Refused | None:
-    """The rule both indexes enforce inside their commit (PS3.3 §A.1.2: a series
-    belongs to one study, an instance to one series).
+                       series_study: str | None, study_patient: PatientIdentity | None
+                       ) -> Refused | None:
+    """The rule every index enforces inside its commit: a study belongs to one patient,
+    a series to one study, an instance to one series (PS3.3 §A.1.2; PS3.4 §C.6.1, the
+    Patient Root information model).
 
     ``sop_place`` is the (study, series) under which ``record``'s SOP Instance UID is
     already indexed, ``series_study`` the study its Series Instance UID is indexed
-    under (None when new). A series of another study: 0xA900 (the data set does not
-    match what the archive holds for its UIDs); a SOP Instance UID already stored in
-    another series or study: 0x0111 (a duplicate SOP Instance with other content).
+    under, ``study_patient`` the patient its study is indexed under (what the study's
+    record says: dicom/patient.py); each None when new. A series of another study, or
+    a new instance of a study of another patient: 0xA900 (the data set does not match
+    what the archive holds for its UIDs); a SOP Instance UID already stored in another
+    series or study: 0x0111 (a duplicate SOP Instance with other content). An instance
+    already indexed in its own place is not a conflict (the caller answers "already
+    indexed"), whoever its study's patient is.
     """
     if sop_place is not None and sop_place != (record.study_uid, record.series_uid):
         return Refused(FailureReason.DUPLICATE_SOP_INSTANCE,
@@ -68,6 +75,10 @@ def hierarchy_conflict(record: InstanceRecord, sop_place: tuple[str, str] | None
         return Refused(FailureReason.DATASET_MISMATCH,
                        f"Series {record.series_uid} belongs to study {series_study}, "
                        f"not to this instance's study {record.study_uid}")
+    if sop_place is None and study_patient is not None and study_patient != record.patient:
+        return Refused(FailureReason.DATASET_MISMATCH,
+                       f"Study {record.study_uid} belongs to patient {study_patient}, "
+                       f"not to this instance's patient {record.patient}")
     return None
 
 
@@ -106,8 +117,9 @@ class Index(ABC):
         """Index new instances in one durable commit. Returns, per record, True
         when it was added, False when that SOP Instance UID was already indexed in
         the same series (the existing row is kept unchanged), and :class:`Refused`
-        when the record contradicts the hierarchy (:func:`hierarchy_conflict`,
-        checked inside the commit, against the records before it too)."""
+        when the record contradicts the hierarchy, its study's patient included
+        (:func:`hierarchy_conflict`, checked inside the commit, against the records
+        before it too)."""
 
     @abstractmethod
     def locate(self, sop_uid: str) -> InstanceLocation | None:

@@ -29,7 +29,8 @@ without it, the CPU-bound requests of a worker arrived one by one and most commi
 held one instance (strace, issue 11).
 
 Because every index write runs under this lock, checks made inside ``Index.add``
-(a series filed under one study only, a SOP Instance UID in one series only) are
+(a study filed under one patient only, a series under one study only, a SOP
+Instance UID in one series only) are
 atomic across threads and worker processes: of two requests that conflict, the
 one committed second is refused (store/base.py ``hierarchy_conflict``).
 """

@@ -20,6 +20,7 @@ import orjson
 from ..dicom.attributes import STORED, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import Query, level_record, match_value
+from ..dicom.patient import PatientIdentity, patient_identity
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 
 _STUDY_COLS = tuple(a.keyword for a in STORED["study"])
@@ -33,10 +34,11 @@ _COL_INDEX = {
 
 
 class _Study:
-    __slots__ = ("uid", "cols", "json", "series")
+    __slots__ = ("uid", "cols", "json", "patient", "series")
 
-    def __init__(self, uid: str, cols: tuple, json: bytes) -> None:
+    def __init__(self, uid: str, cols: tuple, json: bytes, patient: PatientIdentity) -> None:
         self.uid, self.cols, self.json = uid, cols, json
+        self.patient = patient  # what its record says (dicom/patient.py)
         self.series: dict[str, _Series] = {}
 
     def modalities(self) -> list[str]:
@@ -104,16 +106,18 @@ class MemoryIndex(Index):
             for r in records:
                 old = self._instances.get(r.sop_uid)
                 old_series = self._series.get(r.series_uid)
+                old_study = self._studies.get(r.study_uid)
                 refused = hierarchy_conflict(
                     r, (old.series.study.uid, old.series.uid) if old is not None else None,
-                    old_series.study.uid if old_series is not None else None)
+                    old_series.study.uid if old_series is not None else None,
+                    old_study.patient if old_study is not None else None)
                 if refused is not None or old is not None:
                     out.append(refused if refused is not None else False)
                     continue
-                study = self._studies.get(r.study_uid)
+                study = old_study
                 if study is None:
                     study = self._studies[r.study_uid] = _Study(
-                        r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), r.study_json)
+                        r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), r.study_json, r.patient)
                 series = self._series.get(r.series_uid)
                 if series is None:
                     series = self._series[r.series_uid] = _Series(
@@ -154,6 +158,7 @@ class MemoryIndex(Index):
                     if se.instances:
                         se.cols, se.json = self._record(next(iter(se.instances.values())), "series")
                 study.cols, study.json = self._record(study.first(), "study")
+                study.patient = patient_identity(orjson.loads(study.json))
             return [i.path for i in victims]
 
     @staticmethod

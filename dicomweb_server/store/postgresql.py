@@ -11,8 +11,10 @@ SQLite index (store/sql.py); what differs is here:
 - Across nodes the ``flock`` files of one machine do not serialise anything:
   a write transaction first takes ``pg_advisory_xact_lock`` on every study, series
   and SOP Instance UID it touches (in ascending key order: no deadlock), so the
-  hierarchy check (store/base.py ``hierarchy_conflict``) and the inserts are
-  atomic across nodes; the unique constraints on the UIDs stay as the last guard.
+  hierarchy check (store/base.py ``hierarchy_conflict``: a study's patient, a
+  series' study, an instance's series) and the inserts are atomic across nodes
+  (two nodes storing one new study for two patients both lock its UID); the
+  unique constraints on the UIDs stay as the last guard.
   :meth:`PostgreSQLIndex.locked` (session advisory locks) keeps two nodes from
   placing the file of one SOP Instance UID at the same time.
 - Schema: created and migrated by the archive (table ``schema_version``, one

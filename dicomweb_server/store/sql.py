@@ -19,6 +19,7 @@ import orjson
 from ..dicom.attributes import STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record
+from ..dicom.patient import PatientIdentity, patient_identity
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 
 ALIAS = {"study": "s", "series": "se", "instance": "i"}
@@ -233,9 +234,11 @@ class SQLIndex(Index):
         """Insert instances and update the computed study/series attributes
         incrementally (constant work per instance, whatever the study's size).
         The caller's transaction keeps other writers of these UIDs out, so the
-        hierarchy check (store/base.py) and the inserts are atomic."""
+        hierarchy check (store/base.py: a study's patient is what its record says,
+        the ``_json`` of its earliest instance still stored) and the inserts are atomic."""
         d, x = self.dialect, self._x
         added: list[bool | Refused] = []
+        patients: dict[str, PatientIdentity] = {}  # study -> patient, looked up once per add
         scols, secols, icols = cols("study"), cols("series"), cols("instance")
         study_insert = d.insert_ignore("study", [*scols, "_json"])
         series_insert = d.insert_ignore("series", ["study_pk", *secols, "_json"])
@@ -247,10 +250,12 @@ class SQLIndex(Index):
                     (r.sop_uid,)).fetchone()
             old_series = x(con, "SELECT s.StudyInstanceUID FROM series se JOIN study s ON s.pk = se.study_pk "
                            "WHERE se.SeriesInstanceUID = ?", (r.series_uid,)).fetchone()
-            refused = hierarchy_conflict(r, tuple(old) if old else None, old_series[0] if old_series else None)
+            refused = hierarchy_conflict(r, tuple(old) if old else None, old_series[0] if old_series else None,
+                                         self._study_patient(con, r.study_uid, patients))
             if refused is not None or old is not None:
                 added.append(refused if refused is not None else False)
                 continue
+            patients[r.study_uid] = r.patient  # the study's, whether new or not
             x(con, study_insert, [d.column(r.study[c]) for c in scols] + [r.study_json])
             study_pk, modalities, classes = x(
                 con, "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE StudyInstanceUID = ?",
@@ -273,6 +278,15 @@ class SQLIndex(Index):
               (1 if new_series else 0, join_multi(mods), join_multi(sops), study_pk))
             added.append(True)
         return added
+
+    def _study_patient(self, con, study_uid: str, known: dict[str, PatientIdentity]) -> PatientIdentity | None:
+        """The patient a stored study belongs to (what its record says), None when new."""
+        if study_uid not in known:
+            row = self._x(con, "SELECT _json FROM study WHERE StudyInstanceUID = ?", (study_uid,)).fetchone()
+            if row is None:
+                return None
+            known[study_uid] = patient_identity(orjson.loads(row[0]))
+        return known[study_uid]
 
     def _speak(self, con, level: str, pk: int, where: str) -> None:
         """Set the study/series record to what its earliest instance still stored says."""

@@ -93,7 +93,7 @@ class SQLiteIndex(SQLIndex):
     def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
         """Index.add, serialised with every other writer by ``BEGIN IMMEDIATE``: the
         hierarchy check runs inside the write transaction, so two workers cannot
-        both file one series under two studies."""
+        both file one series under two studies, nor one study under two patients."""
         con = self._con()
         con.execute("BEGIN IMMEDIATE")
         try:

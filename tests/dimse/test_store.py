@@ -79,3 +79,34 @@ def test_associations_in_the_audit_log(tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     seen = [(r["event"], r["calling_ae"]) for r in records if r.get("protocol") == "DIMSE"]
     assert ("accepted", "GOODSCU") in seen and ("released", "GOODSCU") in seen and ("rejected", "BADSCU") in seen
+
+
+def test_an_instance_of_a_study_stored_for_another_patient_is_refused(dimse):
+    """A study belongs to one patient (Patient ID within its Issuer, dicom/patient.py):
+    C-STORE answers 0xA900 with the reason in the Error Comment, as STOW-RS fails the
+    instance; the same patient under a corrected name, and the identical instance
+    again, are stored."""
+    from pynetdicom import build_context
+
+    from tests.helpers import multipart, to_bytes
+
+    first = make_dataset(PatientID="DIMSE-PA", IssuerOfPatientID="HOSP", PatientName="Doe^John")
+    same_study = {"study": first.StudyInstanceUID, "series": first.SeriesInstanceUID}
+    intruder = make_dataset(**same_study, PatientID="DIMSE-PB", IssuerOfPatientID="HOSP")
+    no_issuer = make_dataset(**same_study, PatientID="DIMSE-PA")
+    renamed = make_dataset(**same_study, PatientID="DIMSE-PA", IssuerOfPatientID="HOSP", PatientName="Doe^Jon")
+    assert dimse.store([first]) == [S.SUCCESS]
+    assoc = dimse.associate([build_context(first.SOPClassUID, str(first.file_meta.TransferSyntaxUID))])
+    try:
+        rsp = assoc.send_c_store(intruder)
+    finally:
+        assoc.release()
+    assert rsp.Status == S.STORE_DATASET_MISMATCH == 0xA900
+    assert rsp.ErrorComment == f"Study {first.StudyInstanceUID} belongs to patient 'DIMSE-PA' (issuer"[:64]
+    assert dimse.store([no_issuer, renamed, first]) == [S.STORE_DATASET_MISMATCH, S.SUCCESS, S.SUCCESS]
+    body, ctype = multipart([to_bytes(intruder)])  # the other front door refuses it the same way
+    r = dimse.http.post("/studies", content=body, headers={"Content-Type": ctype})
+    assert r.status_code == 409 and r.json()["00081198"]["Value"][0]["00081197"]["Value"] == [0xA900]
+    found = dimse.http.get("/instances", params={"StudyInstanceUID": first.StudyInstanceUID}).json()
+    assert sorted(f["00080018"]["Value"][0] for f in found) == sorted([first.SOPInstanceUID, renamed.SOPInstanceUID])
+    assert dimse.http.get("/studies", params={"PatientID": "DIMSE-PB"}).json() == []

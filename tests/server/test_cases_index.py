@@ -41,9 +41,9 @@ def value(result: dict, tag: str):
 def test_p3_delete_ct_series_leaves_the_mr_study(http):
     st, ct, mr = generate_uid(), generate_uid(), generate_uid()
     cts = [make_dataset(study=st, series=ct, modality="CT", StudyDescription="WRONG", PatientName="Wrong^P",
-                        PatientID="P3W") for _ in range(2)]
+                        PatientID="P3") for _ in range(2)]
     mrs = [make_dataset(study=st, series=mr, modality="MR", sop_class=MR_IMAGE_STORAGE, StudyDescription="RIGHT",
-                        PatientName="Right^P", PatientID="P3R")]
+                        PatientName="Right^P", PatientID="P3")]  # one patient per study: the name may differ
     assert post(http, cts).status_code == 200
     assert post(http, mrs).status_code == 200
     (s,) = studies(http, StudyInstanceUID=st)
@@ -51,10 +51,10 @@ def test_p3_delete_ct_series_leaves_the_mr_study(http):
     assert http.delete(f"/studies/{st}/series/{ct}").status_code in (200, 204)
     (s,) = studies(http, StudyInstanceUID=st, includefield="SOPClassesInStudy")
     assert value(s, "00081030") == ["RIGHT"]
-    assert value(s, "00100010") == [{"Alphabetic": "Right^P"}] and value(s, "00100020") == ["P3R"]
+    assert value(s, "00100010") == [{"Alphabetic": "Right^P"}] and value(s, "00100020") == ["P3"]
     assert value(s, "00080061") == ["MR"] and value(s, "00080062") == [MR_IMAGE_STORAGE]
     assert (value(s, "00201206"), value(s, "00201208")) == ([1], [1])
-    for params in ({"StudyDescription": "WRONG"}, {"PatientID": "P3W"}, {"ModalitiesInStudy": "CT"},
+    for params in ({"StudyDescription": "WRONG"}, {"PatientName": "Wrong^P"}, {"ModalitiesInStudy": "CT"},
                    {"PatientName": "wrong", "fuzzymatching": "true"}):
         assert studies(http, StudyInstanceUID=st, **params) == [], params
     r = http.get(f"/studies/{st}/series")
@@ -101,6 +101,35 @@ def test_series_of_another_study_is_refused_at_stow(http, server):
     assert http.get("/studies").json() == []
 
 
+def test_study_of_another_patient_is_refused_at_stow(http, server):
+    st = generate_uid()
+    first = make_dataset(study=st, PatientID="PA", IssuerOfPatientID="HOSP", PatientName="Doe^John")
+    assert post(http, [first]).status_code == 200
+    intruder = make_dataset(study=st, series=first.SeriesInstanceUID, PatientID="PB", IssuerOfPatientID="HOSP")
+    r = post(http, [intruder])
+    assert r.status_code == 409, r.text
+    (fail,) = r.json()[FAILED]["Value"]
+    assert fail[REASON]["Value"] == [0xA900]
+    assert fail["00081155"]["Value"] == [intruder.SOPInstanceUID]
+    assert (f"{intruder.SOPInstanceUID}: Study {st} belongs to patient 'PA' (issuer 'HOSP'), not to this "
+            "instance's patient 'PB' (issuer 'HOSP') (0xA900)") in r.headers["warning"]
+    # a request with one of each: 202, the same patient under a corrected name is stored
+    other_issuer = make_dataset(study=st, PatientID="PA", IssuerOfPatientID="CLINIC")
+    renamed = make_dataset(study=st, PatientID="PA", IssuerOfPatientID="HOSP", PatientName="Doe^Jon")
+    r = post(http, [other_issuer, renamed])
+    assert r.status_code == 202, r.text
+    assert [f["00081155"]["Value"] for f in r.json()[FAILED]["Value"]] == [[other_issuer.SOPInstanceUID]]
+    assert [f["00081155"]["Value"] for f in r.json()[REFERENCED]["Value"]] == [[renamed.SOPInstanceUID]]
+    assert post(http, [first]).status_code == 200  # the identical instance again: a duplicate, a success
+    # nothing of the refused instances is visible or left on storage
+    got = http.get(f"/studies/{st}/metadata").json()
+    assert sorted(value(m, "00080018")[0] for m in got) == sorted([first.SOPInstanceUID, renamed.SOPInstanceUID])
+    assert {tuple(value(m, "00100020")) for m in got} == {("PA",)}
+    assert studies(http, PatientID="PB") == []
+    stored = [p for p in server.archive.blobs.walk() if p.startswith(st + "/")]
+    assert sorted(stored) == sorted(f"{st}/{ds.SeriesInstanceUID}/{ds.SOPInstanceUID}.dcm" for ds in (first, renamed))
+
+
 def send_together(url: str, bodies: list[list]) -> list[httpx.Response]:
     """One STOW-RS request per body, all released at the same moment."""
     barrier = threading.Barrier(len(bodies))
@@ -121,6 +150,17 @@ def test_two_concurrent_stores_of_one_series_in_two_studies(server):
         assert codes == [200, 409]
         (s,) = httpx.get(server.url + "/series", params={"SeriesInstanceUID": se}).json()
         assert value(s, "00201209") == [3]
+
+
+def test_two_concurrent_stores_of_one_study_for_two_patients(server):
+    for _ in range(3):
+        st = generate_uid()
+        bodies = [[make_dataset(study=st, PatientID=pid) for _ in range(3)] for pid in ("RACE-A", "RACE-B")]
+        responses = send_together(server.url, bodies)
+        assert sorted(r.status_code for r in responses) == [200, 409]
+        winner = ("RACE-A", "RACE-B")[[r.status_code for r in responses].index(200)]
+        (s,) = httpx.get(server.url + "/studies", params={"StudyInstanceUID": st}).json()
+        assert value(s, "00100020") == [winner] and value(s, "00201208") == [3]
 
 
 def test_p5_study_without_modality_leaves_out_modalities_in_study(http):

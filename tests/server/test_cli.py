@@ -87,6 +87,35 @@ def test_import_report_names_each_file_not_stored(tmp_path, capsys):
     assert all(f"not stored: {path}\t{why}" in out.err for path, why in lines.items())
 
 
+def test_import_refuses_an_instance_of_a_study_of_another_patient(tmp_path, capsys):
+    """One patient per study (dicom/patient.py), in one batch and across imports."""
+    folder, later = tmp_path / "in", tmp_path / "later"
+    folder.mkdir()
+    later.mkdir()
+    first = make_dataset(PatientID="IMP-A")
+    study = {"study": first.StudyInstanceUID}
+    first.save_as(folder / "a-first.dcm", enforce_file_format=True)
+    make_dataset(**study, PatientID="IMP-B").save_as(folder / "b-other-patient.dcm", enforce_file_format=True)
+    make_dataset(**study, PatientID="IMP-A", PatientName="Renamed^P").save_as(folder / "c-renamed.dcm",
+                                                                              enforce_file_format=True)
+    make_dataset(**study, PatientID="IMP-A", IssuerOfPatientID="X").save_as(later / "d-issuer.dcm",
+                                                                            enforce_file_format=True)
+    report = tmp_path / "report.tsv"
+    data = str(tmp_path / "d")
+    assert main(["import", "--quiet", "--report", str(report), "--data-dir", data, str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "imported 2 new instance(s), 0 already stored; not stored: 1 missing/invalid UIDs or against a " \
+           "stored study's patient or series' study" in out
+    assert report.read_text() == (
+        f"{folder / 'b-other-patient.dcm'}\tDATASET_MISMATCH (0xA900): Study {first.StudyInstanceUID} belongs to "
+        "patient 'IMP-A' (no issuer), not to this instance's patient 'IMP-B' (no issuer)\n")
+    assert main(["import", "--quiet", "--report", str(report), "--data-dir", data, str(later), str(folder)]) == 0
+    assert "imported 0 new instance(s), 2 already stored; not stored: 2 " in capsys.readouterr().out
+    assert [line.split("\t")[0] for line in report.read_text().splitlines()] == [
+        str(later / "d-issuer.dcm"), str(folder / "b-other-patient.dcm")]
+    assert "not to this instance's patient 'IMP-A' (issuer 'X')" in report.read_text()
+
+
 def test_check_finds_and_repairs(tmp_path, capsys):
     folder = tmp_path / "in"
     folder.mkdir()

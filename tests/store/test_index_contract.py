@@ -173,13 +173,15 @@ def json_value(blob: bytes, tag: str):
 
 
 def test_p3_deleted_series_leaves_nothing_visible_or_matchable(index, tmp_path):
-    """CT series stored first says WRONG, MR series says RIGHT; DELETE the CT series."""
+    """CT series stored first says WRONG, MR series says RIGHT; DELETE the CT series.
+    (One patient: a study of another patient's instances is refused, see below; the
+    name may differ.)"""
     st, ct, mr = generate_uid(), generate_uid(), generate_uid()
     common = {"study": st, "StudyTime": "101010", "AccessionNumber": "ACC"}
     wrong = [record(tmp_path, **common, series=ct, modality="CT", StudyDescription="WRONG", PatientName="Wrong^Name",
-                    PatientID="W", SeriesDescription="CT series", StudyDate="20010101") for _ in range(2)]
+                    PatientID="P3", SeriesDescription="CT series", StudyDate="20010101") for _ in range(2)]
     right = [record(tmp_path, **common, series=mr, modality="MR", sop_class=MR_IMAGE_STORAGE,
-                    StudyDescription="RIGHT", PatientName="Right^Name", PatientID="R",
+                    StudyDescription="RIGHT", PatientName="Right^Name", PatientID="P3",
                     SeriesDescription="MR series", StudyDate="20220202")]
     assert index.add(wrong + right) == [True] * 3
     # the earliest instance received speaks for the study (documented in the README)
@@ -191,16 +193,16 @@ def test_p3_deleted_series_leaves_nothing_visible_or_matchable(index, tmp_path):
     h = study_hit(index, st)
     assert json_value(h.study_json, "00081030") == ["RIGHT"]
     assert json_value(h.study_json, "00100010") == [{"Alphabetic": "Right^Name"}]
-    assert json_value(h.study_json, "00100020") == ["R"]
+    assert json_value(h.study_json, "00100020") == ["P3"]
     assert h.computed == {"ModalitiesInStudy": ["MR"], "SOPClassesInStudy": [MR_IMAGE_STORAGE],
                           "NumberOfStudyRelatedSeries": 1, "NumberOfStudyRelatedInstances": 1}
     for params in ({"StudyDescription": "WRONG"}, {"StudyDescription": "W*"}, {"PatientName": "wrong*"},
-                   {"PatientName": "wrong", "fuzzymatching": "true"}, {"PatientID": "W"},
+                   {"PatientName": "wrong", "fuzzymatching": "true"},
                    {"StudyDate": "20010101"}, {"StudyDate": "-20100101"}, {"ModalitiesInStudy": "CT"},
                    {"SOPClassesInStudy": CT_IMAGE_STORAGE}, {"NumberOfStudyRelatedSeries": "2"},
                    {"NumberOfStudyRelatedInstances": "3"}):
         assert study_hit(index, st, **params) is None, params
-    for params in ({"StudyDescription": "RIGHT"}, {"PatientName": "right^name"}, {"PatientID": "R"},
+    for params in ({"StudyDescription": "RIGHT"}, {"PatientName": "right^name"}, {"PatientID": "P3"},
                    {"StudyDate": "20220202"}, {"ModalitiesInStudy": "MR"}, {"NumberOfStudyRelatedInstances": "1"}):
         assert study_hit(index, st, **params) is not None, params
     # series and instance searches see the MR record only, with the new study record
@@ -209,7 +211,7 @@ def test_p3_deleted_series_leaves_nothing_visible_or_matchable(index, tmp_path):
         assert [h.series_uid for h in hits] == [mr]
         assert json_value(hits[0].study_json, "00081030") == ["RIGHT"]
         assert index.search(q(level, {"StudyDescription": "WRONG"})) == []
-        assert index.search(q(level, {"PatientID": "W"})) == []
+        assert index.search(q(level, {"PatientName": "Wrong^Name"})) == []
     assert index.search(q("series", {"Modality": "CT"})) == []
     assert index.search(q("series", {"SeriesDescription": "CT series"})) == []
 
@@ -288,6 +290,63 @@ def test_sop_instance_of_another_series_is_refused(index, tmp_path):
     assert index.count() == 1
 
 
+# --- a study belongs to one patient: Patient ID within its Issuer (dicom/patient.py) -------
+
+
+def test_study_of_another_patient_is_refused(index, tmp_path):
+    st, other = generate_uid(), generate_uid()
+    first = record(tmp_path, study=st, PatientID="PID-1", IssuerOfPatientID="HOSP-A", PatientName="Doe^John")
+    same = [  # one patient: a corrected name, another series, the issuer's padding
+        record(tmp_path, study=st, series=first.series_uid, PatientID="PID-1", IssuerOfPatientID="HOSP-A",
+               PatientName="Doe^Jon"),
+        record(tmp_path, study=st, PatientID=" PID-1 ", IssuerOfPatientID="HOSP-A "),
+    ]
+    others = [  # another ID, the same ID from another issuer or from none, a case change
+        record(tmp_path, study=st, series=first.series_uid, PatientID="PID-2", IssuerOfPatientID="HOSP-A"),
+        record(tmp_path, study=st, PatientID="PID-1", IssuerOfPatientID="HOSP-B"),
+        record(tmp_path, study=st, PatientID="PID-1"),
+        record(tmp_path, study=st, PatientID="pid-1", IssuerOfPatientID="HOSP-A"),
+    ]
+    in_batch = index.add([first, others[0], *same])  # refused also against a record of the same batch
+    assert in_batch[0] is True and in_batch[2:] == [True, True]
+    later = index.add(others[1:])
+    for res, rec in zip([in_batch[1], *later], others):
+        assert isinstance(res, Refused) and not res
+        assert res.reason == FailureReason.DATASET_MISMATCH == 0xA900
+        assert res.message == (f"Study {st} belongs to patient 'PID-1' (issuer 'HOSP-A'), not to this "
+                               f"instance's patient {rec.patient}")
+    assert "'PID-1' (no issuer)" in later[1].message
+    assert index.add([first, same[0]]) == [False, False]  # the same instances again: already indexed
+    assert [x.sop_uid for x in index.instances(st)] == [first.sop_uid, same[0].sop_uid, same[1].sop_uid]
+    assert index.count() == 3
+    for rec in others:
+        assert index.locate(rec.sop_uid) is None
+    (h,) = index.search(q("study", {"StudyInstanceUID": st}))
+    assert h.computed["NumberOfStudyRelatedInstances"] == 3
+    assert index.search(q("study", {"PatientID": "PID-2"})) == []
+    # another study of another patient is no conflict
+    assert index.add([record(tmp_path, study=other, PatientID="PID-2")]) == [True]
+    # the study's patient stays what its record says after the first instance is deleted;
+    # once the study is gone, its UID is free again
+    assert index.delete(st, first.series_uid, first.sop_uid) == [first.path]
+    (res,) = index.add([others[0]])
+    assert isinstance(res, Refused) and "belongs to patient 'PID-1'" in res.message
+    index.delete(st)
+    assert index.add([others[0]]) == [True]
+
+
+def test_empty_and_absent_issuer_are_one_patient(index, tmp_path):
+    st = generate_uid()
+    absent = record(tmp_path, study=st, PatientID="PID-9")
+    empty = record(tmp_path, study=st, PatientID="PID-9", IssuerOfPatientID="")
+    assert "00100021" not in orjson.loads(absent.metadata) and "00100021" in orjson.loads(empty.metadata)
+    assert index.add([absent, empty]) == [True, True]
+    no_id = [record(tmp_path, study=generate_uid(), PatientID="") for _ in range(2)]
+    assert index.add(no_id) == [True, True]  # an empty Patient ID is a value like another
+    (res,) = index.add([record(tmp_path, study=no_id[0].study_uid, PatientID="PID-9")])
+    assert isinstance(res, Refused) and "patient '' (no issuer)" in res.message
+
+
 def test_sqlite_cannot_hold_an_instance_under_another_study(tmp_path):
     idx = SQLiteIndex(tmp_path / "i.sqlite")
     a, se = generate_uid(), generate_uid()
@@ -320,19 +379,40 @@ def race(writers: list[GroupCommitter], recs: list, directory: Path) -> list:
     return results
 
 
+def conflicting(tmp_path, conflict: str) -> list:
+    """Two records of which only one can be stored: one series in two studies, or one
+    study for two patients."""
+    if conflict == "series":
+        se = generate_uid()
+        return [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
+    st = generate_uid()
+    return [record(tmp_path, study=st, PatientID=pid, IssuerOfPatientID="HOSP") for pid in ("PA", "PB")]
+
+
+def only_the_winner_is_stored(index, recs: list, winner) -> None:
+    """The winner's study holds what it stored, the loser left nothing."""
+    loser = next(r for r in recs if r is not winner)
+    assert index.locate(loser.sop_uid) is None and index.count() == 1
+    assert [x.sop_uid for x in index.instances(winner.study_uid)] == [winner.sop_uid]
+    (h,) = index.search(q("series", {"SeriesInstanceUID": winner.series_uid}))
+    assert h.study_uid == winner.study_uid
+    assert json_value(h.study_json, "00100020") == [winner.patient.patient_id]
+
+
+@pytest.mark.parametrize("conflict", ["series", "patient"])
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "postgresql"])
-def test_two_concurrent_stores_cannot_both_file_one_series(kind, tmp_path, request):
+def test_two_concurrent_stores_cannot_both_win(kind, conflict, tmp_path, request):
     """Two writers (for SQLite: two index connections with their own group committers,
     as two worker processes have; for PostgreSQL: two nodes, each with its own pool
-    and its own lock file, so no flock serialises them) store instances of two
-    studies reusing one series at the same moment: exactly one gets in."""
-    for _round in range(5):
-        se = generate_uid()
-        recs = [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
+    and its own lock file, so no flock serialises them) store at the same moment
+    instances of two studies reusing one series, or of one study for two patients:
+    exactly one gets in."""
+    for n_round in range(5):
+        recs = conflicting(tmp_path, conflict)
         if kind == "memory":
             writers = [GroupCommitter(MemoryIndex(), tmp_path / "index.lock")] * 2
         elif kind == "sqlite":
-            path = tmp_path / f"{se}.sqlite"
+            path = tmp_path / f"{n_round}.sqlite"
             writers = [GroupCommitter(SQLiteIndex(path), tmp_path / "index.lock") for _ in range(2)]
         else:
             url = request.getfixturevalue("postgres").fresh_url()
@@ -340,7 +420,9 @@ def test_two_concurrent_stores_cannot_both_file_one_series(kind, tmp_path, reque
         results = race(writers, recs, tmp_path)
         assert sum(r is True for r in results) == 1, results
         assert sum(isinstance(r, Refused) and r.reason == 0xA900 for r in results) == 1, results
-        assert writers[0].index.count() == writers[1].index.count() == 1
+        winner = recs[results.index(True)]
+        for w in writers:
+            only_the_winner_is_stored(w.index, recs, winner)
         for w in writers:
             w.index.close()
 
@@ -350,18 +432,18 @@ def _commit_in_process(db: Path, lock: Path, rec, barrier, out) -> None:
     committer = GroupCommitter(index, lock)
     barrier.wait()
     res = committer.commit([rec], {db.parent})[0]
-    out.put((rec.study_uid, res if isinstance(res, bool) else int(res.reason)))
+    out.put((rec.sop_uid, res if isinstance(res, bool) else int(res.reason)))
     index.close()
 
 
-def test_two_worker_processes_cannot_both_file_one_series(tmp_path):
+@pytest.mark.parametrize("conflict", ["series", "patient"])
+def test_two_worker_processes_cannot_both_win(conflict, tmp_path):
     """As two uvicorn workers do: separate processes, one SQLite file, one lock file."""
     ctx = multiprocessing.get_context("fork")
-    db, lock = tmp_path / "index.sqlite", tmp_path / "index.lock"
-    SQLiteIndex(db).close()
-    for _round in range(4):
-        se = generate_uid()
-        recs = [record(tmp_path, study=generate_uid(), series=se) for _ in range(2)]
+    for n_round in range(4):
+        db, lock = tmp_path / f"{n_round}.sqlite", tmp_path / "index.lock"
+        SQLiteIndex(db).close()
+        recs = conflicting(tmp_path, conflict)
         barrier, out = ctx.Barrier(2), ctx.Queue()
         procs = [ctx.Process(target=_commit_in_process, args=(db, lock, r, barrier, out)) for r in recs]
         for p in procs:
@@ -371,8 +453,7 @@ def test_two_worker_processes_cannot_both_file_one_series(tmp_path):
             p.join(30)
             assert p.exitcode == 0
         assert sorted(results.values(), key=str) == [0xA900, True], results
-        winner = next(st for st, res in results.items() if res is True)
+        winner = next(r for r in recs if results[r.sop_uid] is True)
         idx = SQLiteIndex(db)
-        assert [x.study_uid for x in idx.instances(winner, se)] == [winner]
-        assert idx.search(q("series", {"SeriesInstanceUID": se}))[0].study_uid == winner
+        only_the_winner_is_stored(idx, recs, winner)
         idx.close()
