@@ -1,7 +1,7 @@
 """Listener CPU per received image, and one association's throughput, with DCMTK's
 ``storescu`` as the sender (it costs the machine little), for two builds side by side.
 
-    python -m benchmarks.dimse_store_cpu --files DIR --port 18250 --build base=/work/main --build new=. \
+    python -m benchmarks.dimse_store_cpu --files DIR --port 18250 --build base=../other-checkout --build new=. \
         [--rounds 2]
 
 Each build (a source tree put first on ``PYTHONPATH``) runs as ``python -m

@@ -12,8 +12,7 @@ ranged GET; a rendered picture adds a HEAD for the render cache's key).
 
 Operations, each on its own new or stored MR 256x256 16-bit instance (~131 KB):
 STOW-RS of one new instance per request, WADO-RS of one instance (as stored), WADO-RS
-of frame 1. The client is httpx in threads (it tops out near 1,000 req/s: README,
-Measured), so only ratios in the same run mean anything.
+of frame 1. The client is httpx in threads (it tops out near 1,000 req/s: docs/performance.md), so only ratios in the same run mean anything.
 """
 
 from __future__ import annotations

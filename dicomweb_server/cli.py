@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 # glibc returns large buffers to the OS after each request by default; on 0.5-1 MB
-# DICOM bodies the page faults cost more than the work (shared/performance-facts).
+# DICOM bodies the page faults cost more than the work.
 # Two arenas bound what the allocator keeps across the worker threads.
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456", "MALLOC_ARENA_MAX": "2"}
 
@@ -505,16 +505,15 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
-        argv = ["serve"] + argv
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: each command with its flags (serve's map onto :class:`Settings`
+    fields by ``dest``; ``scripts/gen_docs.py`` reads them for docs/configuration.md)."""
     from . import __version__
 
     parser = argparse.ArgumentParser(
         prog="dicomweb-server", description="DICOMweb (PS3.18) archive. Without a command: serve.",
         epilog="`dicomweb-server COMMAND --help` shows the options of a command; every serve option is also "
-               "a DICOMWEB_* environment variable (README, Configuration).")
+               "a DICOMWEB_* environment variable (docs/configuration.md).")
     parser.add_argument("--version", action="version", version=f"dicomweb-server {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
@@ -592,8 +591,14 @@ def main(argv: list[str] | None = None) -> int:
     mig.add_argument("--database-url", dest="database_url",
                      help="postgresql://user@host:port/db (env DICOMWEB_DATABASE_URL)")
     mig.set_defaults(func=_migrate)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["serve"] + argv
+    args = build_parser().parse_args(argv)
     if args.command == "serve" and not all(k in os.environ for k in _MALLOC_ENV):
         os.environ.update({k: v for k, v in _MALLOC_ENV.items() if k not in os.environ})
         os.execv(sys.executable, [sys.executable, "-m", "dicomweb_server.cli", *argv])

@@ -20,68 +20,99 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DICOMWEB_", extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
-    data_dir: Path = Path("./data")
-    index: Literal["sqlite", "memory", "postgresql"] = "sqlite"
+    host: str = Field("127.0.0.1", description="listen address (HTTP and DIMSE); any address but loopback needs "
+                                               "authentication or `insecure`")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP listen port")
+    data_dir: Path = Field(Path("./data"), description="the data folder: stored files (`blobs/`), spool (`tmp/`), "
+                                                      "`index.sqlite`")
+    index: Literal["sqlite", "memory", "postgresql"] = Field(
+        "sqlite", description="metadata index: `sqlite` (embedded), `memory` (rebuilt from the files at start-up) "
+                              "or `postgresql` (several nodes sharing one index: see Scale out)")
     database_url: str | None = Field(
-        None, description="PostgreSQL index: postgresql://user@host:port/db (libpq URL; env DICOMWEB_DATABASE_URL)")
+        None, description="PostgreSQL index: `postgresql://user@host:port/db` (a libpq URL)")
     database_pool_size: int = Field(
-        8, ge=1, description="PostgreSQL: read connections per worker process (as many again for placement locks)")
+        8, ge=1, description="PostgreSQL read connections per worker process; as many again hold stores' "
+                             "placement locks, plus one writer: the server's `max_connections` must cover "
+                             "nodes x workers x (2 x this + 1)")
     storage: str | None = Field(
-        None, description="where instances are kept: s3://bucket/prefix (S3-compatible object storage); "
-                          "default: the data folder's blobs/ (env DICOMWEB_STORAGE)")
+        None, description="where instances are kept: `s3://bucket/prefix` (S3-compatible object storage, see "
+                          "Scale out); default: the data folder's `blobs/`")
     s3_endpoint_url: str | None = Field(
-        None, description="S3 endpoint, e.g. http://minio:9000 (MinIO, Ceph RGW); default: AWS "
-                          "(env DICOMWEB_S3_ENDPOINT_URL; credentials and region: the AWS_* variables)")
-    workers: int | None = Field(None, ge=1, description="default: one per core with sqlite, 1 with memory")
-    prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. /dicomweb")
+        None, description="S3 endpoint, e.g. `http://minio:9000` (MinIO, Ceph RGW); default: AWS. Credentials "
+                          "and region from the standard `AWS_*` variables")
+    workers: int | None = Field(None, ge=1, description="worker processes; default: one per core with sqlite, "
+                                                        "1 with memory (which refuses more than one)")
+    prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. `/dicomweb`")
     public_url: str | None = Field(
-        None, description="base URL written into RetrieveURL/BulkDataURI; default: from the request"
+        None, description="base URL written into RetrieveURL and BulkDataURI; default: from the request"
     )
-    max_request_bytes: int = Field(4 * 1024**3, ge=1, description="STOW-RS body cap -> 413")
-    max_parts: int = Field(10_000, ge=1, description="STOW-RS parts per request cap -> 413")
-    body_timeout: float = Field(60.0, gt=0, description="seconds a STOW-RS body may stall -> 408")
+    max_request_bytes: int = Field(4 * 1024**3, ge=1, description="STOW-RS body cap (413)")
+    max_parts: int = Field(10_000, ge=1, description="STOW-RS parts per request cap (413)")
+    body_timeout: float = Field(60.0, gt=0, description="seconds a STOW-RS body may stall (408)")
     body_min_rate: int = Field(
-        10240, ge=1, description="STOW-RS total deadline: body_timeout + bytes received / this rate (B/s) -> 408")
-    header_timeout: float = Field(10.0, gt=0, description="seconds to receive request line + headers -> 408, close")
-    max_header_bytes: int = Field(65536, ge=1024, description="request line + headers cap -> 414/431, close")
-    max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) limit")
-    bulk_threshold: int = Field(1024, ge=0, description="binary values larger than this become BulkDataURIs")
-    render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-image cache cap per worker")
-    decode_processes: int = Field(2, ge=1, description="isolated decoder processes per worker (compressed pixels)")
-    decode_timeout: float = Field(60.0, gt=0, description="seconds one compressed frame may take to decode")
-    shutdown_timeout: float = Field(30.0, gt=0, description="seconds a stopping worker lets requests in flight finish")
-    access_log: bool = False
-    log_level: str = "info"
-    cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; ['*'] for any")
-    api_keys: dict[str, list[str]] = Field(default_factory=dict, description='{"token": ["read", "write"]}')
-    api_keys_file: Path | None = Field(None, description="JSON file of API keys and their scopes")
-    basic_users_file: Path | None = Field(None, description='JSON {"user": {"password_sha256": .., "scopes": [..]}}')
-    oidc_issuer: str | None = None
-    oidc_audience: str | None = None
-    oidc_jwks_url: str | None = None
-    oidc_jwks_timeout: float = Field(5.0, gt=0, description="seconds one JWKS fetch may take (then: old keys kept)")
+        10240, ge=1, description="STOW-RS total body deadline: `body_timeout` + bytes received / this rate in "
+                                 "bytes/s (408); a 100 MB body may take 60 s + 2.7 h")
+    header_timeout: float = Field(10.0, gt=0, description="seconds to receive a request line and headers "
+                                                          "(408, connection closed)")
+    max_header_bytes: int = Field(65536, ge=1024, description="request line + headers cap: 414 (request line) "
+                                                              "or 431, counted while they arrive; connection closed")
+    max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) `limit`")
+    bulk_threshold: int = Field(1024, ge=0, description="binary values longer than this (bytes) become "
+                                                        "BulkDataURIs")
+    render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-picture cache per worker (0: off)")
+    decode_processes: int = Field(2, ge=1, description="isolated decoder processes per worker for compressed "
+                                                       "frames")
+    decode_timeout: float = Field(60.0, gt=0, description="seconds one compressed frame may take to decode "
+                                                          "(then 406)")
+    shutdown_timeout: float = Field(30.0, gt=0, description="seconds a stopping worker (or DIMSE listener) lets "
+                                                            "requests and associations in flight finish")
+    access_log: bool = Field(False, description="uvicorn access log (halves small-answer throughput)")
+    log_level: str = Field("info", description="log level: `critical`, `error`, `warning`, `info`, `debug`, "
+                                               "`trace`")
+    cors_origins: list[str] = Field(default_factory=list, description="allowed browser origins (CORS); "
+                                                                      "`[\"*\"]` for any; none: CORS off")
+    api_keys: dict[str, list[str]] = Field(default_factory=dict, description='bearer API keys inline: '
+                                           '`{"token": ["read", "write", "delete"]}`')
+    api_keys_file: Path | None = Field(None, description='JSON file of API keys and their scopes: '
+                                       '`{"token": ["read", "write", "delete"]}`')
+    basic_users_file: Path | None = Field(None, description='HTTP basic users: JSON '
+                                          '`{"user": {"password_sha256": "...", "scopes": [...]}}`')
+    oidc_issuer: str | None = Field(None, description="OAuth2/OIDC access tokens (JWT): the expected issuer "
+                                                      "(`iss`)")
+    oidc_audience: str | None = Field(None, description="OAuth2/OIDC: the expected audience (`aud`)")
+    oidc_jwks_url: str | None = Field(None, description="OAuth2/OIDC: the issuer's JWKS URL; tokens are checked "
+                                                        "against its keys")
+    oidc_jwks_timeout: float = Field(5.0, gt=0, description="seconds one JWKS fetch may take (then the old keys "
+                                                            "are kept)")
     oidc_jwks_cache_seconds: float = Field(300.0, ge=0, description="seconds the JWKS keys are kept")
-    audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request here")
-    insecure: bool = Field(False, description="allow listening beyond loopback without authentication")
-    routes_file: Path | None = Field(None, description="TOML routes file: forward stored instances (routing/)")
+    audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request (and DIMSE "
+                                                     "association) to this file")
+    insecure: bool = Field(False, description="allow a non-loopback `host` without authentication")
+    routes_file: Path | None = Field(None, description="TOML routes file: forward stored instances (Routing)")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
-    viewer: bool = Field(False, description="serve the OHIF viewer at /viewer")
-    viewer_dir: Path | None = Field(None, description="OHIF dist/ folder; default: fetched with npm into ~/.cache")
+    viewer: bool = Field(False, description="serve the OHIF viewer at `/viewer/`")
+    viewer_dir: Path | None = Field(None, description="the OHIF `dist/` folder (holding `index.html`); default: "
+                                                      "fetched with npm into "
+                                                      "`~/.cache/dicomweb-archive/ohif-app-VERSION/dist`")
     # the DIMSE front door (dicomweb_server/dimse/): C-ECHO, C-STORE, C-FIND, C-GET, C-MOVE
-    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns it off")
+    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns DIMSE off")
     ae_title: str = Field("DICOMWEB", min_length=1, max_length=16, description="this archive's AE title")
-    dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port} (C-MOVE)")
-    dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; [] = any")
-    dimse_check_called_ae: bool = Field(False, description="reject associations not addressed to ae_title")
-    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations (per listener process)")
+    dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port}: the C-MOVE "
+                                                            "destinations")
+    dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; none: any")
+    dimse_check_called_ae: bool = Field(False, description="reject associations whose called AE title is not "
+                                                           "`ae_title`")
+    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations per listener process "
+                                                              "(A-ASSOCIATE-RJ beyond it); at most twice as many "
+                                                              "TCP connections at a time, the rest closed at accept")
     dimse_processes: int = Field(0, ge=0, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
                                  "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
     dimse_acse_timeout: float = Field(30.0, gt=0, description="association negotiation timeout (s)")
     dimse_timeout: float = Field(60.0, gt=0, description="DIMSE message timeout (s)")
     dimse_network_timeout: float = Field(60.0, gt=0, description="idle connection timeout (s)")
-    dimse_max_pdu: int = Field(4 * 1024**2, ge=0, description="maximum PDU received (bytes; 0 = unlimited)")
+    dimse_max_pdu: int = Field(4 * 1024**2, ge=0, description="largest PDU received (bytes; announced as the "
+                               "Maximum Length; a PDU whose header declares more than max(this, 1 MiB) closes the "
+                               "connection when read, A-ASSOCIATE-RQ included; 0 = unlimited)")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
 
     @model_validator(mode="after")

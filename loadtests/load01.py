@@ -1,4 +1,4 @@
-"""LOAD-01: the reference C-STORE load test (shared/reference/lessons.md).
+"""LOAD-01: the reference C-STORE load test (described in docs/load-testing.md).
 
     python -m loadtests.load01 --host 127.0.0.1 --port 11112 --http http://127.0.0.1:8080 \\
         --associations 1,4,16,64 --images 200 [--peer orthanc] [--peer storescp] [--output DIR]
@@ -382,7 +382,7 @@ class StoreSCP(Target):
         work = Path(tempfile.mkdtemp(prefix="load01-storescp-"))
         (work / "out").mkdir()
         port = free_port()
-        # DCMTK tunings (performance-facts.md, lessons.md): the largest PDU, TCP buffers
+        # DCMTK tunings: the largest PDU, TCP buffers
         # left to the kernel by not setting TCP_BUFFER_LENGTH; --fork for parallel associations
         cmd = [dcmtk("storescp"), "--fork", "+xa", "--max-pdu", "131072", "-od", str(work / "out"), "-aet", "STORESCP",
                str(port)]

@@ -99,7 +99,7 @@ def _refuse_bad_start(environment, **_kw) -> None:
     if problems:
         for p in problems:
             print(p if p.startswith("load03:") else f"load03: {p}", file=sys.stderr)
-        print("load03: see loadtests/README.md (make the data set: python -m loadtests.preload ...)", file=sys.stderr)
+        print("load03: see docs/load-testing.md (make the data set: python -m loadtests.preload ...)", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -4,7 +4,8 @@
 # suite (tests/peers) Debian's Orthanc with its DICOMweb plugin and nginx, the DIMSE walk-through
 # (tests/dimse/test_dcmtk.py) DCMTK's storescu/findscu/getscu/movescu/storescp: installed here with
 # apt-get when missing (as root, or with sudo). The PostgreSQL index's tests start Debian's
-# PostgreSQL server themselves (tests/postgres.py; DICOMWEB_POSTGRES=skip skips them).
+# PostgreSQL server themselves (tests/postgres.py; DICOMWEB_POSTGRES=skip skips them). The docs extra
+# (mkdocs) lets tests/docs/ build the documentation site.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive  # CI has no terminal: apt must never ask
 cd "$(dirname "$0")/.."
@@ -25,5 +26,5 @@ fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-pip install --quiet -e '.[test,interop,load]'
+pip install --quiet -e '.[test,interop,load,docs]'
 python -m pytest -q "$@"

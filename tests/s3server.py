@@ -3,7 +3,7 @@ in-memory buckets) on 127.0.0.1 and a free port, in a thread of the test process
 a log of the requests it answered (method, path, Range header, status) so tests can
 assert how the archive talked to it.
 
-What this does not prove (README "Scale out"): durability (moto keeps objects in
+What this does not prove (docs/scale-out.md): durability (moto keeps objects in
 memory), the consistency of a distributed store (moto is one process: every read sees
 the last write), multi-part upload limits, Content-MD5 checking (moto accepts a wrong
 one), throttling and the latencies of a real network.

@@ -66,7 +66,7 @@ _TIME_RE = re.compile(r"^(\d{2})(\d{2})?(\d{2})?(?:\.(\d{1,6}))?$")
 _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(?:\.(\d{1,6}))?([+-]\d{4})?$")
 
 # Aliases kept for clients that send series/instance keys to a study search: they
-# mean "any series/instance of the study has this value" (documented in the README).
+# mean "any series/instance of the study has this value" (documented in docs/dicomweb.md).
 _STUDY_ALIASES = {"Modality": "ModalitiesInStudy", "SOPClassUID": "SOPClassesInStudy"}
 
 #: Longest matching value accepted (HTTP 400 beyond). The longest VR a key can hold is a

@@ -14,7 +14,7 @@ from enum import IntEnum
 
 
 class FailureReason(IntEnum):
-    """FailureReason codes; each one is documented in the README's conformance section."""
+    """FailureReason codes; each one is documented in docs/dicomweb.md (STOW-RS)."""
 
     PROCESSING_FAILURE = 0x0110  # unexpected error while storing (PS3.7 C.4)
     DUPLICATE_SOP_INSTANCE = 0x0111  # same SOP Instance UID, different content (PS3.7 C.4)

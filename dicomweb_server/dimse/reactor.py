@@ -6,7 +6,7 @@ pynetdicom 3.0 runs two threads per association, and both poll: the DUL thread
 1 ms before each look at the decoded DIMSE messages; ``Association.kill`` waits for
 the DUL thread in 10 ms sleeps. py-spy put ~39 % of the listener's samples in
 those sleeps, and every request/response hop paid up to a millisecond twice (issue
-10: "no polling sleeps on the receive path", the DCMTK lessons in lessons.md).
+10: "no polling sleeps on the receive path").
 pynetdicom has no hook for this, so the three methods are replaced here, process-wide
 while the listener runs (:func:`install`; :func:`uninstall` on stop), keeping
 pynetdicom's state machine, queues, ACSE and DIMSE code unchanged:
@@ -26,7 +26,7 @@ pynetdicom's state machine, queues, ACSE and DIMSE code unchanged:
 - the sockets pynetdicom opens as a requestor (an SCU: C-MOVE sub-operations, routing's
   C-STORE destinations, the LOAD-01 generator) get TCP_NODELAY: pynetdicom writes a
   P-DATA PDU and then waits for the answer, and with Nagle on, a small last segment
-  waits for the peer's delayed ACK (40 ms on Linux; the DCMTK lesson in lessons.md).
+  waits for the peer's delayed ACK (40 ms on Linux; DCMTK >= 3.6.2 leaves Nagle on too).
   Accepted sockets get it in :meth:`.scp.DimseServer.start`.
 
 The checks each loop makes are pynetdicom's own, in the same order. Used by the

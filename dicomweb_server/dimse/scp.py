@@ -455,7 +455,7 @@ class DimseServer:
                 del transport.ThreadedAssociationServer.server_bind
         get_request = self._server.get_request
 
-        def get_request_nodelay():  # request/response traffic: no Nagle delay (lessons.md, DCMTK)
+        def get_request_nodelay():  # request/response traffic: no Nagle delay (a delayed ACK costs 40 ms)
             sock, addr = get_request()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # no read or write waits longer than the network timeout (as pynetdicom's requestor

@@ -4,7 +4,7 @@ restart. It lives in one process (the server refuses more than one worker).
 
 Kept lean: per instance, the index holds its column values, location and the
 stored DICOM JSON as zlib-compressed bytes (no per-element Python objects); see
-the README for the measured bytes per instance.
+docs/performance.md for the measured bytes per instance.
 """
 
 from __future__ import annotations

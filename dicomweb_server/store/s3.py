@@ -17,7 +17,7 @@ A crash between 1 and 2 leaves an object no index row names: an orphan, never
 acknowledged, which ``dicomweb-server check --repair`` removes once it is older than
 the grace period (check.py). DELETE removes the objects after the index commit.
 
-What the object store must guarantee (README "Scale out"): a 200 to ``PutObject``
+What the object store must guarantee (docs/scale-out.md): a 200 to ``PutObject``
 means durably stored; strong read-after-write consistency for GET, HEAD and LIST
 (AWS S3 since December 2020, MinIO, Ceph RGW); ranged GET (RFC 9110 §14) and
 ``If-Match`` on GET. ``If-None-Match: *`` on PUT (AWS since August 2024, MinIO, recent

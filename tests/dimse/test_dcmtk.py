@@ -1,4 +1,4 @@
-"""The README's DIMSE walk-through, run with DCMTK's own tools (Debian package ``dcmtk``)
+"""The DIMSE walk-through of docs/dimse.md, run with DCMTK's own tools (Debian package ``dcmtk``)
 against ``dicomweb-server serve`` as a user starts it: SQLite index, the listener in its
 own processes. DCMTK is the reference SCU most departments test a PACS with; pynetdicom
 (tests/dimse/) is built by the same people as our listener's DIMSE layer, so it cannot
@@ -54,7 +54,7 @@ def run(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture
 def walkthrough(tmp_path):
     """DCMTK storescp as the C-MOVE destination STORESCP (named in a peers file, TOML as in
-    the README), and ``dicomweb-server serve`` with it."""
+    docs/dimse.md), and ``dicomweb-server serve`` with it."""
     http, dport, sport = free_port(), free_port(), free_port()
     recv = tmp_path / "recv"
     recv.mkdir()
@@ -154,7 +154,7 @@ def test_cmove_to_unknown_destination_is_refused(walkthrough):
 
 
 def test_storescu_of_a_file_imported_before_is_a_success(walkthrough):
-    """The README's storescu step on the first command's archive (``import --samples``
+    """The walk-through's storescu step on the first command's archive (``import --samples``
     holds CT_small.dcm): DCMTK sends the data set under its own file meta and without
     the file's Data Set Trailing Padding, the same instance: Success, one copy kept.
     Before: 0x0111 (storescu exits 1)."""

@@ -1,5 +1,5 @@
 """Listener processes end with ``serve`` and on SIGTERM, within a bound, whatever their
-associations do (README: "started and stopped by serve, and ending with it").
+associations do (docs/dimse.md: "started and stopped by serve, and ending with it").
 
 Seen after a CI run: a ``python -m dicomweb_server.dimse`` whose ``serve`` was gone kept
 running and ignored SIGTERM. These tests SIGKILL ``serve`` (two listener processes, idle

@@ -34,7 +34,7 @@ def test_the_same_instance_through_both_front_doors_is_a_duplicate(dimse):
     """STOW-RS then C-STORE of one instance, and C-STORE then STOW-RS of another: the
     second copy differs only in its file meta (the C-STORE's is built from the
     association), so it is the identical instance: Success / 200, the first copy kept.
-    Before: 0x0111 and 409 (the README's walk-through, after `import --samples`)."""
+    Before: 0x0111 and 409 (the DIMSE walk-through of docs/dimse.md, after `import --samples`)."""
     from tests.helpers import multipart, to_bytes
 
     def stow(ds) -> int:

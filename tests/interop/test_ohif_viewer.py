@@ -386,7 +386,7 @@ def test_viewer_with_the_sample_data(browser, ohif_dist, samples_data, artifacts
             problems += [f"{uid}: {f}" for f in failed]
         assert not problems, "\n".join(problems)
 
-        # 3. the picture for the README (docs/viewer.png): the CT of the README's curl walk-through
+        # 3. the picture of docs/viewer.md (docs/viewer.png): the CT of the README's curl walk-through
         page.goto(f"{server.url}/viewer/viewer?StudyInstanceUIDs={README_CT_STUDY}")
         wait_for_image(page)
         page.wait_for_timeout(1500)  # thumbnails and overlays settle

@@ -1,4 +1,4 @@
-"""Case P1, rendered part (cases.md; PS3.18 §10.4.1.1.3, §8.7.4; PS3.3 C.7.6.24):
+"""Float pixel data, rendered part (PS3.18 §10.4.1.1.3, §8.7.4; PS3.3 C.7.6.24):
 Float Pixel Data (7FE0,0008, float32) and Double Float Pixel Data (7FE0,0009,
 float64) render as a picture: the request's window, else Window Center/Width, else
 linearly from the lowest to the highest finite value of the frame; NaN shows as the

@@ -1,6 +1,7 @@
-"""Cases P3 and P5 (shared/cases/cases.md) and the index findings of issue 14 (a series
-filed under another study; a wildcard that froze the memory index), through real HTTP
-on both indexes."""
+"""Index cases through real HTTP on both indexes: P3 (deleting a CT series leaves the study's MR
+series, the study record an instance search shows), P5 (a study without Modality leaves
+ModalitiesInStudy out) and the index findings of issue 14 (a series
+filed under another study; a wildcard that froze the memory index)."""
 
 from __future__ import annotations
 

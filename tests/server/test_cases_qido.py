@@ -1,4 +1,6 @@
-"""Conformance cases Q1-Q4 (shared/cases/cases.md) through real HTTP, both indexes."""
+"""QIDO-RS conformance cases through real HTTP, both indexes: Q1 date/time ranges, Q2
+includefield, Q3 matching with computed attributes (ModalitiesInStudy, counts), Q4 no match is
+200 with an empty array (PS3.18 §10.6, PS3.4 C.2.2.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Conformance cases S1-S3 (shared/cases/cases.md) and the duplicate policy."""
+"""STOW-RS conformance cases: S1 an instance of another study than the URL's, S2 bad parts
+beside good ones, S3 multipart framing variants (PS3.18 §10.5), and the duplicate policy."""
 
 from __future__ import annotations
 

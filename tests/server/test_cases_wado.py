@@ -1,4 +1,5 @@
-"""Conformance cases W1, W3, W4 (shared/cases/cases.md) through real HTTP."""
+"""WADO-RS conformance cases through real HTTP: W1 Accept negotiation, W3 multipart and
+single-part framing, W4 frame lists (PS3.18 §10.4, §8.7)."""
 
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ def test_p3_deleted_series_leaves_nothing_visible_or_matchable(index, tmp_path):
                     StudyDescription="RIGHT", PatientName="Right^Name", PatientID="P3",
                     SeriesDescription="MR series", StudyDate="20220202")]
     assert index.add(wrong + right) == [True] * 3
-    # the earliest instance received speaks for the study (documented in the README)
+    # the earliest instance received speaks for the study (documented in docs/dicomweb.md)
     h = study_hit(index, st)
     assert json_value(h.study_json, "00081030") == ["WRONG"]
     assert study_hit(index, st, StudyDescription="RIGHT") is None
