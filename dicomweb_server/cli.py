@@ -47,16 +47,15 @@ def _settings(args: argparse.Namespace):
     setting (not a traceback) when any is invalid."""
     import pydantic
 
-    from .settings import Settings
+    from .settings import Settings, error_lines
 
     overrides = {k: v for k, v in vars(args).items()
                  if k in Settings.model_fields and v is not None}
     try:
         return Settings(**overrides)
     except pydantic.ValidationError as e:
-        for err in e.errors():
-            where = ".".join(str(x) for x in err.get("loc", ())) or "settings"
-            print(f"dicomweb-server: {where}: {err.get('msg', '').removeprefix('Value error, ')}", file=sys.stderr)
+        for line in error_lines(e):  # the setting, its variable, what was given and what is allowed
+            print(f"dicomweb-server: {line}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
