@@ -111,5 +111,10 @@ def _start_dimse_in_worker(archive: Archive, settings: Settings):
 
 
 def create_app_from_env() -> FastAPI:
-    """Factory for uvicorn workers: settings from ``DICOMWEB_*`` variables."""
-    return create_app(Settings())
+    """Factory for uvicorn workers: settings from ``DICOMWEB_*`` variables. A worker of
+    ``serve --workers N`` ends with its supervisor, however that ends (lifeline.py)."""
+    from .lifeline import end_worker_with_supervisor
+
+    settings = Settings()
+    end_worker_with_supervisor(settings.shutdown_timeout)
+    return create_app(settings)

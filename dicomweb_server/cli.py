@@ -47,16 +47,15 @@ def _settings(args: argparse.Namespace):
     setting (not a traceback) when any is invalid."""
     import pydantic
 
-    from .settings import Settings
+    from .settings import Settings, error_lines
 
     overrides = {k: v for k, v in vars(args).items()
                  if k in Settings.model_fields and v is not None}
     try:
         return Settings(**overrides)
     except pydantic.ValidationError as e:
-        for err in e.errors():
-            where = ".".join(str(x) for x in err.get("loc", ())) or "settings"
-            print(f"dicomweb-server: {where}: {err.get('msg', '').removeprefix('Value error, ')}", file=sys.stderr)
+        for line in error_lines(e):  # the setting, its variable, what was given and what is allowed
+            print(f"dicomweb-server: {line}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -282,19 +281,15 @@ def _start_dimse(settings):
 
 
 def _spawn_listener(parent_fd: int, env=None):
-    """One listener process, stopping when the pipe ``parent_fd`` reaches end-of-file."""
+    """One listener process, stopping when the pipe ``parent_fd`` reaches end-of-file, or
+    on the SIGTERM of PR_SET_PDEATHSIG when this process ends (lifeline.py; armed when
+    this is the main thread: the signal comes when the forking *thread* ends)."""
     import subprocess
 
-    def die_with_parent() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    from .lifeline import parent_death_signal_preexec
 
     return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse", "--parent-fd", str(parent_fd)],
-                            pass_fds=(parent_fd,), preexec_fn=die_with_parent, env=env)
+                            pass_fds=(parent_fd,), preexec_fn=parent_death_signal_preexec(), env=env)
 
 
 #: seconds past ``shutdown_timeout`` a listener gets to end after SIGTERM before SIGKILL

@@ -8,14 +8,22 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .config_values import Bound, ae_title_problem, host_problem
+
+
+#: ``dimse_max_pdu``: 0 (no limit) or 4096 bytes up to the 32 bits of PS3.8 §D.1
+MAX_PDU = Bound(4096, 2**32 - 1, integer=True, or_zero=True)
 
 
 class Settings(BaseSettings):
     """Configuration of one archive process.
 
-    Units: sizes in bytes, times in seconds.
+    Units: sizes in bytes, times in seconds. Every number has a range (``ge``/``gt`` and
+    ``le``): a value outside it is refused at start (:func:`error_lines`), not met
+    later as a worker that cannot start or a limit that cannot hold.
     """
 
     model_config = SettingsConfigDict(env_prefix="DICOMWEB_", extra="ignore")
@@ -31,7 +39,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="PostgreSQL index: `postgresql://user@host:port/db` (a libpq URL)")
     database_pool_size: int = Field(
-        8, ge=1, description="PostgreSQL read connections per worker process; as many again hold stores' "
+        8, ge=1, le=100, description="PostgreSQL read connections per worker process; as many again hold stores' "
                              "placement locks, plus one writer: the server's `max_connections` must cover "
                              "nodes x workers x (2 x this + 1)")
     storage: str | None = Field(
@@ -40,31 +48,31 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(
         None, description="S3 endpoint, e.g. `http://minio:9000` (MinIO, Ceph RGW); default: AWS. Credentials "
                           "and region from the standard `AWS_*` variables")
-    workers: int | None = Field(None, ge=1, description="worker processes; default: one per core with sqlite, "
+    workers: int | None = Field(None, ge=1, le=256, description="worker processes; default: one per core with sqlite, "
                                                         "1 with memory (which refuses more than one)")
     prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. `/dicomweb`")
     public_url: str | None = Field(
         None, description="base URL written into RetrieveURL and BulkDataURI; default: from the request"
     )
-    max_request_bytes: int = Field(4 * 1024**3, ge=1, description="STOW-RS body cap (413)")
-    max_parts: int = Field(10_000, ge=1, description="STOW-RS parts per request cap (413)")
-    body_timeout: float = Field(60.0, gt=0, description="seconds a STOW-RS body may stall (408)")
+    max_request_bytes: int = Field(4 * 1024**3, ge=1024, le=1024**4, description="STOW-RS body cap (413)")
+    max_parts: int = Field(10_000, ge=1, le=1_000_000, description="STOW-RS parts per request cap (413)")
+    body_timeout: float = Field(60.0, gt=0, le=3600, description="seconds a STOW-RS body may stall (408)")
     body_min_rate: int = Field(
-        10240, ge=1, description="STOW-RS total body deadline: `body_timeout` + bytes received / this rate in "
+        10240, ge=1, le=10 * 1024**3, description="STOW-RS total body deadline: `body_timeout` + bytes received / this rate in "
                                  "bytes/s (408); a 100 MB body may take 60 s + 2.7 h")
-    header_timeout: float = Field(10.0, gt=0, description="seconds to receive a request line and headers "
+    header_timeout: float = Field(10.0, gt=0, le=600, description="seconds to receive a request line and headers "
                                                           "(408, connection closed)")
-    max_header_bytes: int = Field(65536, ge=1024, description="request line + headers cap: 414 (request line) "
+    max_header_bytes: int = Field(65536, ge=1024, le=1024**2, description="request line + headers cap: 414 (request line) "
                                                               "or 431, counted while they arrive; connection closed")
-    max_results: int = Field(1000, ge=1, description="QIDO-RS maximum (and default) `limit`")
-    bulk_threshold: int = Field(1024, ge=0, description="binary values longer than this (bytes) become "
+    max_results: int = Field(1000, ge=1, le=100_000, description="QIDO-RS maximum (and default) `limit`")
+    bulk_threshold: int = Field(1024, ge=0, le=2**32 - 2, description="binary values longer than this (bytes) become "
                                                         "BulkDataURIs")
-    render_cache_bytes: int = Field(64 * 1024**2, ge=0, description="rendered-picture cache per worker (0: off)")
-    decode_processes: int = Field(2, ge=1, description="isolated decoder processes per worker for compressed "
+    render_cache_bytes: int = Field(64 * 1024**2, ge=0, le=64 * 1024**3, description="rendered-picture cache per worker (0: off)")
+    decode_processes: int = Field(2, ge=1, le=64, description="isolated decoder processes per worker for compressed "
                                                        "frames")
-    decode_timeout: float = Field(60.0, gt=0, description="seconds one compressed frame may take to decode "
+    decode_timeout: float = Field(60.0, gt=0, le=3600, description="seconds one compressed frame may take to decode "
                                                           "(then 406)")
-    shutdown_timeout: float = Field(30.0, gt=0, description="seconds a stopping worker (or DIMSE listener) lets "
+    shutdown_timeout: float = Field(30.0, gt=0, le=3600, description="seconds a stopping worker (or DIMSE listener) lets "
                                                             "requests and associations in flight finish")
     access_log: bool = Field(False, description="uvicorn access log (halves small-answer throughput)")
     log_level: str = Field("info", description="log level: `critical`, `error`, `warning`, `info`, `debug`, "
@@ -82,9 +90,9 @@ class Settings(BaseSettings):
     oidc_audience: str | None = Field(None, description="OAuth2/OIDC: the expected audience (`aud`)")
     oidc_jwks_url: str | None = Field(None, description="OAuth2/OIDC: the issuer's JWKS URL; tokens are checked "
                                                         "against its keys")
-    oidc_jwks_timeout: float = Field(5.0, gt=0, description="seconds one JWKS fetch may take (then the old keys "
+    oidc_jwks_timeout: float = Field(5.0, gt=0, le=300, description="seconds one JWKS fetch may take (then the old keys "
                                                             "are kept)")
-    oidc_jwks_cache_seconds: float = Field(300.0, ge=0, description="seconds the JWKS keys are kept")
+    oidc_jwks_cache_seconds: float = Field(300.0, ge=0, le=7 * 86400, description="seconds the JWKS keys are kept")
     audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request (and DIMSE "
                                                      "association) to this file")
     insecure: bool = Field(False, description="allow a non-loopback `host` without authentication")
@@ -96,21 +104,21 @@ class Settings(BaseSettings):
                                                       "`~/.cache/dicomweb-archive/ohif-app-VERSION/dist`")
     # the DIMSE front door (dicomweb_server/dimse/): C-ECHO, C-STORE, C-FIND, C-GET, C-MOVE
     dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns DIMSE off")
-    ae_title: str = Field("DICOMWEB", min_length=1, max_length=16, description="this archive's AE title")
+    ae_title: str = Field("DICOMWEB", description="this archive's AE title")
     dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port}: the C-MOVE "
                                                             "destinations")
     dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; none: any")
     dimse_check_called_ae: bool = Field(False, description="reject associations whose called AE title is not "
                                                            "`ae_title`")
-    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations per listener process "
+    dimse_max_associations: int = Field(32, ge=1, le=1000, description="concurrent associations per listener process "
                                                               "(A-ASSOCIATE-RJ beyond it); at most twice as many "
                                                               "TCP connections at a time, the rest closed at accept")
-    dimse_processes: int = Field(0, ge=0, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
+    dimse_processes: int = Field(0, ge=0, le=64, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
                                  "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
-    dimse_acse_timeout: float = Field(30.0, gt=0, description="association negotiation timeout (s)")
-    dimse_timeout: float = Field(60.0, gt=0, description="DIMSE message timeout (s)")
-    dimse_network_timeout: float = Field(60.0, gt=0, description="idle connection timeout (s)")
-    dimse_max_pdu: int = Field(4 * 1024**2, ge=0, description="largest PDU received (bytes; announced as the "
+    dimse_acse_timeout: float = Field(30.0, gt=0, le=3600, description="association negotiation timeout (s)")
+    dimse_timeout: float = Field(60.0, gt=0, le=86400, description="DIMSE message timeout (s)")
+    dimse_network_timeout: float = Field(60.0, gt=0, le=86400, description="idle connection timeout (s)")
+    dimse_max_pdu: int = Field(4 * 1024**2, ge=0, le=2**32 - 1, description="largest PDU received (bytes; announced as the "
                                "Maximum Length; a PDU whose header declares more than max(this, 1 MiB) closes the "
                                "connection when read, A-ASSOCIATE-RQ included; 0 = unlimited)")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
@@ -120,6 +128,37 @@ class Settings(BaseSettings):
         if self.index == "postgresql" and not self.database_url:
             raise ValueError("--index postgresql needs --database-url (DICOMWEB_DATABASE_URL)")
         return self
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if problem := host_problem(v):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("ae_title")
+    @classmethod
+    def _ae_title(cls, v: str) -> str:
+        if problem := ae_title_problem(v):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("dimse_allowed_aes")
+    @classmethod
+    def _allowed_aes(cls, v: list[str]) -> list[str]:
+        for title in v:
+            if problem := ae_title_problem(title):
+                raise ValueError(problem)
+        return v
+
+    @field_validator("dimse_max_pdu")
+    @classmethod
+    def _max_pdu(cls, v: int) -> int:
+        """PS3.8 §D.1: the Maximum Length Received is 32 bits, 0 meaning no limit; below
+        4096 bytes (DCMTK's smallest) a peer would send a data set in tiny fragments."""
+        if problem := MAX_PDU.problem(v):
+            raise ValueError(problem)
+        return v
 
     @field_validator("s3_endpoint_url")
     @classmethod
@@ -166,3 +205,48 @@ class Settings(BaseSettings):
         if self.index == "memory":
             return 1
         return self.workers or (os.cpu_count() or 1)
+
+
+def field_bound(name: str) -> Bound | None:
+    """The range of the numeric setting ``name`` (from its ``Field`` constraints), or None."""
+    info = Settings.model_fields.get(name)
+    if name == "dimse_max_pdu":
+        return MAX_PDU
+    if info is None:
+        return None
+    lo = hi = None
+    lo_open = False
+    for c in info.metadata:
+        if getattr(c, "ge", None) is not None:
+            lo = c.ge
+        elif getattr(c, "gt", None) is not None:
+            lo, lo_open = c.gt, True
+        elif getattr(c, "le", None) is not None:
+            hi = c.le
+    if lo is None or hi is None:
+        return None
+    integer = info.annotation in (int, int | None)
+    return Bound(lo, hi, integer=integer, lo_open=lo_open)
+
+
+def error_lines(e: ValidationError) -> list[str]:
+    """One line per refused setting: its name, its environment variable, what was given
+    and what is allowed (``dicomweb-server`` prints them and exits 2)."""
+    lines = []
+    for err in e.errors():
+        loc = err.get("loc", ())
+        name = str(loc[0]) if loc else ""
+        where = ".".join(str(x) for x in loc) or "settings"
+        if name in Settings.model_fields:
+            where += f" (DICOMWEB_{name.upper()})"
+        msg = err.get("msg", "").removeprefix("Value error, ")
+        bound = field_bound(name) if len(loc) == 1 else None
+        if bound is not None and "allowed:" not in msg:
+            given = err.get("input")
+            if err.get("type") in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+                msg = f"{given} is out of range"
+            else:
+                msg = f"{given!r}: {msg[:1].lower() + msg[1:]}"
+            msg += f"; allowed: {bound.describe()}"
+        lines.append(f"{where}: {msg}")
+    return lines

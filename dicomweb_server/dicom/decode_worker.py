@@ -99,7 +99,7 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with child:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(child.fileno())],
+                [sys.executable, "-m", __name__, str(child.fileno()), str(os.getpid())],
                 pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL, close_fds=True,
             )
         self.conn = Connection(parent.detach())
@@ -214,6 +214,11 @@ if __name__ == "__main__":  # pragma: no cover - the worker process
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
     except (ImportError, ValueError, OSError):  # not POSIX, or a lower hard limit already
         pass
+    from dicomweb_server.lifeline import exit_with_parent
+
+    # its web worker gone (SIGKILL included), a worker in the middle of a decode (a hung
+    # decoder) ends too; an idle one ends at the socket's end-of-file anyway
+    exit_with_parent(int(sys.argv[2]))
     import dicomweb_server.dicom.pixels  # noqa: F401 - decoders loaded before the first call
 
     _serve(Connection(int(sys.argv[1])))

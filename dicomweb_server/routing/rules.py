@@ -13,7 +13,7 @@
     match = { Modality = ["CT", "MR"], StudyDescription = "*HEAD*" }  # optional
     destinations = ["pacs"]
 
-    [delivery]          # optional, the defaults shown
+    [delivery]          # optional, the defaults shown (allowed ranges: DELIVERY_BOUNDS)
     batch_size = 20     concurrency = 2     max_attempts = 10    max_age = 86400
     backoff_base = 1.0  backoff_max = 300   poll_interval = 1.0  lease = 120   timeout = 60
     keep_delivered = 86400
@@ -24,7 +24,10 @@ evaluated with :func:`dicom.matching.match_value` against the values the index k
 for the stored instance: a rule matches exactly the instances that the search
 ``GET /instances?{match}`` finds. A TOML list of values, or values separated by a
 backslash as in DICOM (``Modality = "CT\\MR"``), means "any of them".
-No ``match`` means every instance. A bad file is refused with its line number.
+No ``match`` means every instance. A bad file is refused with its line number, and so
+is any value outside its range (:data:`DELIVERY_BOUNDS`, ``lease`` at least twice
+``timeout``), a header that is not an RFC 9110 field, and a name that is not one
+printable line (config_values.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..config_values import PORT, Bound, ae_title_problem, header_problem, host_problem, name_problem
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Match, QueryError, match_value, parse_query
 
@@ -81,6 +85,24 @@ class Delivery:
     lease: float = 120.0  # a claimed batch is another worker's to retry after this many seconds
     timeout: float = 60.0  # per request / association
     keep_delivered: float = 86400.0  # seconds a delivered row is kept (the queue's counts), then removed
+
+
+#: the allowed range of each ``[delivery]`` setting. Beyond them: ``lease`` at least twice
+#: ``timeout`` (the forwarder cuts a send at half the lease, so that its rows are settled
+#: before another worker may take them over: a longer timeout would never apply), and
+#: ``backoff_max`` at least ``backoff_base``.
+DELIVERY_BOUNDS: dict[str, Bound] = {
+    "batch_size": Bound(1, 1000, integer=True),  # one STOW-RS request / association
+    "concurrency": Bound(1, 64, integer=True),  # lanes per destination in every worker, each polling the outbox
+    "max_attempts": Bound(1, 1_000_000, integer=True),
+    "max_age": Bound(1, 365 * 86400),
+    "backoff_base": Bound(0.001, 3600),
+    "backoff_max": Bound(0.001, 86400),
+    "poll_interval": Bound(0.05, 300),
+    "lease": Bound(1, 86400),
+    "timeout": Bound(0.1, 3600),
+    "keep_delivered": Bound(1, 365 * 86400),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,20 +195,26 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
     if extra:
         raise fail("destinations", i, sorted(extra)[0], "unknown field; expected name, stow_url, headers, dimse")
     name = d.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise fail("destinations", i, "name", "a non-empty string is required")
+    if problem := name_problem(name):
+        raise fail("destinations", i, "name", problem)
     if name in out:
         raise fail("destinations", i, "name", f"destination {name!r} is defined twice")
     stow, dimse = d.get("stow_url"), d.get("dimse")
     if (stow is None) == (dimse is None):
         raise fail("destinations", i, None, "give exactly one of stow_url (DICOMweb) or dimse (C-STORE)")
     headers = d.get("headers", {})
-    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+    if not isinstance(headers, dict):
         raise fail("destinations", i, "headers", "a table of string values is required")
+    seen: set[str] = set()
+    for key, value in headers.items():
+        if problem := header_problem(key, value):
+            raise fail("destinations", i, "headers", problem)
+        if key.lower() in seen:  # field names are case-insensitive (RFC 9110 §5.1)
+            raise fail("destinations", i, "headers", f"{key} is given twice")
+        seen.add(key.lower())
     if stow is not None:
-        parts = urlsplit(stow) if isinstance(stow, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-            raise fail("destinations", i, "stow_url", f"{stow!r} is not an http(s) URL")
+        if problem := _url_problem(stow):
+            raise fail("destinations", i, "stow_url", problem)
         out[name] = Destination(name, stow_url=stow.rstrip("/"), headers=headers)
         return
     if not isinstance(dimse, dict):
@@ -197,11 +225,12 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
     if extra:
         raise fail("destinations", i, "dimse", f"unknown field(s) {sorted(extra)}")
     for label, title in (("ae_title", ae), ("calling_ae_title", calling)):
-        # PS3.5 §6.2: AE is 1-16 characters of the default repertoire, no backslash
-        if not isinstance(title, str) or not 0 < len(title.strip()) <= 16 or "\\" in title:
-            raise fail("destinations", i, "dimse", f"{label} must be 1-16 characters (PS3.5 AE)")
-    if not isinstance(host, str) or not host or not isinstance(port, int) or not 0 < port < 65536:
-        raise fail("destinations", i, "dimse", "host (string) and port (1-65535) are required")
+        if problem := ae_title_problem(title):  # PS3.5 §6.2 AE
+            raise fail("destinations", i, "dimse", f"{label}: {problem}")
+    if problem := host_problem(host):
+        raise fail("destinations", i, "dimse", f"host: {problem}")
+    if problem := PORT.problem(port):
+        raise fail("destinations", i, "dimse", f"port: {problem}")
     out[name] = Destination(name, headers=headers, dimse=DimseAddress(ae.strip(), host, port, calling.strip()))
 
 
@@ -210,8 +239,8 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
     if extra:
         raise fail("rules", i, sorted(extra)[0], "unknown field; expected name, match, destinations")
     name = r.get("name", f"rule {i + 1}")
-    if not isinstance(name, str):
-        raise fail("rules", i, "name", "a string is required")
+    if problem := name_problem(name):
+        raise fail("rules", i, "name", problem)
     dests = r.get("destinations")
     if not isinstance(dests, list) or not dests or not all(isinstance(x, str) for x in dests):
         raise fail("rules", i, "destinations", "a non-empty list of destination names is required")
@@ -246,21 +275,58 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
     return Rule(name, tuple(alternatives), tuple(dict.fromkeys(dests)))
 
 
+def _url_problem(url: object) -> str | None:
+    """A destination's DICOMweb root: an http(s) URL with a host, on one line."""
+    if not isinstance(url, str) or any(c.isspace() or not c.isprintable() for c in url):
+        return f"{url!r} is not an http(s) URL (on one line, without spaces)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError as e:
+        return f"{url!r}: {e}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL"
+    if problem := host_problem(parts.hostname):
+        return f"{url!r}: {problem}"
+    return None
+
+
+def _delivery_line(text: str, key: str) -> int | None:
+    """1-based line of ``key`` in the ``[delivery]`` table (the first line setting it)."""
+    lines = text.splitlines()
+    header = next((n for n, ln in enumerate(lines) if re.match(r"^\s*\[\s*delivery\s*\]", ln)), None)
+    pat = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    for n in range(header + 1 if header is not None else 0, len(lines)):
+        if header is not None and re.match(r"^\s*\[", lines[n]):
+            break
+        if pat.match(lines[n]):
+            return n + 1
+    return header + 1 if header is not None else None
+
+
 def _delivery(d: object, path: Path, text: str) -> Delivery:
+    """The ``[delivery]`` table: known keys, each within :data:`DELIVERY_BOUNDS`, and the
+    rules between them."""
     if not isinstance(d, dict):
         raise RoutesError(f"{path}: [delivery] must be a table")
-    defaults = Delivery()
-    kwargs = {}
+
+    def fail(key: str, message: str) -> RoutesError:
+        line = _delivery_line(text, key)
+        return RoutesError(f"{path}: " + (f"line {line}: " if line else "") + f"[delivery] {key}: {message}")
+
     for key, value in d.items():
-        line = next((n + 1 for n, ln in enumerate(text.splitlines()) if re.match(rf"^\s*{re.escape(key)}\s*=", ln)),
-                    None)
-        where = f"line {line}: " if line else ""
-        if key not in Delivery.__dataclass_fields__:
-            raise RoutesError(f"{path}: {where}[delivery] {key}: unknown; known: "
-                              + ", ".join(Delivery.__dataclass_fields__))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise RoutesError(f"{path}: {where}[delivery] {key}: a positive number is required")
-        if isinstance(getattr(defaults, key), int) and not isinstance(value, int):
-            raise RoutesError(f"{path}: {where}[delivery] {key}: an integer is required")
-        kwargs[key] = value
-    return Delivery(**kwargs)
+        if key not in DELIVERY_BOUNDS:
+            raise fail(key, "unknown; known: " + ", ".join(DELIVERY_BOUNDS))
+        if problem := DELIVERY_BOUNDS[key].problem(value):
+            raise fail(key, problem)
+    delivery = Delivery(**d)
+    if delivery.lease < 2 * delivery.timeout:
+        raise fail("lease" if "lease" in d else "timeout",
+                   f"lease ({delivery.lease:g} s) must be at least twice timeout ({delivery.timeout:g} s): "
+                   "a send is cut at half the lease, so that its outcome is recorded before another "
+                   "worker may take the rows over")
+    if delivery.backoff_max < delivery.backoff_base:
+        raise fail("backoff_max" if "backoff_max" in d else "backoff_base",
+                   f"backoff_max ({delivery.backoff_max:g} s) must be at least backoff_base "
+                   f"({delivery.backoff_base:g} s)")
+    return delivery

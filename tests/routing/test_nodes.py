@@ -19,7 +19,8 @@ LEASE = 6.0  # seconds; the forwarder's send timeout is half of it
 
 def _nodes_env(tmp_path, sink, pg_url, monkeypatch):
     routes = write_routes(tmp_path / "routes.toml", sink.url)
-    routes.write_text(routes.read_text() + f"lease = {LEASE}\n")  # in [delivery], the file's last table
+    # in [delivery], the file's last table; the timeout within half the lease (routing/rules.py)
+    routes.write_text(routes.read_text().replace("timeout = 10", f"timeout = {LEASE / 2:g}") + f"lease = {LEASE}\n")
     monkeypatch.setenv("DICOMWEB_ROUTES_FILE", str(routes))
     monkeypatch.setenv("DICOMWEB_DATABASE_URL", pg_url)
     return tmp_path / "data"

@@ -96,9 +96,9 @@ def test_a_list_of_values_matches_any_of_them(tmp_path, stored):
     (HEAD + '[[rules]]\ndestinations = ["pacs"]\nmatch = { ModalitiesInStudy = "CT" }\n', 6, "computed"),
     (HEAD + '[[rules]]\ndestinations = ["pacs"]\nflavour = 1\n', 6, "unknown field"),
     ('[[destinations]]\nname = "d"\ndimse = { ae_title = "A_TITLE_LONGER_THAN_16", host = "h", port = 104 }\n', 3,
-     "ae_title must be 1-16"),
+     "ae_title: 'A_TITLE_LONGER_THAN_16' is longer than the 16 characters"),
     ('[[destinations]]\nname = "d"\n', 1, "exactly one of stow_url"),
-    (HEAD + '[delivery]\nbatch_size = 0\n', 5, "batch_size: a positive number"),
+    (HEAD + '[delivery]\nbatch_size = 0\n', 5, "batch_size: 0 is out of range; allowed: an integer from 1 to 1000"),
     (HEAD + '[[rules]\n', 4, "not valid TOML"),
 ])
 def test_a_bad_file_is_refused_naming_the_line(tmp_path, body, line, words):
