@@ -75,7 +75,13 @@ class Settings(BaseSettings):
     dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port} (C-MOVE)")
     dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; [] = any")
     dimse_check_called_ae: bool = Field(False, description="reject associations not addressed to ae_title")
-    dimse_max_associations: int = Field(32, ge=1, description="concurrent associations (per listener process)")
+    dimse_max_associations: int = Field(
+        64, ge=1, description="concurrent associations of the node, all listener processes together; twice as many "
+                              "TCP connections (the rest closed at accept)")
+    dimse_max_associations_per_peer: int | None = Field(
+        None, ge=1, description="concurrent associations of one peer address, and of one calling AE title "
+                                "(twice as many connections per address); default: a quarter of "
+                                "dimse_max_associations")
     dimse_processes: int = Field(0, ge=0, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
                                  "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
     dimse_acse_timeout: float = Field(30.0, gt=0, description="association negotiation timeout (s)")
