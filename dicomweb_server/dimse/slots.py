@@ -212,20 +212,25 @@ def _held(server, ending=None) -> list[tuple[int, str, str]]:
     """What ``server`` holds now: an entry per connection, from its live threads (an
     association holding a slot until it is released, aborted or rejected)."""
     out = []
+    sockets = set()
     for assoc in server.active_associations:
         if assoc is ending:
             continue
+        sockets.add(id(getattr(assoc.dul.socket, "socket", None)))
         ae = getattr(assoc, "_dimse_slot", None)
         if ae is not None and not (assoc.is_released or assoc.is_aborted or assoc.is_rejected):
             out.append((ASSOCIATION, assoc.requestor.address, ae))
         else:
             out.append((CONNECTION, assoc.requestor.address, ""))
     # connections accepted whose association thread has not started yet (socketserver's
-    # per-request thread: ThreadingMixIn.process_request_thread(request, client_address))
+    # per-request thread: ThreadingMixIn.process_request_thread(request, client_address),
+    # alive for a moment after it started the association's: not counted twice)
     for t in threading.enumerate():
         if t.name.endswith("(process_request_thread)") and getattr(getattr(t, "_target", None), "__self__",
                                                                     None) is server:
-            out.append((CONNECTION, str(t._args[1][0]), ""))  # type: ignore[attr-defined]
+            request, client_address = t._args  # type: ignore[attr-defined]
+            if id(request) not in sockets:
+                out.append((CONNECTION, str(client_address[0]), ""))
     return out
 
 
