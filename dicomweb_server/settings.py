@@ -84,7 +84,9 @@ class Settings(BaseSettings):
                                 "dimse_max_associations")
     dimse_processes: int = Field(0, ge=0, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
                                  "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
-    dimse_acse_timeout: float = Field(30.0, gt=0, description="association negotiation timeout (s)")
+    dimse_acse_timeout: float = Field(
+        10.0, gt=0, description="association negotiation timeout (s): a connection without its A-ASSOCIATE-RQ "
+                                "by then is closed")
     dimse_timeout: float = Field(60.0, gt=0, description="DIMSE message timeout (s)")
     dimse_network_timeout: float = Field(60.0, gt=0, description="idle connection timeout (s)")
     dimse_max_pdu: int = Field(4 * 1024**2, ge=0, description="maximum PDU received (bytes; 0 = unlimited)")

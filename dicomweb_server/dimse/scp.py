@@ -173,7 +173,9 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
     socket's timeout (the network timeout), no read waits longer than it and the whole read
     must end within it plus ``nr_bytes`` at ``PDU_MIN_RATE``. A peer trickling a PDU a byte
     every 20 s used to hold its association, and the DUL thread (so the network timeout's
-    A-ABORT was never sent), for as long as it liked. Either refusal is
+    A-ABORT was never sent), for as long as it liked. Before the A-ASSOCIATE-RQ is in, the
+    ACSE timeout bounds the read as well (:func:`.slots.request_time_left`: part of an
+    A-ASSOCIATE-RQ held its connection for the network timeout). Either refusal is
     :class:`.pdata.PDURefused`: an A-ABORT, and the connection closed."""
     if nr_bytes > _pdu_limit:
         raise PDURefused(f"a PDU of {nr_bytes} bytes, longer than the {_pdu_limit} bytes accepted", 6)
@@ -182,14 +184,17 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
     got = 0
     sock = self.socket
     timeout = sock.gettimeout()  # type: ignore[union-attr]
-    deadline = None if timeout is None else time.monotonic() + timeout + nr_bytes / PDU_MIN_RATE
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout + nr_bytes / PDU_MIN_RATE
+    rq_left = slots.request_time_left(self)
+    if rq_left is not None and deadline is not None:
+        deadline = min(deadline, start + rq_left)
     try:
         while got < nr_bytes:
-            if got and deadline is not None:
+            if (got or rq_left is not None) and deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received in "
-                                     f"{timeout + nr_bytes / PDU_MIN_RATE:.0f} s", 0)
+                    raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received in {deadline - start:.0f} s", 0)
                 if left < timeout:
                     sock.settimeout(left)  # type: ignore[union-attr]
             n = sock.recv_into(view[got:])  # type: ignore[union-attr]
@@ -200,7 +205,7 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
             got += n
     except TimeoutError as e:
         raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received, then nothing within the "
-                         "network timeout", 0) from e
+                         f"{'ACSE' if rq_left is not None else 'network'} timeout", 0) from e
     finally:
         if deadline is not None and sock.gettimeout() != timeout:  # type: ignore[union-attr]
             sock.settimeout(timeout)  # type: ignore[union-attr]

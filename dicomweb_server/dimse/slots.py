@@ -234,6 +234,22 @@ def _held(server, ending=None) -> list[tuple[int, str, str]]:
     return out
 
 
+def request_time_left(assoc_socket) -> float | None:
+    """Seconds left for the A-ASSOCIATE-RQ of the accepted connection ``assoc_socket`` (a
+    ``pynetdicom.transport.AssociationSocket``) while its DUL awaits it (Sta2, PS3.8 §9.2;
+    the ARTIM timer started at accept, ``dimse_acse_timeout``); None otherwise."""
+    assoc = getattr(assoc_socket, "assoc", None)
+    dul = getattr(assoc, "dul", None)
+    if dul is None or not assoc.is_acceptor:
+        return None
+    state, timer = dul.state_machine.current_state, dul.artim_timer
+    if state == "Sta1":  # accepted, its event (Evt5: AE-5 starts ARTIM) not yet handled: bytes came first
+        return timer.timeout
+    if state != "Sta2" or timer._start_time is None or timer._end_time is not None:
+        return None
+    return max(0.0, timer.remaining)
+
+
 def _slots_of(server) -> Slots | None:
     return getattr(getattr(server, "ae", None), "dimse_slots", None)
 

@@ -108,6 +108,35 @@ def test_one_peer_cannot_take_every_slot_or_connection(listener):
         _release(held)
 
 
+def test_a_connection_without_its_a_associate_rq_is_closed_after_the_acse_timeout(tmp_path):
+    """dimse_acse_timeout (default now 10 s, was 30 s) bounds the life of a connection that
+    sends nothing, and of one that sends part of an A-ASSOCIATE-RQ (before: the network
+    timeout, 60 s by default; 20 s here)."""
+    from dicomweb_server.settings import Settings
+
+    assert Settings().dimse_acse_timeout == 10
+    port = free_port()
+    srv = LiveServer(tmp_path / "d", "memory", dimse_port=port, dimse_in_worker=True, dimse_peers_file=None,
+                     dimse_acse_timeout=1, dimse_network_timeout=20).start()
+    try:
+        for sent in (b"", bytes([0x01, 0, 0, 0, 0, 200]) + b"\x00\x01"):  # nothing; 2 of 200 bytes
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(sent)
+                started = time.monotonic()
+                got = b""
+                s.settimeout(15)
+                try:
+                    while chunk := s.recv(4096):
+                        got += chunk
+                except ConnectionResetError:
+                    pass
+                assert 0.8 < time.monotonic() - started < 5, sent
+                # the partial PDU: an A-ABORT (source 2: service provider), then closed
+                assert got in (b"", bytes([0x07, 0, 0, 0, 0, 4, 0, 0, 2, 0]))
+    finally:
+        srv.stop()
+
+
 # --- the node's limit, over two listener processes (the real serve) ----------------------------
 
 
