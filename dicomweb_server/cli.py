@@ -259,37 +259,50 @@ def _start_dimse(settings):
     SO_REUSEPORT: the kernel spreads the associations), or [] when DIMSE is off or runs inside
     the worker. They end with this process, however it ends: each watches a pipe whose write
     end only this process holds (end-of-file: serve is gone; dimse/shutdown.py), and
-    PR_SET_PDEATHSIG sends them SIGTERM as well."""
+    PR_SET_PDEATHSIG sends them SIGTERM as well. They share one table of association slots
+    (dimse/slots.py: ``dimse_max_associations`` is the node's, not one process's)."""
     if not settings.dimse_port or settings.dimse_in_worker:
         return []
+    from .dimse.slots import create_table, per_peer_limit
+
     n = dimse_processes(settings)
     print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
-          f"({n} listener process(es))", file=sys.stderr, flush=True)
+          f"({n} listener process(es), {settings.dimse_max_associations} associations, "
+          f"{per_peer_limit(settings)} per peer)", file=sys.stderr, flush=True)
+    slots_fd = create_table(n, settings.dimse_max_associations)
     procs = []
-    for _ in range(n):
-        r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w
-        try:
-            proc = _spawn_listener(r)
-        except BaseException:
-            os.close(w)
-            raise
-        finally:
-            os.close(r)
-        proc.parent_pipe = w  # closed by _stop_dimse, or by the kernel when this process dies
-        procs.append(proc)
+    try:
+        for _ in range(n):
+            r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w
+            try:
+                proc = _spawn_listener(r, slots_fd=slots_fd)
+            except BaseException:
+                os.close(w)
+                raise
+            finally:
+                os.close(r)
+            proc.parent_pipe = w  # closed by _stop_dimse, or by the kernel when this process dies
+            procs.append(proc)
+    finally:
+        os.close(slots_fd)  # the listeners hold it
     return procs
 
 
-def _spawn_listener(parent_fd: int, env=None):
+def _spawn_listener(parent_fd: int, env=None, slots_fd: int | None = None):
     """One listener process, stopping when the pipe ``parent_fd`` reaches end-of-file, or
     on the SIGTERM of PR_SET_PDEATHSIG when this process ends (lifeline.py; armed when
-    this is the main thread: the signal comes when the forking *thread* ends)."""
+    this is the main thread: the signal comes when the forking *thread* ends);
+    ``slots_fd``: the node's association slot table (dimse/slots.py)."""
     import subprocess
 
     from .lifeline import parent_death_signal_preexec
 
-    return subprocess.Popen([sys.executable, "-m", "dicomweb_server.dimse", "--parent-fd", str(parent_fd)],
-                            pass_fds=(parent_fd,), preexec_fn=parent_death_signal_preexec(), env=env)
+    argv = [sys.executable, "-m", "dicomweb_server.dimse", "--parent-fd", str(parent_fd)]
+    fds: tuple[int, ...] = (parent_fd,)
+    if slots_fd is not None:
+        argv += ["--slots-fd", str(slots_fd)]
+        fds += (slots_fd,)
+    return subprocess.Popen(argv, pass_fds=fds, preexec_fn=parent_death_signal_preexec(), env=env)
 
 
 #: seconds past ``shutdown_timeout`` a listener gets to end after SIGTERM before SIGKILL
@@ -541,7 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="accept associations only from this calling AE title (repeat; default any)")
     serve.add_argument("--dimse-check-called-ae", dest="dimse_check_called_ae", action="store_true", default=None,
                        help="reject associations whose called AE title is not --ae-title")
-    serve.add_argument("--dimse-max-associations", dest="dimse_max_associations", type=int)
+    serve.add_argument("--dimse-max-associations", dest="dimse_max_associations", type=int,
+                       help="concurrent associations of this node, all listener processes together (default 64)")
+    serve.add_argument("--dimse-max-associations-per-peer", dest="dimse_max_associations_per_peer", type=int,
+                       help="concurrent associations of one peer address, and of one calling AE title "
+                            "(default: a quarter of --dimse-max-associations)")
     serve.add_argument("--dimse-processes", dest="dimse_processes", type=int,
                        help="DIMSE listener processes sharing the port (default: one per core, at most 4)")
     _add_settings_args(serve)

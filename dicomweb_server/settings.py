@@ -110,12 +110,19 @@ class Settings(BaseSettings):
     dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; none: any")
     dimse_check_called_ae: bool = Field(False, description="reject associations whose called AE title is not "
                                                            "`ae_title`")
-    dimse_max_associations: int = Field(32, ge=1, le=1000, description="concurrent associations per listener process "
-                                                              "(A-ASSOCIATE-RJ beyond it); at most twice as many "
-                                                              "TCP connections at a time, the rest closed at accept")
+    dimse_max_associations: int = Field(
+        64, ge=1, le=1000, description="concurrent associations of the node, all listener processes together "
+                                       "(A-ASSOCIATE-RJ beyond it); twice as many TCP connections (the rest closed "
+                                       "at accept)")
+    dimse_max_associations_per_peer: int | None = Field(
+        None, ge=1, le=1000, description="concurrent associations of one peer address, and of one calling AE title "
+                                         "(twice as many connections per address); default: a quarter of "
+                                         "`dimse_max_associations`")
     dimse_processes: int = Field(0, ge=0, le=64, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
                                  "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
-    dimse_acse_timeout: float = Field(30.0, gt=0, le=3600, description="association negotiation timeout (s)")
+    dimse_acse_timeout: float = Field(
+        10.0, gt=0, le=3600, description="association negotiation timeout (s): a connection without its "
+                                         "A-ASSOCIATE-RQ by then is closed")
     dimse_timeout: float = Field(60.0, gt=0, le=86400, description="DIMSE message timeout (s)")
     dimse_network_timeout: float = Field(60.0, gt=0, le=86400, description="idle connection timeout (s)")
     dimse_max_pdu: int = Field(4 * 1024**2, ge=0, le=2**32 - 1, description="largest PDU received (bytes; announced as the "

@@ -59,7 +59,7 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
-from . import pdata, reactor, store_rsp
+from . import pdata, reactor, slots, store_rsp
 from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
@@ -173,7 +173,9 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
     socket's timeout (the network timeout), no read waits longer than it and the whole read
     must end within it plus ``nr_bytes`` at ``PDU_MIN_RATE``. A peer trickling a PDU a byte
     every 20 s used to hold its association, and the DUL thread (so the network timeout's
-    A-ABORT was never sent), for as long as it liked. Either refusal is
+    A-ABORT was never sent), for as long as it liked. Before the A-ASSOCIATE-RQ is in, the
+    ACSE timeout bounds the read as well (:func:`.slots.request_time_left`: part of an
+    A-ASSOCIATE-RQ held its connection for the network timeout). Either refusal is
     :class:`.pdata.PDURefused`: an A-ABORT, and the connection closed."""
     if nr_bytes > _pdu_limit:
         raise PDURefused(f"a PDU of {nr_bytes} bytes, longer than the {_pdu_limit} bytes accepted", 6)
@@ -182,14 +184,17 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
     got = 0
     sock = self.socket
     timeout = sock.gettimeout()  # type: ignore[union-attr]
-    deadline = None if timeout is None else time.monotonic() + timeout + nr_bytes / PDU_MIN_RATE
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout + nr_bytes / PDU_MIN_RATE
+    rq_left = slots.request_time_left(self)
+    if rq_left is not None and deadline is not None:
+        deadline = min(deadline, start + rq_left)
     try:
         while got < nr_bytes:
-            if got and deadline is not None:
+            if (got or rq_left is not None) and deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received in "
-                                     f"{timeout + nr_bytes / PDU_MIN_RATE:.0f} s", 0)
+                    raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received in {deadline - start:.0f} s", 0)
                 if left < timeout:
                     sock.settimeout(left)  # type: ignore[union-attr]
             n = sock.recv_into(view[got:])  # type: ignore[union-attr]
@@ -200,22 +205,11 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
             got += n
     except TimeoutError as e:
         raise PDURefused(f"{got} of a PDU's {nr_bytes} bytes received, then nothing within the "
-                         "network timeout", 0) from e
+                         f"{'ACSE' if rq_left is not None else 'network'} timeout", 0) from e
     finally:
         if deadline is not None and sock.gettimeout() != timeout:  # type: ignore[union-attr]
             sock.settimeout(timeout)  # type: ignore[union-attr]
     return buf
-
-
-def _verify_request(self, request, client_address) -> bool:
-    """socketserver's accept hook: at most twice ``maximum_associations`` connections at a
-    time. pynetdicom checks the maximum only when an A-ASSOCIATE-RQ arrives, and gives
-    every connection two threads from accept on: idle connections were not bounded."""
-    # + connections still being handed to their Association (ThreadingMixIn's per-request thread)
-    # of this server only (other listeners in the process, e.g. winding down, do not count)
-    starting = sum(1 for t in threading.enumerate() if t.name.endswith("(process_request_thread)")
-                   and getattr(getattr(t, "_target", None), "__self__", None) is self)
-    return len(self.active_associations) + starting < 2 * self.ae.maximum_associations
 
 
 # --- C-GET / C-MOVE sub-operations sent from the stored file -------------------------------
@@ -285,6 +279,7 @@ def _unpatch() -> None:
      Association.send_c_store, dimse_messages.DIMSEMessage.encode_msg,
      dimse_messages.write_file_meta_info, _config.LOG_HANDLER_LEVEL) = _UNPATCHED
     reactor.uninstall()
+    slots.uninstall()
     store_rsp.uninstall()
     pdata.uninstall()
 
@@ -308,8 +303,10 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     _generation += 1
     _pdu_limit = max(max_pdu, _PDU_FLOOR) if max_pdu else 1 << 32  # of the PDU's variable field
     transport.AssociationSocket.recv = _bounded_recv  # type: ignore[method-assign]
-    transport.AssociationServer.verify_request = _verify_request  # type: ignore[method-assign]
+    # at most twice dimse_max_associations connections on the node, twice the per-peer limit per address (slots.py)
+    transport.AssociationServer.verify_request = slots.verify_request  # type: ignore[method-assign]
     reactor.install()
+    slots.install()
     transport.deepcopy = _copy_contexts  # type: ignore[attr-defined]
     _config.STORE_RECV_CHUNKED_DATASET = True
     dimse_messages.NamedTemporaryFile = functools.partial(  # type: ignore[attr-defined]
@@ -399,9 +396,10 @@ def _status(code: int, comment: str | None = None):
 class DimseServer:
     """The listener of one archive; :meth:`start` returns once it accepts associations."""
 
-    def __init__(self, archive: Archive, settings: Settings | None = None) -> None:
+    def __init__(self, archive: Archive, settings: Settings | None = None, slots_fd: int | None = None) -> None:
         self.archive = archive
         self.settings = settings or archive.settings
+        self.slots_fd = slots_fd  # the node's slot table (serve's listeners); None: this listener's own
         self.peers: dict[str, Peer] = load_peers(self.settings.dimse_peers_file)
         self.ae = self._make_ae()
         self._server = None
@@ -411,7 +409,9 @@ class DimseServer:
     def _make_ae(self) -> AE:
         s = self.settings
         ae = AE(ae_title=s.ae_title)
-        ae.maximum_associations = s.dimse_max_associations
+        # the limits are the node's (slots.py): pynetdicom's own (acceptor threads of this
+        # process, connections without an A-ASSOCIATE-RQ included) never reached
+        ae.maximum_associations = 4 * s.dimse_max_associations + 1
         ae.acse_timeout = s.dimse_acse_timeout
         ae.dimse_timeout = s.dimse_timeout
         ae.network_timeout = s.dimse_network_timeout
@@ -429,7 +429,9 @@ class DimseServer:
     def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port."""
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
-        handlers = [
+        self.ae.dimse_slots = slots.Slots(self.settings.dimse_max_associations,  # type: ignore[attr-defined]
+                                          slots.per_peer_limit(self.settings), self.slots_fd)
+        handlers = [*slots.HANDLERS,  # first: a slot, or A-ASSOCIATE-RJ local-limit-exceeded
             (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
             (evt.EVT_C_STORE, self._on_store),
             (evt.EVT_C_FIND, self._on_find),
@@ -444,11 +446,14 @@ class DimseServer:
         address = (host or self.settings.host, self.settings.dimse_port if port is None else port)
         # socketserver listens with a backlog of 5: 16 modalities connecting at once overflowed
         # it, and each refused SYN was retried by the client's kernel 1 s later (p99 > 1 s)
-        transport.ThreadedAssociationServer.request_queue_size = max(128, 2 * self.ae.maximum_associations)
+        transport.ThreadedAssociationServer.request_queue_size = max(128, 2 * self.settings.dimse_max_associations)
         if self.settings.dimse_processes != 1:  # `serve` may start several listeners on this port
             transport.ThreadedAssociationServer.server_bind = _server_bind_reuseport  # type: ignore[method-assign]
         try:
             self._server = self.ae.start_server(address, block=False, evt_handlers=handlers)
+        except BaseException:
+            self.ae.dimse_slots.close()  # type: ignore[attr-defined]
+            raise
         finally:
             del transport.ThreadedAssociationServer.request_queue_size  # socketserver's 5 again
             if "server_bind" in vars(transport.ThreadedAssociationServer):
@@ -492,6 +497,7 @@ class DimseServer:
         server.block_on_close = False  # server_close must not wait for connection threads
         server.shutdown()  # the accept loop ends, the listening socket is closed
         end_associations(server, self.settings.shutdown_timeout if grace is None else grace)
+        self.ae.dimse_slots.close()  # type: ignore[attr-defined]
         if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
             gc.unfreeze()
@@ -657,12 +663,13 @@ def listen_error(settings: Settings, e: OSError) -> str:
             "--dimse-port PORT, or --dimse-port 0 to turn DIMSE off)")
 
 
-def run_forever(settings: Settings, stop: threading.Event) -> int:
+def run_forever(settings: Settings, stop: threading.Event, slots_fd: int | None = None) -> int:
     """The listener as a process (started by ``dicomweb-server serve``): opens the
     archive, listens until ``stop`` is set, then ends within ``shutdown_timeout`` +
-    2 x ``CLOSE_WAIT`` seconds (a watchdog exits the process if the orderly end hangs)."""
+    2 x ``CLOSE_WAIT`` seconds (a watchdog exits the process if the orderly end hangs).
+    ``slots_fd``: the node's association slot table (:mod:`.slots`), shared by serve's listeners."""
     archive = Archive.open(settings)
-    server = DimseServer(archive, settings)
+    server = DimseServer(archive, settings, slots_fd)
     try:
         port = server.start()
     except OSError as e:
