@@ -146,7 +146,9 @@ class FakeArchive:
         Chunk size of multipart answers.
     single_accept : bool
         Answer 400 to a GET whose Accept holds a list or ``type="*/*"``, as
-        Orthanc's DICOMweb plugin 1.7 does.
+        Orthanc's DICOMweb plugin 1.7 does; and, as it does, take an instance Accept
+        without ``transfer-syntax`` as Explicit VR Little Endian (PS3.18 8.7.3.5.2:
+        this fake cannot transcode, so 406 for an instance stored otherwise).
     """
 
     def __init__(self, base_url: str = FAKE_URL) -> None:
@@ -336,6 +338,8 @@ class FakeArchive:
         ok, ts = self._accepts(request, "application/dicom")
         if not ok:
             return _error(406, "cannot produce the requested media type")
+        if ts is None and self.single_accept:  # Orthanc: no transfer-syntax asks for PS3.18's default
+            ts = "1.2.840.10008.1.2.1"
         if ts not in (None, "*") and any(str(ds.file_meta.TransferSyntaxUID) != ts for _, ds in selected):
             return _error(406, f"cannot transcode to {ts}")
         if single and self.single_part_instances:
