@@ -33,14 +33,14 @@ from ..dicom.media_types import (
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
-from .errors import DICOMwebHTTPError, error_response, warning_header
+from .errors import DICOMwebHTTPError, warning_header
 from .responses import (
     DicomJSONResponse,
     FilesResponse,
     multipart_response,
     multipart_stream,
-    parse_byte_range,
     pieces,
+    requested_range,
 )
 from .sendfile import SENDFILE
 from .threads import run_blocking
@@ -171,15 +171,23 @@ async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tup
 
 
 async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
-                       multipart: bool) -> Response:
+                       multipart: bool, byte_range: tuple[int, int] | None = None) -> Response:
     """``length`` bytes of a file from ``offset``, streamed from disk in bounded pieces
-    (retrieve.CHUNK), single part or as the one part of a multipart/related body."""
+    (retrieve.CHUNK), single part or as the one part of a multipart/related body.
+    ``byte_range``: (first, last) of those bytes only, a 206 (RFC 9110 §15.3.7) whose
+    Content-Range names them: the body, or the contents of its one part."""
+    status, headers = 200, {}
+    if byte_range is not None:
+        first, last = byte_range
+        status, headers = 206, {"Content-Range": f"bytes {first}-{last}/{length}"}
+        offset, length = offset + first, last - first + 1
     try:
         chunks = iterate_in_threadpool(await run_in_threadpool(retrieve.file_chunks, path, loc, offset, length))
     except retrieve.NotFound as e:  # deleted since the look-up
         raise DICOMwebHTTPError(404, str(e)) from None
     if not multipart:
-        return StreamingResponse(chunks, media_type=part_ctype, headers={"Content-Length": str(length)})
+        return StreamingResponse(chunks, status, media_type=part_ctype,
+                                 headers={**headers, "Content-Length": str(length)})
     boundary = new_boundary()
     head, tail = part_header(boundary, part_ctype), closing(boundary)
 
@@ -189,8 +197,8 @@ async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, pa
             yield chunk
         yield tail
 
-    return StreamingResponse(body(), media_type=content_type(boundary, part_ctype.split(";")[0]),
-                             headers={"Content-Length": str(len(head) + length + len(tail))})
+    return StreamingResponse(body(), status, media_type=content_type(boundary, part_ctype.split(";")[0]),
+                             headers={**headers, "Content-Length": str(len(head) + length + len(tail))})
 
 
 async def _stream_instances(archive, locs: list[InstanceLocation], accept, boundary: str) -> AsyncIterator[bytes]:
@@ -412,6 +420,21 @@ async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID
 # --- frames and bulk data ------------------------------------------------------------------
 
 
+def _byte_range(request: Request, size: int) -> tuple[int, int] | None:
+    """The one byte range the request asks of a ``size``-byte value (RFC 9110 §14.2,
+    api.responses.requested_range), or None: the whole value, 200.
+
+    Raises
+    ------
+    DICOMwebHTTPError
+        416 with ``Content-Range: bytes */size`` for an unsatisfiable range (§15.5.17).
+    """
+    try:
+        return requested_range(request.headers, size)
+    except ValueError as e:
+        raise DICOMwebHTTPError(416, str(e), {"Content-Range": f"bytes */{size}"}) from None
+
+
 def _frame_marks(parts: Iterator[tuple[str, bytes]]) -> Iterator[bytes | None]:
     """Whole parts as :func:`multipart_stream` items (``None`` where a part starts)."""
     for _ctype, data in parts:
@@ -478,7 +501,7 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     if span is not None:
         return await _stream_file(path, loc, span[0], span[1],
                                   f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
-                                  multipart=not prefer_single)
+                                  multipart=not prefer_single, byte_range=_byte_range(request, span[1]))
     try:
         gen = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
         parts, more = await _first_parts(gen, 2)
@@ -488,13 +511,10 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
         # one label for every part (frames of one instance), produced one at a time in a worker thread
         return multipart_stream(parts[0][0], _frame_marks(itertools.chain(parts, gen)), parts[0][0].split(";")[0])
     status, headers = 200, {}
-    if len(parts) == 1 and request.headers.get("range"):
+    if len(parts) == 1:
         # RFC 9110 §14: one byte range of a single value (the PyPI client's byte_range)
         ctype, data = parts[0]
-        try:
-            byte_span = parse_byte_range(request.headers["range"], len(data))
-        except ValueError as e:
-            return error_response(416, str(e), {"Content-Range": f"bytes */{len(data)}"})
+        byte_span = _byte_range(request, len(data))
         if byte_span is not None:
             start, end = byte_span
             parts = [(ctype, data[start : end + 1])]
