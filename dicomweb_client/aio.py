@@ -165,7 +165,10 @@ class AsyncDICOMwebClient(_DICOMwebAPI):
                 if response.status_code >= 400:
                     await response.aread()
                     _core.raise_for_response(response, spec.request)
-                async for part in _core.aiter_response_parts(response.headers, response.aiter_bytes()):
+                parts = _core.aiter_response_parts(response.headers, response.aiter_bytes())
+                if spec.byte_range is not None and response.status_code == 200:  # Range ignored: the whole value
+                    parts = _core.arange_of_whole(parts, spec.byte_range)
+                async for part in parts:
                     if spec.offload:
                         yield await anyio.to_thread.run_sync(spec.convert, part)
                     else:

@@ -197,7 +197,10 @@ class DICOMwebClient(_DICOMwebAPI):
                 if response.status_code >= 400:
                     response.read()
                     _core.raise_for_response(response, spec.request)
-                for part in _core.iter_response_parts(response.headers, response.iter_bytes()):
+                parts = _core.iter_response_parts(response.headers, response.iter_bytes())
+                if spec.byte_range is not None and response.status_code == 200:  # Range ignored: the whole value
+                    parts = _core.range_of_whole(parts, spec.byte_range)
+                for part in parts:
                     yield spec.convert(part)
             except httpx.TransportError as exc:
                 raise _core.wrap_transport_error(exc, spec.request) from exc
