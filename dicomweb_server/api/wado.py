@@ -96,9 +96,13 @@ def account_missing(archive, locs: list[InstanceLocation], left_out: list[Instan
 async def leave_out_missing(archive, locs: list[InstanceLocation],
                             headers: dict[str, str]) -> list[InstanceLocation]:
     """:func:`account_missing` of the instances whose stored data is not there
-    (missing_data.absent, in a worker thread), before an answer that reads them as it
-    is sent starts."""
-    return account_missing(archive, locs, await run_blocking(missing_data.absent, archive.blobs, locs), headers)
+    (missing_data.absent), before an answer that reads them as it is sent starts; both
+    in worker threads (the second, with an index look-up per instance left out, only
+    when some are)."""
+    left_out = await run_blocking(missing_data.absent, archive.blobs, locs)
+    if not left_out:
+        return locs
+    return await run_blocking(account_missing, archive, locs, left_out, headers)
 
 
 #: NumberOfFrames is an IS (PS3.5 §6.2): at most 2^31 - 1; a longer number names no frame
