@@ -146,3 +146,24 @@ def test_check_finds_them_the_landing_page_shows_it_and_repair_drops_the_rows(ar
     assert (landing["missing_files"], landing["repaired"]) == (1, True)
     reconcile(archive)
     assert client.get("/", headers={"Accept": "application/json"}).json()["last_check"]["missing_files"] == 0
+
+
+def test_an_unreadable_file_is_missing_data_too(tmp_path):
+    """A name the index gives that cannot be read as a file (here a folder in its place:
+    EISDIR; EACCES or EIO alike) is missing data, not an unhandled error."""
+    a = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite"))
+    try:
+        with TestClient(create_app(a.settings, archive=a), raise_server_exceptions=False) as c:
+            ds, other = make_dataset(rows=8, columns=8), make_dataset(rows=8, columns=8)
+            other.StudyInstanceUID, other.SeriesInstanceUID = ds.StudyInstanceUID, ds.SeriesInstanceUID
+            _store(c, ds, other)
+            remove_stored(a.settings, _rel(ds))
+            (tmp_path / "data" / "blobs" / _rel(ds)).mkdir()
+            for path in ("", "/frames/1", "/rendered"):
+                r = c.get(_url(ds) + path, headers=WHOLE if not path else {})
+                assert r.status_code == 500 and r.json()["detail"].startswith("instance data missing"), path
+            r = c.get(f"/studies/{ds.StudyInstanceUID}", headers=WHOLE)
+            assert r.status_code == 200 and ds.SOPInstanceUID in r.headers["warning"]
+            assert [h for h, _ in split_multipart(r)] and len(split_multipart(r)) == 1
+    finally:
+        a.close()
