@@ -241,3 +241,26 @@ def test_get_of_a_missing_file_is_a_failed_sub_operation(dimse, archive_data):
     assert identifier.FailedSOPInstanceUIDList == lost.SOPInstanceUID
     assert sorted(d.SOPInstanceUID for d in received) == sorted(archive_data[i].SOPInstanceUID for i in (0, 2))
     assert missing_total() == before + 1
+
+
+def test_move_of_a_missing_file_is_a_failed_sub_operation(move_dimse, store_scp):
+    """As for C-GET: the C-MOVE of a series with one file removed sends the other, and
+    names the missing one in the Failed SOP Instance UID List (status 0xB000)."""
+    from tests.helpers import remove_stored
+
+    dss = [make_dataset(study="1.2.826.0.1.3680043.8.498.1", series="1.2.826.0.1.3680043.8.498.1.1")
+           for _ in range(2)]
+    assert move_dimse.store(dss) == [0, 0]
+    lost = dss[0]
+    remove_stored(move_dimse.server.settings,
+                  f"{lost.StudyInstanceUID}/{lost.SeriesInstanceUID}/{lost.SOPInstanceUID}.dcm")
+    assoc = move_dimse.associate([build_context(StudyRootQueryRetrieveInformationModelMove)])
+    responses = list(assoc.send_c_move(_ident("SERIES", StudyInstanceUID=lost.StudyInstanceUID,
+                                              SeriesInstanceUID=lost.SeriesInstanceUID),
+                                       "MOVEDEST", StudyRootQueryRetrieveInformationModelMove))
+    assoc.release()
+    final, identifier = responses[-1]
+    assert final.Status == S.QR_SUBOPS_WARNING
+    assert (final.NumberOfCompletedSuboperations, final.NumberOfFailedSuboperations) == (1, 1)
+    assert identifier.FailedSOPInstanceUIDList == lost.SOPInstanceUID
+    assert [d.SOPInstanceUID for d in store_scp[1]] == [dss[1].SOPInstanceUID]
