@@ -167,3 +167,29 @@ def test_an_unreadable_file_is_missing_data_too(tmp_path):
             assert [h for h, _ in split_multipart(r)] and len(split_multipart(r)) == 1
     finally:
         a.close()
+
+
+def test_study_sent_by_the_kernel_names_the_missing_file(tmp_path):
+    """Real uvicorn: a whole study as stored is sent with sendfile (api/sendfile.py), its
+    files opened before the answer starts: the one that cannot be opened is named in the
+    Warning; none left: 500."""
+    import httpx
+
+    from tests.helpers import LiveServer
+
+    srv = LiveServer(tmp_path / "data", "sqlite").start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            a = make_dataset(rows=8, columns=8)
+            b = make_dataset(study=a.StudyInstanceUID, series=a.SeriesInstanceUID, rows=8, columns=8)
+            body, ctype = multipart([to_bytes(a), to_bytes(b)])
+            assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
+            remove_stored(srv.settings, _rel(a))
+            r = c.get(f"/studies/{a.StudyInstanceUID}", headers=WHOLE)
+            assert r.status_code == 200 and a.SOPInstanceUID in r.headers["warning"]
+            assert [part for _h, part in split_multipart(r)] == [to_bytes(b)]
+            remove_stored(srv.settings, _rel(b))
+            r = c.get(f"/studies/{a.StudyInstanceUID}", headers=WHOLE)
+            assert r.status_code == 500 and r.json()["detail"].startswith("instance data missing (2 instance(s)")
+    finally:
+        srv.stop()
