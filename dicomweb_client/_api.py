@@ -95,7 +95,7 @@ class _DICOMwebAPI(_WADOMixin, _RenderedMixin):
         self._retry = _core.RetryPolicy(retries=int(retries), backoff_factor=float(backoff_factor))
         self.set_chunk_size(chunk_size)
         self._headers = dict(headers or {})
-        self._plain_accept: set[str] = set()  # kinds whose default Accept the server refused
+        self._known_accept: dict[str, str] = {}  # kind -> the fallback Accept the server took
         if client is not None:
             if transport is not None:
                 raise ValueError("give either client= or transport=, not both")
@@ -166,19 +166,19 @@ class _DICOMwebAPI(_WADOMixin, _RenderedMixin):
         params: tuple[tuple[str, str], ...] = (),
         headers: dict | None = None,
     ) -> RequestSpec:
-        """A GET with ``default``'s Accept (the plain form once the server refused the preferred one)."""
-        known = default.kind in self._plain_accept
-        return negotiation.default_request(default, url, params, headers, plain_known=known)
+        """A GET with ``default``'s Accept (from the fallback the server took, once it refused the preferred one)."""
+        return negotiation.default_request(default, url, params, headers, known=self._known_accept.get(default.kind))
 
-    def _fell_back(self, spec: RequestSpec, refused: Any, response: Any) -> None:
-        """Note that ``spec``'s default Accept was refused (``refused``) and its fallback answered ``response``."""
+    def _fell_back(self, first: RequestSpec, spec: RequestSpec, refused: Any, response: Any) -> None:
+        """Note that ``spec``'s Accept was refused (``refused``) and its fallback answered
+        ``response``; ``first``: the request of the chain (its ``negotiation`` names the kind)."""
         _core.logger.debug(
             "%s %s: HTTP %d for Accept %r (%r); sent %r instead (HTTP %d)",
             spec.method, spec.url, refused.status_code, spec.headers.get("Accept"), refused.content[:200],
             spec.fallback.headers.get("Accept"), response.status_code,
         )
-        if response.status_code < 400:
-            self._plain_accept.add(spec.negotiation)
+        if response.status_code < 400 and first.negotiation:
+            self._known_accept[first.negotiation] = spec.fallback.headers["Accept"]
 
     # Drivers, implemented by the sync and async clients --------------------
     def _run(self, plan: _core.Plan) -> Any:  # pragma: no cover - abstract

@@ -94,12 +94,16 @@ class StreamSpec:
     offload : bool
         ``convert`` is CPU-heavy (DICOM parsing): the async client runs it
         in a worker thread so the event loop is not blocked.
+    byte_range : (int, int or None) or None
+        First and last byte the request's Range header asks for (see
+        :func:`range_of_whole`).
     """
 
     request: RequestSpec
     convert: Callable[[Part], Any]
     what: str = "part"
     offload: bool = False
+    byte_range: tuple[int, int | None] | None = None
 
 
 Plan = Generator[RequestSpec, Any, Any]
@@ -171,6 +175,44 @@ def parse_dicom_json(response: Any) -> list[dict]:
     if not isinstance(doc, list) or not all(isinstance(d, dict) for d in doc):
         raise ResponseError("DICOM JSON answer must be an array of objects")
     return doc
+
+
+def _cut(part: Part, byte_range: tuple[int, int | None]) -> Part:
+    start, end = byte_range
+    return Part(part.headers, part.content[start : None if end is None else end + 1])
+
+
+def range_of_whole(parts: Iterable[Part], byte_range: tuple[int, int | None]) -> Iterator[Part]:
+    """The parts of a 200 answer to a request with a Range header. A server may ignore
+    Range and send the whole representation with 200 (RFC 9110 Section 14.2): when the
+    answer holds one value (one part), the range asked is cut from it here, so the
+    caller gets the same bytes as from a 206; several parts (frames) are returned whole."""
+    it = iter(parts)
+    first = next(it, None)
+    if first is None:
+        return
+    second = next(it, None)
+    if second is None:
+        yield _cut(first, byte_range)
+        return
+    yield first
+    yield second
+    yield from it
+
+
+async def arange_of_whole(parts: AsyncIterator[Part], byte_range: tuple[int, int | None]) -> AsyncIterator[Part]:
+    """Async twin of :func:`range_of_whole`."""
+    first = await anext(parts, None)
+    if first is None:
+        return
+    second = await anext(parts, None)
+    if second is None:
+        yield _cut(first, byte_range)
+        return
+    yield first
+    yield second
+    async for part in parts:
+        yield part
 
 
 def part_content(part: Part) -> bytes:

@@ -289,17 +289,19 @@ class _WADOMixin:
 
     def _bulkdata_spec(self, url: str, media_types: Any, byte_range: tuple[int, int] | None) -> StreamSpec:
         headers = {}
+        asked = None
         if byte_range is not None:
             start, *rest = byte_range
-            end = rest[0] if rest and rest[0] is not None else ""
-            headers["Range"] = f"bytes={int(start)}-{end}"
+            last = int(rest[0]) if rest and rest[0] is not None else None
+            headers["Range"] = f"bytes={int(start)}-{'' if last is None else last}"
+            asked = (int(start), last)
         url = self._urls.resolve(url)
         if media_types is None:
             request = self._default_request(negotiation.BULKDATA, url, (), headers)
         else:
             headers["Accept"] = media.multipart_accept(media_types)
             request = RequestSpec("GET", url, (), headers)
-        return StreamSpec(request, _core.part_content, "bulk data item")
+        return StreamSpec(request, _core.part_content, "bulk data item", byte_range=asked)
 
     def retrieve_bulkdata(
         self,
@@ -316,7 +318,9 @@ class _WADOMixin:
         media_types : sequence, optional
             Default: :data:`dicomweb_client.negotiation.BULKDATA`.
         byte_range : (int, int), optional
-            First and last byte (``Range: bytes=start-end``).
+            First and last byte (``Range: bytes=start-end``). A server that ignores
+            Range (200, the whole value) gets the range cut by the client when its
+            answer holds one value (RFC 9110 Section 14.2).
 
         Returns
         -------

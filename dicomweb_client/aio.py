@@ -109,16 +109,17 @@ class AsyncDICOMwebClient(_DICOMwebAPI):
 
     # I/O -------------------------------------------------------------------
     async def _send(self, spec: RequestSpec, *, stream: bool) -> httpx.Response:
-        """Send ``spec``; after a refused default Accept send ``spec.fallback`` once
-        (:mod:`dicomweb_client.negotiation`)."""
+        """Send ``spec``; after a refused default Accept send ``spec.fallback``, and so on
+        down its chain (:mod:`dicomweb_client.negotiation`)."""
+        first = spec
         response = await self._send_with_retries(spec, stream=stream)
-        if not negotiation.falls_back(spec, response.status_code):
-            return response
-        await response.aread()
-        await response.aclose()
-        retried = await self._send_with_retries(spec.fallback, stream=stream)
-        self._fell_back(spec, response, retried)
-        return retried
+        while negotiation.falls_back(spec, response.status_code):
+            await response.aread()
+            await response.aclose()
+            retried = await self._send_with_retries(spec.fallback, stream=stream)
+            self._fell_back(first, spec, response, retried)
+            spec, response = spec.fallback, retried
+        return response
 
     async def _send_with_retries(self, spec: RequestSpec, *, stream: bool) -> httpx.Response:
         """Send ``spec``; retry idempotent requests on connection errors and retryable statuses."""
@@ -164,7 +165,10 @@ class AsyncDICOMwebClient(_DICOMwebAPI):
                 if response.status_code >= 400:
                     await response.aread()
                     _core.raise_for_response(response, spec.request)
-                async for part in _core.aiter_response_parts(response.headers, response.aiter_bytes()):
+                parts = _core.aiter_response_parts(response.headers, response.aiter_bytes())
+                if spec.byte_range is not None and response.status_code == 200:  # Range ignored: the whole value
+                    parts = _core.arange_of_whole(parts, spec.byte_range)
+                async for part in parts:
                     if spec.offload:
                         yield await anyio.to_thread.run_sync(spec.convert, part)
                     else:

@@ -141,16 +141,17 @@ class DICOMwebClient(_DICOMwebAPI):
 
     # I/O -------------------------------------------------------------------
     def _send(self, spec: RequestSpec, *, stream: bool) -> httpx.Response:
-        """Send ``spec``; after a refused default Accept send ``spec.fallback`` once
-        (:mod:`dicomweb_client.negotiation`)."""
+        """Send ``spec``; after a refused default Accept send ``spec.fallback``, and so on
+        down its chain (:mod:`dicomweb_client.negotiation`)."""
+        first = spec
         response = self._send_with_retries(spec, stream=stream)
-        if not negotiation.falls_back(spec, response.status_code):
-            return response
-        response.read()
-        response.close()
-        retried = self._send_with_retries(spec.fallback, stream=stream)
-        self._fell_back(spec, response, retried)
-        return retried
+        while negotiation.falls_back(spec, response.status_code):
+            response.read()
+            response.close()
+            retried = self._send_with_retries(spec.fallback, stream=stream)
+            self._fell_back(first, spec, response, retried)
+            spec, response = spec.fallback, retried
+        return response
 
     def _send_with_retries(self, spec: RequestSpec, *, stream: bool) -> httpx.Response:
         """Send ``spec``; retry idempotent requests on connection errors and retryable statuses."""
@@ -196,7 +197,10 @@ class DICOMwebClient(_DICOMwebAPI):
                 if response.status_code >= 400:
                     response.read()
                     _core.raise_for_response(response, spec.request)
-                for part in _core.iter_response_parts(response.headers, response.iter_bytes()):
+                parts = _core.iter_response_parts(response.headers, response.iter_bytes())
+                if spec.byte_range is not None and response.status_code == 200:  # Range ignored: the whole value
+                    parts = _core.range_of_whole(parts, spec.byte_range)
+                for part in parts:
                     yield spec.convert(part)
             except httpx.TransportError as exc:
                 raise _core.wrap_transport_error(exc, spec.request) from exc

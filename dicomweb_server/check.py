@@ -15,6 +15,10 @@ of an index row) with what it is and, with ``repair``, what was done:
 
 Without ``repair`` nothing changes (dry run).
 
+Every run writes what it found (:meth:`Report.totals`) to ``last-check.json`` in the
+data folder (missing_data.save_check): the landing page shows the number of missing
+files the last check found.
+
 Objects (``--storage s3://...``, store/s3.py) are checked by :func:`reconcile_objects`:
 an **orphan** there is an object no index row names that is older than the grace
 period (a PUT whose index commit never came: never acknowledged), removed by
@@ -27,16 +31,20 @@ PUT to its commit), so a store in flight is never undone.
 from __future__ import annotations
 
 import filecmp
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from . import missing_data
 from .archive import Archive
 from .dicom.instance import describe_instance
 from .dicom.status import InstanceError
 from .store.base import Refused
 from .store.blobs import fsync_dir
+
+log = logging.getLogger("dicomweb_server.check")
 
 LOST_AND_FOUND = "lost+found"
 #: seconds an unindexed object is left alone (a store may be between its PUT and its commit)
@@ -64,6 +72,12 @@ class Report:
     def clean(self) -> bool:
         return not self.problems
 
+    def totals(self) -> dict:
+        """The counts of this report (``last-check.json``, the landing page)."""
+        return {"indexed": self.indexed, "files": self.files, "problems": len(self.problems),
+                "missing_files": sum(p.kind == "missing file" for p in self.problems),
+                "repaired": self.repaired and not self.refused}
+
     def summary(self) -> str:
         lines = [f"{self.indexed} indexed instance(s), {self.files} file(s) on disk, "
                  f"{len(self.problems)} problem(s)"]
@@ -83,9 +97,21 @@ class Report:
 
 def reconcile(archive: Archive, repair: bool = False, grace: float = GRACE) -> Report:
     """Compare the index with the stored instances; with ``repair``, fix each problem.
-    ``grace``: seconds an unindexed object is left alone (object stores only)."""
+    ``grace``: seconds an unindexed object is left alone (object stores only). What was
+    found is kept in the data folder (module docstring)."""
     if archive.blobs.orphans == "remove":
-        return reconcile_objects(archive, repair, grace)
+        report = reconcile_objects(archive, repair, grace)
+    else:
+        report = reconcile_files(archive, repair)
+    try:
+        missing_data.save_check(archive.settings.data_dir, report.totals())
+    except OSError as e:  # a read-only data folder: the report is still printed
+        log.warning("cannot keep the check's summary in %s: %s", archive.settings.data_dir, e)
+    return report
+
+
+def reconcile_files(archive: Archive, repair: bool = False) -> Report:
+    """:func:`reconcile` for files in the data folder (module docstring)."""
     report = Report(repaired=repair)
     rows = dict(archive.index.paths())
     by_path = {p: uid for uid, p in rows.items()}

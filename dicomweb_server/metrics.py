@@ -23,6 +23,9 @@ STORED = Counter("dicomweb_instances_stored", "Instances newly stored, through a
 INDEX_COMMITS = Counter("dicomweb_index_commits", "Durable index commits of stored instances (one per group commit)")
 FORWARDED = Counter("dicomweb_forwarded", "Instances delivered to a destination", ["destination"])
 FORWARD_FAILED = Counter("dicomweb_forward_failed", "Instances given up on (dead letter)", ["destination"])
+INSTANCE_DATA_MISSING = Counter(
+    "dicomweb_instance_data_missing",
+    "Reads that found an indexed instance's stored file or object gone or unreadable (missing_data.py)")
 FORWARD_RETRIES = Counter("dicomweb_forward_retries", "Deliveries of an instance to be tried again", ["destination"])
 DELIVERY_LATENCY = Histogram(
     "dicomweb_delivery_latency_seconds", "From stored (outbox row committed) to delivered", ["destination"],

@@ -10,7 +10,9 @@ so each function opens the file once, up front, and works on that open file (a
 file removed afterwards stays readable through it). A file already gone, or
 replaced by a new store of the same SOP Instance UID (another size than the row
 looked up), raises :class:`Gone`: 404 for a single resource; multi-instance
-streams skip the instance (it is no longer part of the study).
+streams skip the instance (it is no longer part of the study). When the index still
+holds the row, the file is not deleted but missing (damaged storage): the web layer
+and the DIMSE listener tell the two apart (missing_data.py).
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def open_stored(path: Path | StoredObject, loc: InstanceLocation) -> BinaryIO:
     Raises
     ------
     Gone
-        The file is missing, or is not the file the index row describes.
+        The file is missing, unreadable, or not the file the index row describes
+        (the caller tells a DELETE from damaged storage: missing_data.confirm).
     """
     if not isinstance(path, Path):
         # an object: no request yet; its first ranged GET checks the size against the row's
@@ -74,6 +77,10 @@ def open_stored(path: Path | StoredObject, loc: InstanceLocation) -> BinaryIO:
         f = path.open("rb")
     except FileNotFoundError:
         raise Gone(f"instance {loc.sop_uid} was deleted") from None
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        raise Gone(f"instance {loc.sop_uid}: its stored file cannot be read: {e.strerror}") from None
     if os.fstat(f.fileno()).st_size != loc.size:
         f.close()
         raise Gone(f"instance {loc.sop_uid} was replaced while being read")
@@ -268,7 +275,7 @@ def open_files(items: list[tuple[str | Path, InstanceLocation]]) -> list[tuple[I
 
 
 def _open_stored_fd(path: str | Path, loc: InstanceLocation) -> int | None:
-    """``path`` opened read-only; None when it is gone or not ``loc.size`` long."""
+    """``path`` opened read-only; None when it is gone, unreadable or not ``loc.size`` long."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -276,7 +283,7 @@ def _open_stored_fd(path: str | Path, loc: InstanceLocation) -> int | None:
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
             raise OutOfDescriptors(e.errno, f"cannot open stored files now: {e.strerror}") from None
-        raise
+        return None  # unreadable (EACCES, EIO...): left out as a missing file (missing_data.py)
     try:
         if os.fstat(fd).st_size == loc.size:
             return fd

@@ -168,3 +168,16 @@ def stop_processes(procs) -> None:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def remove_stored(settings, rel: str) -> None:
+    """Remove an instance's stored file (or S3 object) behind the archive's back, its
+    index row left as it is: damaged storage (missing_data.py)."""
+    if settings.storage:
+        from tests.s3server import _client_for
+
+        client, bucket, prefix = _client_for({"storage": settings.storage,
+                                              "s3_endpoint_url": settings.s3_endpoint_url})
+        client.delete_object(Bucket=bucket, Key=prefix + rel)
+    else:
+        (Path(settings.data_dir) / "blobs" / rel).unlink()

@@ -6,7 +6,8 @@ studies, series and instances (counted by the index: no file is read, no row sca
 where the instances are kept (the data folder, or the S3 bucket named by ``--storage``),
 the use of the disk holding the data folder (with S3: spool, locks and the index), and links
 to the DICOMweb root, the OpenAPI documentation, the OHIF viewer when it is on and the
-DIMSE port when it is on. Not part of PS3.18. Under ``--prefix`` the page is also at
+DIMSE port when it is on, and what the last `check` found (missing files: missing_data.py).
+Not part of PS3.18. Under ``--prefix`` the page is also at
 the prefix.
 """
 
@@ -19,7 +20,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from .. import __version__
+from .. import __version__, missing_data
 
 
 def _q_values(accept: str) -> dict[str, float]:
@@ -70,6 +71,8 @@ def describe(request: Request) -> dict:
         "storage": _storage(archive.blobs),
         "links": links,
         "dimse_port": dimse_port,
+        # what `dicomweb-server check` last found (missing_data.py): None when it never ran here
+        "last_check": missing_data.last_check(settings.data_dir),
     }
 
 
@@ -94,6 +97,13 @@ def _where(storage: dict) -> str:
     if storage["kind"] == "s3":
         return f"{storage['url']} (S3{' at ' + storage['endpoint'] if storage.get('endpoint') else ''})"
     return f"{storage['url']} (folder)"
+
+
+def _last_check(c: dict | None) -> str:
+    if c is None:
+        return "never run (dicomweb-server check)"
+    return (f"{c.get('missing_files', 0):,} missing file(s), {c.get('problems', 0):,} problem(s)"
+            f"{' (repaired)' if c.get('repaired') else ''} at {c.get('finished', '?')}")
 
 
 def _html(d: dict) -> str:
@@ -124,6 +134,7 @@ td{{padding:0 1em 0 0}}code{{background:#eee;padding:0 .2em}}</style></head>
 <tr><td>disk</td><td>{_size(disk["used_bytes"])} used, {_size(disk["free_bytes"])} free of
  {_size(disk["total_bytes"])}</td></tr>
 <tr><td>index</td><td>{escape(d["index"])}</td></tr>
+<tr><td>last check</td><td>{escape(_last_check(d["last_check"]))}</td></tr>
 </table>
 <ul>{"".join(items)}</ul>
 <p>JSON of this page: <code>curl {escape(links["dicomweb"].rsplit("/studies", 1)[0])}/</code></p>

@@ -19,7 +19,7 @@ from ..store.base import InstanceLocation
 from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
 from .errors import DICOMwebHTTPError
 from .responses import multipart_response
-from .wado import locate, parse_frame_list
+from .wado import gone_error, leave_out_missing, locate, parse_frame_list
 
 router = APIRouter(tags=["WADO-RS rendered"])
 
@@ -90,8 +90,8 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
     path = archive.blobs.source(loc.path)
     try:  # the file's version is in the key: a deleted and re-stored instance is a new picture
         version = await run_in_threadpool(file_version, path)
-    except FileNotFoundError:
-        raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} was deleted") from None
+    except FileNotFoundError as e:  # deleted since the look-up, or missing
+        raise gone_error(archive, loc, e) from None
     key = (loc.sop_uid, version, tuple(frames) if frames else None, params, media_type, thumbnail)
     hit = cache.get(key)
     if hit is not None:
@@ -99,10 +99,8 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
     try:
         data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail,
                                        pictures)
-    except retrieve.NotFound as e:
-        raise DICOMwebHTTPError(404, str(e)) from None
-    except FileNotFoundError:
-        raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} was deleted") from None
+    except (retrieve.NotFound, FileNotFoundError) as e:  # no such frame; deleted since the look-up, or missing
+        raise gone_error(archive, loc, e) from None
     except (pixels.NotAnImage, pixels.UnsupportedTransferSyntax, render.UnsupportedMediaType) as e:
         raise NotAcceptable(f"cannot render instance {loc.sop_uid}: {e}") from None
     except render.InvalidRenderParameter as e:
@@ -139,15 +137,21 @@ async def _one(request: Request, archive, loc: InstanceLocation, frames: list[in
 async def _many(request: Request, archive, locs: list[InstanceLocation], what: str, thumbnail: bool) -> Response:
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
+    headers: dict[str, str] = {}
+    locs = await leave_out_missing(archive, locs, headers)  # named in a Warning; all missing: 500
+    if not locs:
+        raise DICOMwebHTTPError(404, f"no such {what}")  # deleted since the look-up
     # instances with a pixel record first; one without may still hold Float Pixel Data
     candidates = [loc for loc in locs if loc.pixel is not None] + [loc for loc in locs if loc.pixel is None]
     if thumbnail:
         # a thumbnail of a study or series is one picture: its first image that renders (documented)
         for loc in candidates:
             try:
-                return await _one(request, archive, loc, None, True)
+                response = await _one(request, archive, loc, None, True)
             except NotAcceptable:
                 continue
+            response.headers.update(headers)
+            return response
         raise NotAcceptable(f"the {what} holds no image that can be rendered")
     media_type, _ = negotiate_rendered(parse_accept(request.headers.get("accept")), multi=True)
     params = _params(request, thumbnail)
@@ -156,10 +160,11 @@ async def _many(request: Request, archive, locs: list[InstanceLocation], what: s
     if first is None:
         await pictures.aclose()
         raise NotAcceptable(f"no image of the {what} can be rendered (non-image instances are skipped)")
-    return _multipart_stream(first, pictures, media_type)
+    return _multipart_stream(first, pictures, media_type, headers)
 
 
-def _multipart_stream(first: bytes, rest: AsyncIterator[bytes], media_type: str) -> StreamingResponse:
+def _multipart_stream(first: bytes, rest: AsyncIterator[bytes], media_type: str,
+                      headers: dict[str, str] | None = None) -> StreamingResponse:
     """``multipart/related; type=media_type`` of `first` and the `rest`, streamed: one
     picture in memory at a time, however many the answer holds."""
     boundary = new_boundary()
@@ -172,7 +177,7 @@ def _multipart_stream(first: bytes, rest: AsyncIterator[bytes], media_type: str)
             yield data
         yield closing(boundary)
 
-    return StreamingResponse(body(), media_type=content_type(boundary, media_type))
+    return StreamingResponse(body(), media_type=content_type(boundary, media_type), headers=headers)
 
 
 async def _pictures(request: Request, archive, locs: list[InstanceLocation], params,

@@ -132,19 +132,21 @@ def multipart_stream(part_ctype: str, items: Iterator[bytes | None], part_type: 
 def parse_byte_range(header: str, size: int) -> tuple[int, int] | None:
     """One ``bytes=first-last`` / ``first-`` / ``-suffix`` range of a ``size``-byte
     value as inclusive (start, end) (RFC 9110 §14.1.2); None when the header is not a
-    single byte range (the whole value is then sent, as §14.2 allows).
+    single valid byte range: another unit, several ranges, or an invalid range-spec
+    such as ``bytes=5-3`` (§14.1.1): the whole value is then sent, as §14.2 allows.
 
     Raises
     ------
     ValueError
-        The range is unsatisfiable (HTTP 416).
+        The range is unsatisfiable (§14.1.1: a first-pos at or past the end, or a
+        suffix of length 0; HTTP 416).
     """
     unit, _, spec = header.strip().partition("=")
     if unit.strip().lower() != "bytes" or "," in spec:
         return None
     first, dash, last = spec.strip().partition("-")
     if not dash or not (first.isdigit() or last.isdigit()) or (first and not first.isdigit()) \
-            or (last and not last.isdigit()):
+            or (last and not last.isdigit()) or not (first + last).isascii():
         return None
     if not first:  # suffix: the last N bytes
         n = int(last)
@@ -152,7 +154,25 @@ def parse_byte_range(header: str, size: int) -> tuple[int, int] | None:
             raise ValueError(f"range {header!r} selects nothing of {size} bytes")
         return max(0, size - n), size - 1
     start = int(first)
-    end = min(int(last), size - 1) if last else size - 1
-    if start >= size or start > end:
+    if last and int(last) < start:
+        return None  # invalid (§14.1.1), not unsatisfiable: ignored
+    if start >= size:
         raise ValueError(f"range {header!r} is outside the {size} bytes of the value")
-    return start, end
+    return start, min(int(last), size - 1) if last else size - 1
+
+
+def requested_range(headers, size: int) -> tuple[int, int] | None:
+    """The byte range a request asks of a ``size``-byte representation (RFC 9110
+    §14.2): :func:`parse_byte_range` of its Range header; None without one, and when
+    it carries If-Range (§13.1.5: these answers have no validator, so no If-Range
+    condition can hold and the whole representation is sent).
+
+    Raises
+    ------
+    ValueError
+        The range is unsatisfiable (HTTP 416 with ``Content-Range: bytes */size``).
+    """
+    header = headers.get("range")
+    if not header or headers.get("if-range") is not None:
+        return None
+    return parse_byte_range(header, size)

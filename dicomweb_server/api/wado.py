@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
-from .. import retrieve
+from .. import missing_data, retrieve
 from ..dicom import pixels
 from ..dicom.bulkdata import bulkdata_tagpath_parse
 from ..dicom.instance import BASE_URL_TOKEN
@@ -33,14 +33,14 @@ from ..dicom.media_types import (
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
 from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
-from .errors import DICOMwebHTTPError, error_response, warning_header
+from .errors import DICOMwebHTTPError, warning_header
 from .responses import (
     DicomJSONResponse,
     FilesResponse,
     multipart_response,
     multipart_stream,
-    parse_byte_range,
     pieces,
+    requested_range,
 )
 from .sendfile import SENDFILE
 from .threads import run_blocking
@@ -55,6 +55,54 @@ def locate(archive, study: str, series: str | None, sop: str) -> InstanceLocatio
     if loc is None or loc.study_uid != study or (series is not None and loc.series_uid != series):
         raise DICOMwebHTTPError(404, f"no instance {sop} in this study/series")
     return loc
+
+
+def gone_error(archive, loc: InstanceLocation, e: Exception) -> DICOMwebHTTPError:
+    """The answer to a read of ``loc`` that raised ``e``: when no stored data was found
+    (retrieve.Gone, FileNotFoundError) and the index still holds the row, the data is
+    missing (damaged storage, missing_data.py): 500 "instance data missing" (RFC 9110
+    §15.6.1: the index says the instance exists, the server cannot produce it); else
+    404 (a DELETE since the look-up, no such frame or element...)."""
+    if isinstance(e, (retrieve.Gone, FileNotFoundError)) and missing_data.confirm(archive.index, loc, e):
+        return DICOMwebHTTPError(500, missing_data.message([loc]))
+    return DICOMwebHTTPError(404, str(e))
+
+
+def add_warning(headers: dict[str, str], text: str) -> None:
+    """One more warning in the Warning field of ``headers`` (a list: RFC 9111 §5.5)."""
+    value = warning_header(text)
+    headers["Warning"] = f"{headers['Warning']}, {value}" if headers.get("Warning") else value
+
+
+def account_missing(archive, locs: list[InstanceLocation], left_out: list[InstanceLocation],
+                    headers: dict[str, str]) -> list[InstanceLocation]:
+    """``locs`` without ``left_out`` (instances whose stored data was not found before a
+    study, series or multi-instance answer started). Those the index still holds are
+    missing data (missing_data.py): named in a Warning (PS3.18 §8.4.3) when others are
+    sent, a 500 naming them when none is (never an empty 200); the others were deleted
+    since the look-up and are left out silently."""
+    if not left_out:
+        return locs
+    damaged = [loc for loc in left_out if missing_data.confirm(archive.index, loc, "no stored data of its size")]
+    out = {id(loc) for loc in left_out}
+    kept = [loc for loc in locs if id(loc) not in out]
+    if damaged:
+        if not kept:
+            raise DICOMwebHTTPError(500, missing_data.message(damaged))
+        add_warning(headers, f"{len(damaged)} instance(s) omitted: {missing_data.message(damaged)}")
+    return kept
+
+
+async def leave_out_missing(archive, locs: list[InstanceLocation],
+                            headers: dict[str, str]) -> list[InstanceLocation]:
+    """:func:`account_missing` of the instances whose stored data is not there
+    (missing_data.absent), before an answer that reads them as it is sent starts; both
+    in worker threads (the second, with an index look-up per instance left out, only
+    when some are)."""
+    left_out = await run_blocking(missing_data.absent, archive.blobs, locs)
+    if not left_out:
+        return locs
+    return await run_blocking(account_missing, archive, locs, left_out, headers)
 
 
 #: NumberOfFrames is an IS (PS3.5 §6.2): at most 2^31 - 1; a longer number names no frame
@@ -133,11 +181,12 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.source(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
-        return await _stream_file(path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax), choice.multipart)
+        return await _stream_file(archive, path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax),
+                                  choice.multipart)
     try:
         choice, data = await _payload_or_stored(path, loc, choice)
-    except retrieve.NotFound as e:  # deleted since the look-up
-        raise DICOMwebHTTPError(404, str(e)) from None
+    except retrieve.NotFound as e:  # deleted since the look-up, or missing
+        raise gone_error(archive, loc, e) from None
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
     headers = {}
@@ -170,16 +219,24 @@ async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tup
     return choice, await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
 
 
-async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
-                       multipart: bool) -> Response:
+async def _stream_file(archive, path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
+                       multipart: bool, byte_range: tuple[int, int] | None = None) -> Response:
     """``length`` bytes of a file from ``offset``, streamed from disk in bounded pieces
-    (retrieve.CHUNK), single part or as the one part of a multipart/related body."""
+    (retrieve.CHUNK), single part or as the one part of a multipart/related body.
+    ``byte_range``: (first, last) of those bytes only, a 206 (RFC 9110 §15.3.7) whose
+    Content-Range names them: the body, or the contents of its one part."""
+    status, headers = 200, {}
+    if byte_range is not None:
+        first, last = byte_range
+        status, headers = 206, {"Content-Range": f"bytes {first}-{last}/{length}"}
+        offset, length = offset + first, last - first + 1
     try:
         chunks = iterate_in_threadpool(await run_in_threadpool(retrieve.file_chunks, path, loc, offset, length))
-    except retrieve.NotFound as e:  # deleted since the look-up
-        raise DICOMwebHTTPError(404, str(e)) from None
+    except retrieve.NotFound as e:  # deleted since the look-up, or missing
+        raise gone_error(archive, loc, e) from None
     if not multipart:
-        return StreamingResponse(chunks, media_type=part_ctype, headers={"Content-Length": str(length)})
+        return StreamingResponse(chunks, status, media_type=part_ctype,
+                                 headers={**headers, "Content-Length": str(length)})
     boundary = new_boundary()
     head, tail = part_header(boundary, part_ctype), closing(boundary)
 
@@ -189,8 +246,8 @@ async def _stream_file(path, loc: InstanceLocation, offset: int, length: int, pa
             yield chunk
         yield tail
 
-    return StreamingResponse(body(), media_type=content_type(boundary, part_ctype.split(";")[0]),
-                             headers={"Content-Length": str(len(head) + length + len(tail))})
+    return StreamingResponse(body(), status, media_type=content_type(boundary, part_ctype.split(";")[0]),
+                             headers={**headers, "Content-Length": str(len(head) + length + len(tail))})
 
 
 async def _stream_instances(archive, locs: list[InstanceLocation], accept, boundary: str) -> AsyncIterator[bytes]:
@@ -204,9 +261,11 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
                 chunks = await run_in_threadpool(retrieve.file_chunks, path, loc)
             else:
                 choice, data = await _payload_or_stored(path, loc, choice)
-        except (NotAcceptable, pixels.UnsupportedTransferSyntax, retrieve.NotFound):
+        except (NotAcceptable, pixels.UnsupportedTransferSyntax, retrieve.NotFound) as e:
             # refused before the answer started (its Warning), a syntax asked for that this
-            # file's pixels cannot give, or deleted meanwhile: left out
+            # file's pixels cannot give, or deleted (or found missing) meanwhile: left out
+            if isinstance(e, retrieve.Gone):
+                missing_data.confirm(archive.index, loc, e)  # logged and counted (the answer has started)
             continue
         yield (b"" if first else b"\r\n") + part_header(boundary, _dicom_part_type(choice.transfer_syntax))
         if large:
@@ -238,6 +297,8 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
     if refused:
         headers["Warning"] = warning_header(f"{len(refused)} instance(s) omitted: {reason}")
     boundary = new_boundary()
+    if refused:
+        locs = [loc for loc in locs if not isinstance(choices[loc.transfer_syntax_uid], NotAcceptable)]
     if archive.blobs.local_files and not refused and len(locs) <= retrieve.MAX_OPEN_FILES and all(
             not choice.transcode for choice in choices.values()):
         if SENDFILE in request.scope.get("extensions", ()):
@@ -246,6 +307,9 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
             opened = await _opened_files_response(archive, locs, boundary, headers)
         if opened is not None:
             return opened
+    locs = await leave_out_missing(archive, locs, headers)  # before the answer starts (its Warning)
+    if not locs:
+        raise DICOMwebHTTPError(404, f"no such {what}")  # deleted since the look-up
     return StreamingResponse(_stream_instances(archive, locs, accept, boundary),
                              media_type=content_type(boundary, DICOM), headers=headers)
 
@@ -318,6 +382,16 @@ async def _open_within_budget(archive, locs: list[InstanceLocation], opener) -> 
         raise
 
 
+def _account_opened(archive, locs: list[InstanceLocation], opened: list[InstanceLocation],
+                    headers: dict[str, str]) -> None:
+    """:func:`account_missing` of the files that could not be opened (nothing opened when
+    it raises, so nothing to close)."""
+    sent = {id(loc) for loc in opened}
+    kept = account_missing(archive, locs, [loc for loc in locs if id(loc) not in sent], headers)
+    if not kept:
+        raise DICOMwebHTTPError(404, "no such instances (deleted since the look-up)")
+
+
 async def _sendfile_response(archive, locs: list[InstanceLocation], boundary: str,
                              headers: dict[str, str]) -> Response | None:
     """Every file as stored, opened before the answer starts (one thread hop) and
@@ -326,7 +400,8 @@ async def _sendfile_response(archive, locs: list[InstanceLocation], boundary: st
     opened = await _open_within_budget(archive, locs, retrieve.open_files)
     if opened is None:
         return None
-    retrieve.DESCRIPTORS.give(len(locs) - len(opened))  # left out: gone since the look-up
+    retrieve.DESCRIPTORS.give(len(locs) - len(opened))  # left out: gone since the look-up, or missing
+    _account_opened(archive, locs, [loc for loc, _ in opened], headers)
     body: list = []
     for i, (loc, fd) in enumerate(opened):
         body.append((b"\r\n" if i else b"") + part_header(boundary, _dicom_part_type(loc.transfer_syntax_uid)))
@@ -348,7 +423,8 @@ async def _opened_files_response(archive, locs: list[InstanceLocation], boundary
     mapped = [m for _, m in opened if m is not None]
     for m in mapped:
         _give_back_with(m)
-    retrieve.DESCRIPTORS.give(len(locs) - len(mapped))  # left out (gone since the look-up), or empty
+    retrieve.DESCRIPTORS.give(len(locs) - len(mapped))  # left out (gone since the look-up, or missing), or empty
+    _account_opened(archive, locs, [loc for loc, _ in opened], headers)
     files = []
     for i, (loc, m) in enumerate(opened):
         head = (b"\r\n" if i else b"") + part_header(boundary, _dicom_part_type(loc.transfer_syntax_uid))
@@ -412,6 +488,21 @@ async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID
 # --- frames and bulk data ------------------------------------------------------------------
 
 
+def _byte_range(request: Request, size: int) -> tuple[int, int] | None:
+    """The one byte range the request asks of a ``size``-byte value (RFC 9110 §14.2,
+    api.responses.requested_range), or None: the whole value, 200.
+
+    Raises
+    ------
+    DICOMwebHTTPError
+        416 with ``Content-Range: bytes */size`` for an unsatisfiable range (§15.5.17).
+    """
+    try:
+        return requested_range(request.headers, size)
+    except ValueError as e:
+        raise DICOMwebHTTPError(416, str(e), {"Content-Range": f"bytes */{size}"}) from None
+
+
 def _frame_marks(parts: Iterator[tuple[str, bytes]]) -> Iterator[bytes | None]:
     """Whole parts as :func:`multipart_stream` items (``None`` where a part starts)."""
     for _ctype, data in parts:
@@ -452,7 +543,7 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     try:
         frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
     except retrieve.NotFound as e:
-        raise DICOMwebHTTPError(404, str(e)) from None
+        raise gone_error(archive, loc, e) from None
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
     return multipart_stream(retrieve.frame_part_type(choice), frames, choice.media_type)
@@ -476,25 +567,22 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     path = archive.blobs.source(loc.path)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:
-        return await _stream_file(path, loc, span[0], span[1],
+        return await _stream_file(archive, path, loc, span[0], span[1],
                                   f"{OCTET_STREAM}; transfer-syntax={loc.transfer_syntax_uid}",
-                                  multipart=not prefer_single)
+                                  multipart=not prefer_single, byte_range=_byte_range(request, span[1]))
     try:
         gen = await run_in_threadpool(retrieve.bulkdata, path, loc, tagpath)
         parts, more = await _first_parts(gen, 2)
     except retrieve.NotFound as e:
-        raise DICOMwebHTTPError(404, str(e)) from None
+        raise gone_error(archive, loc, e) from None
     if more:
         # one label for every part (frames of one instance), produced one at a time in a worker thread
         return multipart_stream(parts[0][0], _frame_marks(itertools.chain(parts, gen)), parts[0][0].split(";")[0])
     status, headers = 200, {}
-    if len(parts) == 1 and request.headers.get("range"):
+    if len(parts) == 1:
         # RFC 9110 §14: one byte range of a single value (the PyPI client's byte_range)
         ctype, data = parts[0]
-        try:
-            byte_span = parse_byte_range(request.headers["range"], len(data))
-        except ValueError as e:
-            return error_response(416, str(e), {"Content-Range": f"bytes */{len(data)}"})
+        byte_span = _byte_range(request, len(data))
         if byte_span is not None:
             start, end = byte_span
             parts = [(ctype, data[start : end + 1])]

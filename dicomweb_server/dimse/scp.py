@@ -21,6 +21,7 @@ import copy
 import functools
 import gc
 import logging
+import os
 import socket
 import struct
 import tempfile
@@ -56,6 +57,7 @@ from pynetdicom.sop_class import (
     Verification,
 )
 
+from .. import missing_data
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
@@ -230,7 +232,7 @@ class StoredInstance(Dataset):
     """A stored instance to send as a C-STORE sub-operation: only its UIDs and transfer
     syntax in memory, its data set read from ``path`` fragment by fragment."""
 
-    def __init__(self, path: Path, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str) -> None:
+    def __init__(self, path: Path | None, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str) -> None:
         super().__init__()
         self.file_meta = FileMetaDataset()
         self.file_meta.TransferSyntaxUID = transfer_syntax_uid
@@ -244,6 +246,8 @@ def _send_c_store_from_file(self, dataset, *args, **kwargs):
     peer accepted its stored transfer syntax; otherwise (e.g. stored Explicit VR LE, accepted
     Implicit VR LE only) it is read and pynetdicom converts it, as before."""
     if isinstance(dataset, StoredInstance):
+        if dataset.stored_path is None:  # a failed sub-operation, counted with its UID (_send)
+            raise FileNotFoundError(f"{missing_data.MESSAGE}: instance {dataset.SOPInstanceUID} cannot be read")
         try:
             self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
                                     allow_conversion=False)
@@ -608,20 +612,24 @@ class DimseServer:
             if event.is_cancelled:
                 yield S.CANCEL, None
                 return
-            # sent from its file (StoredInstance): a file gone since the match fails that
-            # sub-operation (pynetdicom counts an exception in send_c_store as a failure).
-            # Objects (S3) are first copied to the spool, one at a time: pynetdicom sends each
-            # yielded instance before it asks for the next, so the copy lives for one send.
+            # sent from its file (StoredInstance). Objects (S3) are first copied to the spool,
+            # one at a time: pynetdicom sends each yielded instance before it asks for the next,
+            # so the copy lives for one send. A file or object gone since the match (a DELETE, or
+            # missing data: logged and counted, missing_data.py) fails that sub-operation with its
+            # UID in the Failed SOP Instance UID List (PS3.4 C.4.2.1.4): pynetdicom counts an
+            # exception in send_c_store as a failure (a None data set is not counted at all).
             with contextlib.ExitStack() as copies:
-                if self.archive.blobs.local_files:
-                    path = self.archive.blobs.resolve(loc.path)
-                else:
-                    try:
+                try:
+                    if self.archive.blobs.local_files:
+                        path = self.archive.blobs.resolve(loc.path)
+                        if os.stat(path).st_size != loc.size:
+                            raise FileNotFoundError(f"{loc.path} is not {loc.size} bytes long")
+                    else:
                         path = copies.enter_context(self.archive.blobs.local_copy(loc.path))
-                    except Exception as e:  # an object gone since the match: that sub-operation fails
+                except Exception as e:  # noqa: BLE001 - unreadable in any way: that sub-operation fails
+                    if not missing_data.confirm(self.archive.index, loc, e):
                         log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
-                        yield S.PENDING, None
-                        continue
+                    path = None
                 yield S.PENDING, StoredInstance(path, loc.sop_class_uid, loc.sop_uid, loc.transfer_syntax_uid)
 
     def _on_get(self, event):

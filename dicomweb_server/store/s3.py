@@ -278,8 +278,10 @@ class S3BlobStore(BlobStore):
 
     # --- listing ----------------------------------------------------------------------
 
-    def listing(self) -> Iterator[Listed]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+    def listing(self, under: str = "") -> Iterator[Listed]:
+        """Every stored object (or those under the folder ``under``, e.g. ``study/``)."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                     Prefix=self.prefix + under)
         for page in pages:
             for obj in page.get("Contents", ()):
                 key = obj["Key"]
@@ -290,6 +292,23 @@ class S3BlobStore(BlobStore):
 
     def walk(self) -> Iterator[str]:
         return (obj.path for obj in self.listing())
+
+    def sizes(self, relpaths: list[str]) -> dict[str, int]:
+        """The sizes of those of ``relpaths`` that are stored, by listing their folders: a
+        series folder when they all are in one, else their study folders (one request
+        per 1000 objects; missing_data.absent)."""
+        by_study: dict[str, set[str]] = {}
+        for rel in relpaths:
+            study, _, rest = rel.partition("/")
+            by_study.setdefault(study, set()).add(rest.partition("/")[0])
+        wanted = set(relpaths)
+        out: dict[str, int] = {}
+        for study, series in by_study.items():
+            under = f"{study}/{next(iter(series))}/" if len(series) == 1 else f"{study}/"
+            for obj in self.listing(under):
+                if obj.path in wanted:
+                    out[obj.path] = obj.size
+        return out
 
     def exists(self, relpath: str) -> bool:
         key = self.key(relpath)

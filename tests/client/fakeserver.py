@@ -144,9 +144,13 @@ class FakeArchive:
         Server-side cap on QIDO answers (adds a Warning header when it truncates).
     chunk_size : int
         Chunk size of multipart answers.
+    ignore_range : bool
+        Answer a bulk data request with a Range header with 200 and the whole value.
     single_accept : bool
         Answer 400 to a GET whose Accept holds a list or ``type="*/*"``, as
-        Orthanc's DICOMweb plugin 1.7 does.
+        Orthanc's DICOMweb plugin 1.7 does; and, as it does, take an instance Accept
+        without ``transfer-syntax`` as Explicit VR Little Endian (PS3.18 8.7.3.5.2:
+        this fake cannot transcode, so 406 for an instance stored otherwise).
     """
 
     def __init__(self, base_url: str = FAKE_URL) -> None:
@@ -158,6 +162,7 @@ class FakeArchive:
         self.chunk_size = 997
         self.single_part_instances = False
         self.single_accept = False
+        self.ignore_range = False
         self.hooks: dict[str, Callable[[httpx.Request], httpx.Response | None]] = {}
 
     # ------------------------------------------------------------------ data
@@ -336,6 +341,8 @@ class FakeArchive:
         ok, ts = self._accepts(request, "application/dicom")
         if not ok:
             return _error(406, "cannot produce the requested media type")
+        if ts is None and self.single_accept:  # Orthanc: no transfer-syntax asks for PS3.18's default
+            ts = "1.2.840.10008.1.2.1"
         if ts not in (None, "*") and any(str(ds.file_meta.TransferSyntaxUID) != ts for _, ds in selected):
             return _error(406, f"cannot transcode to {ts}")
         if single and self.single_part_instances:
@@ -397,10 +404,15 @@ class FakeArchive:
             return _error(404, "no such bulk data")
         value = ds[t].value
         rng = request.headers.get("range")
-        if rng:
-            start, _, end = rng.removeprefix("bytes=").partition("-")
-            value = value[int(start) : (int(end) + 1 if end else None)]
-        return self._multipart([({"Content-Type": "application/octet-stream"}, value)], "application/octet-stream")
+        if not rng or self.ignore_range:  # RFC 9110 Section 14.2: a server may ignore Range (200, whole)
+            return self._multipart([({"Content-Type": "application/octet-stream"}, value)], "application/octet-stream")
+        start, _, end = rng.removeprefix("bytes=").partition("-")
+        first, last = int(start), min(int(end), len(value) - 1) if end else len(value) - 1
+        r = self._multipart([({"Content-Type": "application/octet-stream"}, value[first : last + 1])],
+                            "application/octet-stream")
+        r.status_code = 206
+        r.headers["Content-Range"] = f"bytes {first}-{last}/{len(value)}"
+        return r
 
     def rendered(self, request: httpx.Request, selected, kind: str, frames: str | None = None) -> httpx.Response:
         accept = request.headers.get("accept", "*/*")

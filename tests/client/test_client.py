@@ -350,6 +350,12 @@ async def test_bulkdata_from_metadata(api, archive, loaded):
     part = await api.iter_bulkdata(uri, media_types=("application/octet-stream",), byte_range=(10, 19))
     assert archive.last().headers["range"] == "bytes=10-19"
     assert part == [ct.PixelData[10:20]]
+    # a server that ignores Range (RFC 9110 14.2: 200, the whole value): the client cuts the range itself
+    archive.ignore_range = True
+    assert await api.retrieve_bulkdata(uri, byte_range=(10, 19)) == [ct.PixelData[10:20]]
+    assert await api.iter_bulkdata(uri, byte_range=(100, None)) == [ct.PixelData[100:]]
+    archive.ignore_range = False
+    assert await api.iter_bulkdata(uri, byte_range=(100, None)) == [ct.PixelData[100:]]
     # relative BulkDataURI resolved against the service root
     relative = uri[len(FAKE_URL) + 1 :]
     assert await api.retrieve_bulkdata(relative) == [ct.PixelData]

@@ -72,10 +72,12 @@ async def test_error_mapping(api, archive, status, exc):
 
 
 async def test_error_on_streamed_retrieve(api, archive, loaded):
-    archive.script.extend([httpx.Response(406, text="no such syntax"), httpx.Response(406, text="cannot transcode")])
+    archive.script.extend([httpx.Response(406, text="no such syntax"), httpx.Response(406, text="not as stored"),
+                           httpx.Response(406, text="cannot transcode")])
     with pytest.raises(NotAcceptable, match="cannot transcode"):  # the plain form's answer
         await api.iter_study(loaded[CT].StudyInstanceUID)
-    assert [r.headers["accept"] for r in archive.requests[-2:]] == [DICOM_ANY, negotiation.INSTANCES.plain]
+    assert [r.headers["accept"] for r in archive.requests[-3:]] == [
+        DICOM_ANY, negotiation.INSTANCES.single, negotiation.INSTANCES.plain]
     archive.script.append(httpx.Response(406, text="cannot transcode"))
     with pytest.raises(NotAcceptable, match="cannot transcode"):  # a caller's media type: no retry
         await api.iter_study(loaded[CT].StudyInstanceUID, media_types=(("application/dicom", "1.2.3"),))
@@ -98,7 +100,7 @@ async def test_default_accept_falls_back_once_and_is_remembered(api, archive, lo
     assert [r.headers["accept"] for r in archive.requests[n:]] == [negotiation.FRAMES.plain]
     # each kind of resource is negotiated on its own
     for call, args, plain in [
-        ("retrieve_instance", uids(ct), 'multipart/related; type="application/dicom"'),
+        ("retrieve_instance", uids(ct), 'multipart/related; type="application/dicom"; transfer-syntax=*'),
         ("retrieve_instance_rendered", uids(ct), "image/jpeg"),
     ]:
         n = len(archive.requests)
@@ -181,3 +183,29 @@ async def test_timeout_maps_to_request_timeout(api, archive):
     archive.script.extend([httpx.ReadTimeout("slow")] * 3)
     with pytest.raises(RequestTimeout):
         await api.search_for_studies()
+
+
+async def test_single_accept_server_gets_transfer_syntax_star_before_explicit_le(api, archive):
+    """Orthanc-like: an Accept list is refused (400), and an instance Accept without
+    transfer-syntax means Explicit VR Little Endian (PS3.18 8.7.3.5.2). The client's
+    single value keeps ``transfer-syntax=*``, so a JPEG 2000 instance comes back as
+    stored (the server is not made to transcode), and the value is remembered."""
+    from pydicom.data import get_testdata_file
+
+    archive.single_accept = True
+    path = get_testdata_file("MR_small_jp2klossless.dcm")
+    with open(path, "rb") as f:
+        stored = f.read()
+    ds = archive.add(stored)
+    assert ds.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.90"
+    for _ in range(2):
+        n = len(archive.requests)
+        got = await api.retrieve_instance(*uids(ds), raw=True)
+        assert got == stored
+        sent = [r.headers["accept"] for r in archive.requests[n:]]
+        if _ == 0:
+            assert sent == [negotiation.INSTANCES.preferred,
+                            'multipart/related; type="application/dicom"; transfer-syntax=*']
+        else:  # remembered: asked directly
+            assert sent == ['multipart/related; type="application/dicom"; transfer-syntax=*']
+    assert await api.retrieve_study(ds.StudyInstanceUID, raw=True) == [stored]

@@ -4,6 +4,7 @@ Study Root), and C-GET / C-MOVE deliver an instance, a series and a study (PS3.4
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -139,8 +140,8 @@ RETRIEVES = [  # (identifier, expected instance indexes of archive_data)
 ]
 
 
-@pytest.mark.parametrize("make,expected", RETRIEVES)
-def test_get(dimse, archive_data, make, expected):
+def _c_get(dimse, archive_data, identifier: Dataset) -> tuple[list, list[Dataset]]:
+    """A C-GET (Study Root) of ``identifier``: the responses and the data sets received."""
     received: list[Dataset] = []
 
     def on_store(event):
@@ -156,8 +157,14 @@ def test_get(dimse, archive_data, make, expected):
     assoc = ae.associate("127.0.0.1", dimse.port, ae_title="DICOMWEB", ext_neg=roles,
                          evt_handlers=[(evt.EVT_C_STORE, on_store)])
     assert assoc.is_established
-    responses = list(assoc.send_c_get(make(archive_data), StudyRootQueryRetrieveInformationModelGet))
+    responses = list(assoc.send_c_get(identifier, StudyRootQueryRetrieveInformationModelGet))
     assoc.release()
+    return responses, received
+
+
+@pytest.mark.parametrize("make,expected", RETRIEVES)
+def test_get(dimse, archive_data, make, expected):
+    responses, received = _c_get(dimse, archive_data, make(archive_data))
     final = responses[-1][0]
     assert final.Status == S.SUCCESS
     assert final.NumberOfCompletedSuboperations == len(expected)
@@ -212,3 +219,48 @@ def test_move(move_dimse, store_scp, make, expected):
     unknown = list(assoc.send_c_move(make(dss), "NOSUCHAE", StudyRootQueryRetrieveInformationModelMove))
     assoc.release()
     assert unknown[-1][0].Status == S.QR_MOVE_DESTINATION_UNKNOWN
+
+
+def test_get_of_a_missing_file_is_a_failed_sub_operation(dimse, archive_data):
+    """Damaged storage (missing_data.py): an indexed instance whose file or object is gone
+    is one failed C-STORE sub-operation of a C-GET, its UID in the Failed SOP Instance UID
+    List (PS3.4 C.4.2.1.4), counted at /metrics; the others are sent."""
+    from tests.helpers import remove_stored
+
+    def missing_total() -> float:  # the counter of this process's registry (the listener runs in it)
+        m = re.search(r"^dicomweb_instance_data_missing_total (\S+)$", dimse.http.get("/metrics").text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = missing_total()
+    lost = archive_data[1]
+    remove_stored(dimse.server.settings, f"{lost.StudyInstanceUID}/{lost.SeriesInstanceUID}/{lost.SOPInstanceUID}.dcm")
+    responses, received = _c_get(dimse, archive_data, _ident("STUDY", StudyInstanceUID=lost.StudyInstanceUID))
+    final, identifier = responses[-1]
+    assert final.Status == S.QR_SUBOPS_WARNING
+    assert (final.NumberOfCompletedSuboperations, final.NumberOfFailedSuboperations) == (2, 1)
+    assert identifier.FailedSOPInstanceUIDList == lost.SOPInstanceUID
+    assert sorted(d.SOPInstanceUID for d in received) == sorted(archive_data[i].SOPInstanceUID for i in (0, 2))
+    assert missing_total() == before + 1
+
+
+def test_move_of_a_missing_file_is_a_failed_sub_operation(move_dimse, store_scp):
+    """As for C-GET: the C-MOVE of a series with one file removed sends the other, and
+    names the missing one in the Failed SOP Instance UID List (status 0xB000)."""
+    from tests.helpers import remove_stored
+
+    dss = [make_dataset(study="1.2.826.0.1.3680043.8.498.1", series="1.2.826.0.1.3680043.8.498.1.1")
+           for _ in range(2)]
+    assert move_dimse.store(dss) == [0, 0]
+    lost = dss[0]
+    remove_stored(move_dimse.server.settings,
+                  f"{lost.StudyInstanceUID}/{lost.SeriesInstanceUID}/{lost.SOPInstanceUID}.dcm")
+    assoc = move_dimse.associate([build_context(StudyRootQueryRetrieveInformationModelMove)])
+    responses = list(assoc.send_c_move(_ident("SERIES", StudyInstanceUID=lost.StudyInstanceUID,
+                                              SeriesInstanceUID=lost.SeriesInstanceUID),
+                                       "MOVEDEST", StudyRootQueryRetrieveInformationModelMove))
+    assoc.release()
+    final, identifier = responses[-1]
+    assert final.Status == S.QR_SUBOPS_WARNING
+    assert (final.NumberOfCompletedSuboperations, final.NumberOfFailedSuboperations) == (1, 1)
+    assert identifier.FailedSOPInstanceUIDList == lost.SOPInstanceUID
+    assert [d.SOPInstanceUID for d in store_scp[1]] == [dss[1].SOPInstanceUID]

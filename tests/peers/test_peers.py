@@ -300,3 +300,21 @@ def test_missing_orthanc_fails_with_the_install_command(monkeypatch):
     monkeypatch.setenv("DICOMWEB_PEERS", "skip")
     with pytest.raises(pytest.skip.Exception):
         conftest.orthanc_paths()
+
+
+async def test_a_jpeg_2000_instance_comes_back_as_stored(api, peer):
+    """The client's default Accept asks for instances as stored. Orthanc refuses the list
+    (400); the single value ``transfer-syntax=*`` it is sent next keeps the stored JPEG 2000
+    (before, the plain form asked Orthanc for Explicit VR Little Endian: a transcode)."""
+    from pydicom.data import get_testdata_file
+    from pydicom.uid import generate_uid
+
+    ds = pydicom.dcmread(get_testdata_file("MR_small_jp2klossless.dcm"))
+    ds.StudyInstanceUID = DATA.other_study.StudyInstanceUID  # not the study the other tests count
+    ds.SeriesInstanceUID = generate_uid()
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()  # MR_small's UIDs are loaded
+    ds.PatientID = "PEER2"
+    await api.store_instances([ds], study_instance_uid=ds.StudyInstanceUID)
+    got = await api.retrieve_instance(ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.SOPInstanceUID)
+    assert got.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.90"
+    assert got.PixelData == ds.PixelData

@@ -24,9 +24,11 @@ from tests.helpers import make_dataset, multipart, to_bytes
 WHOLE = {"Accept": "multipart/related; type=\"application/dicom\"; transfer-syntax=*"}
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "sqlite+s3"])
 def archive(tmp_path, request):
-    a = Archive.open(Settings(data_dir=tmp_path, index=request.param))
+    index, _, storage = request.param.partition("+")
+    extra = request.getfixturevalue("s3_storage") if storage else {}
+    a = Archive.open(Settings(data_dir=tmp_path, index=index, **extra))
     yield a
     a.close()
 
