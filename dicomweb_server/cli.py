@@ -98,6 +98,15 @@ def _serve(args: argparse.Namespace) -> int:
         print("dicomweb-server: the in-memory index lives in one process; "
               "use --workers 1 or --index sqlite", file=sys.stderr)
         return 2
+    why = _data_dir_problem(Path(settings.data_dir))  # a bad folder or a taken port: nothing created
+    if why is not None:
+        print(f"dicomweb-server: --data-dir {settings.data_dir}: {why}", file=sys.stderr)
+        return 2
+    taken = _port_taken(settings.host, settings.port)
+    if taken:  # uvicorn would only log "[Errno 98] Address already in use", naming no port
+        print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
+              "(another program on that port? start with --port PORT)", file=sys.stderr)
+        return 2
     if settings.viewer:  # fetch the OHIF viewer with npm before the workers start (viewer.py)
         from .viewer import ViewerNotInstalled, ensure_installed
 
@@ -141,19 +150,18 @@ def _serve(args: argparse.Namespace) -> int:
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
         os.environ[env] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-    raise_open_files_limit()
-    print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
-          f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
-          file=sys.stderr, flush=True)
-    if settings.viewer:
-        print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
+    if not _archive_present(settings):
+        why = _make_dirs(Path(settings.data_dir))
+        if why is not None:
+            print(f"dicomweb-server: --data-dir {settings.data_dir}: {why}", file=sys.stderr)
+            return 2
+        print(f"dicomweb-server: no archive at {settings.data_dir}: created ({Path(settings.data_dir).resolve()})",
               file=sys.stderr, flush=True)
-    taken = _port_taken(settings.host, settings.port)
-    if taken:  # uvicorn would only log "[Errno 98] Address already in use", naming no port
-        print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
-              "(another program on that port? start with --port PORT)", file=sys.stderr)
-        return 2
+    raise_open_files_limit()
+    from .startup import announce_when_listening, warn_if_root
+
+    warn_if_root(settings.host, _is_loopback(settings.host))
+    announce_when_listening(settings, workers, 0 if settings.dimse_in_worker else dimse_processes(settings))
     dimse = _start_dimse(settings)  # however this process ends, they end too (a pipe, PDEATHSIG)
     # uvicorn (one worker) re-raises the SIGTERM it handled once it has shut down: as SystemExit
     # here, the clean-up below runs (the default action would end the process first)
@@ -264,9 +272,7 @@ def _start_dimse(settings):
     PR_SET_PDEATHSIG sends them SIGTERM as well."""
     if not settings.dimse_port or settings.dimse_in_worker:
         return []
-    n = dimse_processes(settings)
-    print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
-          f"({n} listener process(es))", file=sys.stderr, flush=True)
+    n = dimse_processes(settings)  # their address is printed when the port accepts (startup.py)
     procs = []
     for _ in range(n):
         r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w

@@ -1,7 +1,8 @@
 """Issue 26, "the first hour, round 2": what a new user met from a fresh clone. Bad paths
 are one line and exit 2 with nothing created; import accounts for every file (exit 1 when
 some are refused), forwards with --routes, reads bare data sets; check and queue need an
-archive. (The other items' tests: tests/dimse/test_serve.py,
+archive; serve checks its port first and prints its addresses once they accept, and warns
+when run as root beyond loopback. (The other items' tests: tests/dimse/test_serve.py,
 tests/server/test_landing.py, tests/client/test_cli.py, tests/reliability/test_access.py,
 tests/interop/test_viewer_serving.py.)"""
 
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pydicom
 import pytest
 from pydicom.filebase import DicomBytesIO
@@ -23,7 +27,7 @@ from starlette.testclient import TestClient
 from dicomweb_server.app import create_app
 from dicomweb_server.cli import main
 from dicomweb_server.settings import Settings
-from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+from tests.helpers import LiveServer, free_port, make_dataset, multipart, to_bytes
 
 
 def cli(*args, cwd: Path, env=None, timeout=120) -> subprocess.CompletedProcess:
@@ -56,6 +60,10 @@ def test_bad_paths_are_one_line_exit_2_and_create_nothing(tmp_path):
          "dicomweb-server import: --data-dir a-file: not a folder (a file is there)"),
         (["import", "--data-dir", "a-file/data", str(good)],
          f"dicomweb-server import: --data-dir a-file/data: cannot be created: {tmp_path / 'a-file'} is not a folder"),
+        (["serve", "--data-dir", "a-file", "--port", "0", "--dimse-port", "0"],
+         "dicomweb-server: --data-dir a-file: not a folder (a file is there)"),
+        (["serve", "--data-dir", "a-file/data", "--port", "0", "--dimse-port", "0"],
+         f"dicomweb-server: --data-dir a-file/data: cannot be created: {tmp_path / 'a-file'} is not a folder"),
         (["check"], f"dicomweb-server check: no archive at data ({tmp_path / 'data'})"),
         (["queue"], f"dicomweb-server queue: no archive at data ({tmp_path / 'data'})"),
         (["check", "--data-dir", "a-file"], "dicomweb-server check: no archive at a-file"),
@@ -65,6 +73,54 @@ def test_bad_paths_are_one_line_exit_2_and_create_nothing(tmp_path):
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith(line), (args, r.stderr)
         assert listing(tmp_path) == before, args
+
+
+def test_serve_creates_the_archive_and_says_so(tmp_path):
+    """serve in a folder without an archive makes one (the first command of the README),
+    and says so; its addresses are printed once the ports accept (item 8)."""
+    port, dport = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--port", str(port),
+                             "--dimse-port", str(dport), "--workers", "1", "--dimse-processes", "1"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:
+            lines.append(line)
+            if "DICOMweb at" in line:
+                # printed once the port accepts: a connection made now succeeds
+                with httpx.Client(timeout=5) as c:
+                    assert c.get(f"http://127.0.0.1:{port}/").status_code == 200
+            if "DIMSE DICOMWEB at" in line:
+                import socket
+
+                socket.create_connection(("127.0.0.1", dport), timeout=5).close()
+                break
+            assert time.monotonic() < deadline
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        lines += proc.communicate(timeout=30)[1].splitlines(keepends=True)
+    text = "".join(lines)
+    assert f"dicomweb-server: no archive at data: created ({tmp_path / 'data'})" in text
+    assert f"dicomweb-server: DICOMweb at http://127.0.0.1:{port}/ (sqlite index, data in {tmp_path / 'data'}" in text
+    assert f"dicomweb-server: DIMSE DICOMWEB at 127.0.0.1:{dport} (1 listener process(es))" in text
+    assert text.index("no archive at") < text.index("DICOMweb at") < text.index("DIMSE DICOMWEB at")
+    assert "WARNING" not in text.replace("dicomweb-server: WARNING: running as root", "")  # item 7
+    assert (tmp_path / "data" / "index.sqlite").is_file()
+
+
+def test_a_taken_http_port_creates_nothing_and_prints_no_address(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = cli("serve", "--port", str(port), "--dimse-port", "0", "--workers", "1", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == (f"dicomweb-server: cannot listen on 127.0.0.1:{port}: Address already in use "
+                        "(another program on that port? start with --port PORT)\n")
+    assert listing(tmp_path) == []
 
 
 # -- 2. import --routes ------------------------------------------------------------------
@@ -168,3 +224,18 @@ def test_implementation_class_uid_is_a_uid():
     from dicomweb_server.dicom.uids import IMPLEMENTATION_CLASS_UID, validate_uid
 
     assert validate_uid(IMPLEMENTATION_CLASS_UID).startswith("2.25.")
+
+
+# -- 12. root ------------------------------------------------------------------------------
+
+def test_root_beyond_loopback_is_warned(monkeypatch, capsys):
+    from dicomweb_server.startup import warn_if_root
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    warn_if_root("127.0.0.1", True)
+    assert capsys.readouterr().err == ""
+    warn_if_root("0.0.0.0", False)
+    assert capsys.readouterr().err.startswith("dicomweb-server: WARNING: running as root and listening on 0.0.0.0")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    warn_if_root("0.0.0.0", False)
+    assert capsys.readouterr().err == ""
