@@ -220,6 +220,34 @@ def test_a_bare_data_set_is_imported_and_retrieved_as_a_ps310_file(tmp_path, cap
     assert stow.json()["00081198"]["Value"][0]["00081197"]["Value"] == [0xC000]
 
 
+def test_which_files_get_a_header(tmp_path):
+    """A file meta group without the preamble: its Transfer Syntax UID is used and the
+    group replaced; a PS3.10 file, big endian, text, a data set without SOP UIDs: untouched
+    (None: the archive refuses or stores them as they are)."""
+    from dicomweb_server.dicom.bare import wrap_bare_data_set
+    from dicomweb_server.dicom.instance import describe_instance
+
+    ds = make_dataset()
+    ps310 = to_bytes(ds)
+    no_uid = make_dataset()
+    del no_uid.SOPInstanceUID
+    big = DicomBytesIO()
+    big.is_implicit_VR, big.is_little_endian = False, False
+    write_dataset(big, make_dataset())
+    cases = {"meta-no-preamble": ps310[132:], "ps310": ps310, "big-endian": big.getvalue(), "text": b"not DICOM\n",
+             "no-sop-uid": bare(no_uid, False), "empty": b""}
+    out = {}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        out[name] = wrap_bare_data_set(tmp_path / name, tmp_path / f"{name}.out")
+        assert (tmp_path / f"{name}.out").exists() == (out[name] is not None)
+    assert out == {"meta-no-preamble": ExplicitVRLittleEndian, "ps310": None, "big-endian": None, "text": None,
+                   "no-sop-uid": None, "empty": None}
+    wrapped = (tmp_path / "meta-no-preamble.out").read_bytes()
+    assert wrapped.endswith(ps310[132 + 12 + int.from_bytes(ps310[140:144], "little"):])  # the data set as it was
+    assert describe_instance(tmp_path / "meta-no-preamble.out").sop_uid == ds.SOPInstanceUID
+
+
 def test_implementation_class_uid_is_a_uid():
     from dicomweb_server.dicom.uids import IMPLEMENTATION_CLASS_UID, validate_uid
 
