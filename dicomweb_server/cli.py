@@ -155,7 +155,8 @@ def _serve(args: argparse.Namespace) -> int:
         if why is not None:
             print(f"dicomweb-server: --data-dir {settings.data_dir}: {why}", file=sys.stderr)
             return 2
-        print(f"dicomweb-server: no archive at {settings.data_dir}: created ({Path(settings.data_dir).resolve()})",
+        print(f"dicomweb-server: no archive at {_shown(settings.data_dir)}: created "
+              f"({Path(settings.data_dir).resolve()})",
               file=sys.stderr, flush=True)
     raise_open_files_limit()
     from .startup import announce_when_listening, warn_if_root
@@ -458,9 +459,15 @@ def _existing_archive(settings, command: str) -> bool:
     if _archive_present(settings):
         return True
     data = Path(settings.data_dir)
-    print(f"dicomweb-server {command}: no archive at {data} ({data.absolute()}): give --data-dir "
+    print(f"dicomweb-server {command}: no archive at {_shown(data)} ({data.absolute()}): give --data-dir "
           "(or DICOMWEB_DATA_DIR) the folder of the archive", file=sys.stderr)
     return False
+
+
+def _shown(path) -> str:
+    """A folder as the user would type it: ``./data`` for the relative ``data``."""
+    text = str(path)
+    return text if Path(text).is_absolute() or text.startswith(".") else f"./{text}"
 
 
 def _routes_ok(settings, command: str) -> bool:

@@ -64,9 +64,9 @@ def test_bad_paths_are_one_line_exit_2_and_create_nothing(tmp_path):
          "dicomweb-server: --data-dir a-file: not a folder (a file is there)"),
         (["serve", "--data-dir", "a-file/data", "--port", "0", "--dimse-port", "0"],
          f"dicomweb-server: --data-dir a-file/data: cannot be created: {tmp_path / 'a-file'} is not a folder"),
-        (["check"], f"dicomweb-server check: no archive at data ({tmp_path / 'data'})"),
-        (["queue"], f"dicomweb-server queue: no archive at data ({tmp_path / 'data'})"),
-        (["check", "--data-dir", "a-file"], "dicomweb-server check: no archive at a-file"),
+        (["check"], f"dicomweb-server check: no archive at ./data ({tmp_path / 'data'})"),
+        (["queue"], f"dicomweb-server queue: no archive at ./data ({tmp_path / 'data'})"),
+        (["check", "--data-dir", "a-file"], "dicomweb-server check: no archive at ./a-file"),
     ]
     for args, line in cases:
         r = cli(*args, cwd=tmp_path)
@@ -101,7 +101,7 @@ def test_serve_creates_the_archive_and_says_so(tmp_path):
         proc.send_signal(signal.SIGTERM)
         lines += proc.communicate(timeout=30)[1].splitlines(keepends=True)
     text = "".join(lines)
-    assert f"dicomweb-server: no archive at data: created ({tmp_path / 'data'})" in text
+    assert f"dicomweb-server: no archive at ./data: created ({tmp_path / 'data'})" in text
     assert f"dicomweb-server: DICOMweb at http://127.0.0.1:{port}/ (sqlite index, data in {tmp_path / 'data'}" in text
     assert f"dicomweb-server: DIMSE DICOMWEB at 127.0.0.1:{dport} (1 listener process(es))" in text
     assert text.index("no archive at") < text.index("DICOMweb at") < text.index("DIMSE DICOMWEB at")
