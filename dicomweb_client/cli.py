@@ -3,6 +3,7 @@
 Examples::
 
     dicomweb search http://127.0.0.1:8080 --filter PatientID=P1          (a table of studies)
+    dicomweb search http://127.0.0.1:8080/studies/1.2.3/series           (a resource URL: its level and UIDs)
     dicomweb search http://127.0.0.1:8080 --level series --study 1.2.3 --limit 10
     dicomweb search http://127.0.0.1:8080 --json --field StudyDescription   (DICOM JSON)
     dicomweb retrieve http://127.0.0.1:8080 --study 1.2.3 --out ./study
@@ -27,6 +28,7 @@ import orjson
 from . import tables
 from .client import DICOMwebClient
 from .errors import DICOMwebError, StoreError
+from .urls import split_resource_url
 
 __all__ = ["main", "build_parser"]
 
@@ -42,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``dicomweb``."""
     parser = argparse.ArgumentParser(prog="dicomweb", description="DICOMweb (PS3.18) command line client")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("url", help="service root, e.g. http://127.0.0.1:8080")
+    common.add_argument("url", help="service root, e.g. http://127.0.0.1:8080, or a resource URL under it, "
+                                    "e.g. http://127.0.0.1:8080/studies/1.2.3/series (its UIDs and level are used)")
     common.add_argument("--token", default=os.environ.get("DICOMWEB_TOKEN"), help="bearer token")
     common.add_argument("--user", help="HTTP Basic credentials as NAME:PASSWORD")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
@@ -50,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("search", parents=[common], help="QIDO-RS search; prints a table (--json: DICOM JSON)")
-    s.add_argument("--level", choices=("studies", "series", "instances"), default="studies")
+    s.add_argument("--level", choices=("studies", "series", "instances"), help="default: the URL's, else studies")
     s.add_argument("--study", help="restrict to a study (series/instances level)")
     s.add_argument("--series", help="restrict to a series (instances level)")
     s.add_argument("--filter", action="append", type=_key_value, default=[], metavar="KEY=VALUE")
@@ -62,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the server's DICOM JSON instead of a table")
 
     r = sub.add_parser("retrieve", parents=[common], help="WADO-RS retrieve; writes .dcm files")
-    r.add_argument("--study", required=True)
+    r.add_argument("--study", help="required unless the URL names a study")
     r.add_argument("--series")
     r.add_argument("--instance")
     r.add_argument("--out", required=True, type=Path, help="output directory (created)")
@@ -193,9 +196,30 @@ def _store(client: DICOMwebClient, args: argparse.Namespace) -> int:
     return 0 if result.ok else 2
 
 
+def _resolve_url(args: argparse.Namespace) -> None:
+    """A resource URL (``.../studies``, ``.../studies/{study}/series``...) as the service
+    root plus the options it stands for (:func:`urls.split_resource_url`); options given
+    as well must agree with it."""
+    root, found = split_resource_url(args.url)
+    args.url = root
+    for key in ("study", "series", "instance", "level"):
+        value = found.get(key)
+        if value is None or not hasattr(args, key):
+            continue
+        given = getattr(args, key)
+        if given not in (None, value):
+            raise SystemExit(f"dicomweb: the URL names {key} {value}, but --{key} {given} was given")
+        setattr(args, key, value)
+    if args.command == "search" and args.level is None:
+        args.level = "studies"
+    if args.command == "retrieve" and not args.study:
+        raise SystemExit("dicomweb: retrieve needs --study (or the URL of a study, series or instance)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dicomweb`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    _resolve_url(args)
     try:
         with _client(args) as client:
             if args.command == "search":

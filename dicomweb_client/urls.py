@@ -37,6 +37,7 @@ __all__ = [
     "rendering_params",
     "format_filter_value",
     "normalize_attribute",
+    "split_resource_url",
 ]
 
 SEARCH = "search"
@@ -419,3 +420,45 @@ def rendering_params(
     if annotation is not None:
         out.append(("annotation", _csv(annotation, "annotation")))
     return out
+
+
+#: the resource paths of PS3.18 §10.4-10.6 a URL may end with, by their collection names
+_RESOURCE_SHAPES = (
+    ("studies",), ("studies", "{study}"), ("studies", "{study}", "series"),
+    ("studies", "{study}", "series", "{series}"), ("studies", "{study}", "series", "{series}", "instances"),
+    ("studies", "{study}", "series", "{series}", "instances", "{instance}"), ("studies", "{study}", "instances"),
+    ("series",), ("instances",),
+)
+
+
+def split_resource_url(url: str) -> tuple[str, dict[str, str]]:
+    """The service root of ``url`` and what the resource path after it names.
+
+    ``url`` is a service root (``http://h:8080/dicomweb``) or the URL of a resource
+    under it (``.../studies``, ``.../studies/{study}/series/{series}``, ``.../instances``;
+    PS3.18 §10.4, §10.6), as copied from a browser or a server's page. Returns the root
+    (no trailing ``/``) and ``{"level": "studies" | "series" | "instances"}`` when the
+    path ends with a collection, plus ``"study"``, ``"series"``, ``"instance"`` for the
+    UIDs it names (percent-decoded). A query string or fragment is dropped. The first
+    place where the rest of the path is a whole resource path is taken; a root with no
+    resource path gives ``{}``.
+    """
+    from urllib.parse import unquote
+
+    parts = urlsplit(url.strip())
+    segments = parts.path.rstrip("/").split("/")
+    if len(segments) > 2 and segments[-1] == "metadata":  # .../metadata of a resource: the resource
+        segments = segments[:-1]
+    for i, seg in enumerate(segments):
+        if seg not in ("studies", "series", "instances"):
+            continue
+        rest = segments[i:]
+        for shape in _RESOURCE_SHAPES:
+            if len(shape) == len(rest) and all(
+                    (s.startswith("{") and r) or s == r for s, r in zip(shape, rest)):
+                found = {s[1:-1]: unquote(r) for s, r in zip(shape, rest) if s.startswith("{")}
+                if not shape[-1].startswith("{"):
+                    found["level"] = shape[-1]
+                root = parts._replace(path="/".join(segments[:i]), query="", fragment="").geturl()
+                return root.rstrip("/"), found
+    return parts._replace(query="", fragment="").geturl().rstrip("/"), {}

@@ -67,6 +67,10 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         from .viewer import mount_viewer
 
         mount_viewer(app, settings)
+    elif not (settings.prefix == "/viewer" or settings.prefix.startswith("/viewer/")):  # /viewer/: a page saying how to turn it on (404)
+        from .viewer import viewer_off_router
+
+        app.router.routes.extend(viewer_off_router().routes)
     app.add_middleware(HTTPMethods, routes=app.router.routes)  # innermost: HEAD, OPTIONS, 405 Allow
     authenticator = Authenticator(
         {**load_json_file(settings.api_keys_file), **settings.api_keys},

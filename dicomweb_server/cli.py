@@ -1,7 +1,8 @@
 """``dicomweb-server``: run the archive, import folders of files, check the data.
 
     dicomweb-server [serve] [--host H] [--port P] [--data-dir D] [--index sqlite|memory] [--workers N]
-    dicomweb-server import [--samples] [--report FILE] [--verbose] PATH...
+    dicomweb-server import [--samples] [--routes FILE] [--report FILE] [--verbose] PATH...
+                                        (exit 0: all stored, 1: some refused, 2: bad arguments)
     dicomweb-server check [--repair] [--grace SECONDS]
     dicomweb-server queue [--retry-failed] [--json]       (routing: forwards owed per destination)
     dicomweb-server export --routes FILE --to DEST STUDY [SERIES [SOP]]
@@ -96,6 +97,15 @@ def _serve(args: argparse.Namespace) -> int:
         print("dicomweb-server: the in-memory index lives in one process; "
               "use --workers 1 or --index sqlite", file=sys.stderr)
         return 2
+    why = _data_dir_problem(Path(settings.data_dir))  # a bad folder or a taken port: nothing created
+    if why is not None:
+        print(f"dicomweb-server: --data-dir {settings.data_dir}: {why}", file=sys.stderr)
+        return 2
+    taken = _port_taken(settings.host, settings.port)
+    if taken:  # uvicorn would only log "[Errno 98] Address already in use", naming no port
+        print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
+              "(another program on that port? start with --port PORT)", file=sys.stderr)
+        return 2
     if settings.viewer:  # fetch the OHIF viewer with npm before the workers start (viewer.py)
         from .viewer import ViewerNotInstalled, ensure_installed
 
@@ -139,19 +149,19 @@ def _serve(args: argparse.Namespace) -> int:
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
         os.environ[env] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-    raise_open_files_limit()
-    print(f"dicomweb-server: DICOMweb at http://{settings.host}:{settings.port}{settings.prefix}/ "
-          f"({settings.index} index, data in {Path(settings.data_dir).resolve()}, {workers} worker(s))",
-          file=sys.stderr, flush=True)
-    if settings.viewer:
-        print(f"dicomweb-server: OHIF viewer at http://{settings.host}:{settings.port}/viewer/",
+    if not _archive_present(settings):
+        why = _make_dirs(Path(settings.data_dir))
+        if why is not None:
+            print(f"dicomweb-server: --data-dir {settings.data_dir}: {why}", file=sys.stderr)
+            return 2
+        print(f"dicomweb-server: no archive at {_shown(settings.data_dir)}: created "
+              f"({Path(settings.data_dir).resolve()})",
               file=sys.stderr, flush=True)
-    taken = _port_taken(settings.host, settings.port)
-    if taken:  # uvicorn would only log "[Errno 98] Address already in use", naming no port
-        print(f"dicomweb-server: cannot listen on {settings.host}:{settings.port}: {taken} "
-              "(another program on that port? start with --port PORT)", file=sys.stderr)
-        return 2
+    raise_open_files_limit()
+    from .startup import announce_when_listening, warn_if_root
+
+    warn_if_root(settings.host, _is_loopback(settings.host))
+    announce_when_listening(settings, workers, 0 if settings.dimse_in_worker else dimse_processes(settings))
     dimse = _start_dimse(settings)  # however this process ends, they end too (a pipe, PDEATHSIG)
     # uvicorn (one worker) re-raises the SIGTERM it handled once it has shut down: as SystemExit
     # here, the clean-up below runs (the default action would end the process first)
@@ -263,12 +273,9 @@ def _start_dimse(settings):
     (dimse/slots.py: ``dimse_max_associations`` is the node's, not one process's)."""
     if not settings.dimse_port or settings.dimse_in_worker:
         return []
-    from .dimse.slots import create_table, per_peer_limit
+    from .dimse.slots import create_table
 
-    n = dimse_processes(settings)
-    print(f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
-          f"({n} listener process(es), {settings.dimse_max_associations} associations, "
-          f"{per_peer_limit(settings)} per peer)", file=sys.stderr, flush=True)
+    n = dimse_processes(settings)  # their address is printed when the port accepts (startup.py)
     slots_fd = create_table(n, settings.dimse_max_associations)
     procs = []
     try:
@@ -349,88 +356,139 @@ def _sample_files() -> list[Path]:
 
 
 def _import(args: argparse.Namespace) -> int:
+    """Exit status: 0 every file stored (or already stored), 1 some refused (named by
+    --verbose or --report; pydicom's samples, broken on purpose, do not count), 2 a bad
+    argument (nothing created)."""
     import logging
     import warnings
 
-    from tqdm import tqdm
+    from . import importer
 
     # pydicom warns about every oddity of the files it reads; the summary below reports what matters
     warnings.filterwarnings("ignore", module="pydicom")
     logging.getLogger("pydicom").setLevel(logging.ERROR)
 
     from .archive import Archive
-    from .dicom.multipart import SpooledPart
-    from .dicom.status import FailureReason
 
     settings = _settings(args)
-    paths: list[Path] = []
-    for raw in args.paths:
-        p = Path(raw)
-        paths += sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-    if args.samples:
-        paths += _sample_files()
-    if not paths:
+    problems = importer.bad_paths(args.paths)
+    for line in problems:
+        print(f"dicomweb-server import: {line}", file=sys.stderr)
+    if problems:
+        return 2
+    paths, broken = importer.files_of([Path(p) for p in args.paths])
+    samples = _sample_files() if args.samples else []
+    if not paths and not broken and not samples:
         print("dicomweb-server import: no files given (PATH... or --samples)", file=sys.stderr)
         return 2
+    if not _routes_ok(settings, "import") or not _usable_data_dir(settings, "import"):
+        return 2
     archive = Archive.open(settings)
-    stored = dup = 0
-    failed: dict[str, int] = {}
-    not_stored: list[str] = []  # "path<TAB>REASON (0xNNNN): message", one per file not stored
+    run = importer.ImportRun(verbose=args.verbose, expected=set(samples))
     try:
-        batch: list[SpooledPart] = []
-        origin: dict[Path, Path] = {}  # spool copy -> the file given
-        retry: list[Path] = []
-
-        def flush(first_pass: bool) -> None:
-            nonlocal stored, dup
-            outcome = archive.store(batch)
-            stored += sum(1 for s in outcome.stored if not s.duplicate)
-            dup += sum(1 for s in outcome.stored if s.duplicate)
-            for f in outcome.failed:
-                source = origin.get(f.source) if f.source is not None else None
-                if first_pass and source is not None and f.reason is FailureReason.DUPLICATE_SOP_INSTANCE:
-                    # may be a second file of one SOP Instance in this batch (the archive refuses
-                    # those in one request): compared with the stored one after the first pass
-                    retry.append(source)
-                    continue
-                failed[f.reason.name] = failed.get(f.reason.name, 0) + 1
-                line = f"{source or '(unknown file)'}\t{f.reason.name} (0x{f.reason.value:04X}): {f.message}"
-                not_stored.append(line)
-                if args.verbose:
-                    tqdm.write(f"not stored: {line}", file=sys.stderr)
-            batch.clear()
-            origin.clear()
-
-        for first_pass, todo in ((True, paths), (False, retry)):
-            for path in tqdm(todo, unit="file", desc="import" if first_pass else "compare duplicates",
-                             disable=args.quiet or not todo):
-                # the archive takes ownership of what it stores: work on a copy
-                fd, tmp = tempfile.mkstemp(prefix="import-", suffix=".tmp", dir=archive.blobs.spool)
-                os.close(fd)
-                shutil.copyfile(path, tmp)
-                origin[Path(tmp)] = path
-                batch.append(SpooledPart(headers={}, path=Path(tmp), size=os.path.getsize(tmp), complete=True))
-                if len(batch) >= (50 if first_pass else 1):  # duplicates: one at a time
-                    flush(first_pass)
-            if batch:
-                flush(first_pass)
+        importer.run_import(archive, paths + samples, broken, run, quiet=args.quiet)
     finally:
         archive.close()
     if args.report:
-        Path(args.report).write_text("".join(line + "\n" for line in not_stored))
-    reasons = {"CANNOT_UNDERSTAND": "not PS3.10 DICOM or truncated",
-               "DATASET_MISMATCH": "missing/invalid UIDs or against a stored study's patient or series' study",
-               "DUPLICATE_SOP_INSTANCE": "same SOP Instance UID as a stored file, other content"}
-    skipped = ", ".join(f"{n} {reasons.get(k, k.lower().replace('_', ' '))}" for k, n in sorted(failed.items()))
-    print(f"imported {stored} new instance(s), {dup} already stored"
-          + (f"; not stored: {skipped}" if skipped else "") + f"; archive in {Path(settings.data_dir).resolve()}")
-    if args.samples and not_stored:
+        Path(args.report).write_text("".join(line + "\n" for line in run.not_stored))
+    print(run.summary(Path(settings.data_dir)))
+    if args.samples and run.refused:
         print("(pydicom's sample set includes broken files and several files per SOP Instance UID on purpose)")
-    if not_stored and not (args.report or args.verbose):
+    if run.not_stored and not (args.report or args.verbose):
         print("(which files and why: --verbose, or --report FILE)")
     elif args.report:
-        print(f"files not stored, and why: {args.report} ({len(not_stored)} line(s))")
-    return 0
+        print(f"files not stored, and why: {args.report} ({len(run.not_stored)} line(s))")
+    return 1 if run.unexpected else 0
+
+
+def _usable_data_dir(settings, command: str) -> bool:
+    """Whether the data folder is, or can become, a folder (one line on stderr when not);
+    creates it when missing. Nothing is left behind when it cannot be created."""
+    data = Path(settings.data_dir)
+    why = _data_dir_problem(data)
+    if why is None and not data.is_dir():
+        why = _make_dirs(data)
+    if why is not None:
+        print(f"dicomweb-server {command}: --data-dir {data}: {why}", file=sys.stderr)
+        return False
+    return True
+
+
+def _data_dir_problem(data: Path) -> str | None:
+    """Why ``data`` cannot be (or become) the data folder, or None; creates nothing."""
+    if data.is_symlink() and not data.exists():
+        return f"a broken symbolic link (to {os.readlink(data)})"
+    if data.exists():
+        if not data.is_dir():
+            return "not a folder (a file is there)"
+        if not os.access(data, os.W_OK | os.X_OK):
+            return "not writable"
+        return None
+    above = data.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"cannot be created: {above} is not a folder"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"cannot be created: {above} is not writable"
+    return None
+
+
+def _make_dirs(data: Path) -> str | None:
+    """mkdir -p; on failure, remove the folders made and say why."""
+    made = []
+    for p in reversed([data.absolute(), *data.absolute().parents]):
+        if p.exists():
+            continue
+        try:
+            p.mkdir()
+        except OSError as e:
+            for q in reversed(made):
+                with contextlib.suppress(OSError):
+                    q.rmdir()
+            return f"cannot be created: {e.strerror or e}"
+        made.append(p)
+    return None
+
+
+def _archive_present(settings) -> bool:
+    """Whether the data folder holds an archive: its SQLite index or its blobs/ folder
+    (with the PostgreSQL index or S3 storage the index or the files are elsewhere: the
+    folder itself)."""
+    data = Path(settings.data_dir)
+    if settings.index == "postgresql" or settings.storage is not None:
+        return data.is_dir()
+    return (data / "index.sqlite").is_file() or (data / "blobs").is_dir()
+
+
+def _existing_archive(settings, command: str) -> bool:
+    """check, queue: an archive must be there (they never create one); one line when not."""
+    if _archive_present(settings):
+        return True
+    data = Path(settings.data_dir)
+    print(f"dicomweb-server {command}: no archive at {_shown(data)} ({data.absolute()}): give --data-dir "
+          "(or DICOMWEB_DATA_DIR) the folder of the archive", file=sys.stderr)
+    return False
+
+
+def _shown(path) -> str:
+    """A folder as the user would type it: ``./data`` for the relative ``data``."""
+    text = str(path)
+    return text if Path(text).is_absolute() or text.startswith(".") else f"./{text}"
+
+
+def _routes_ok(settings, command: str) -> bool:
+    """A bad routes file: one line (before anything is created)."""
+    if settings.routes_file is None:
+        return True
+    from .routing.rules import RoutesError, load_routes
+
+    try:
+        load_routes(settings.routes_file)
+    except RoutesError as e:
+        print(f"dicomweb-server {command}: --routes: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -438,6 +496,8 @@ def _check(args: argparse.Namespace) -> int:
     from .check import reconcile
 
     settings = _settings(args)
+    if not _existing_archive(settings, "check"):
+        return 2
     archive = Archive.open(settings)
     try:
         report = reconcile(archive, repair=args.repair, grace=args.grace)
@@ -454,6 +514,8 @@ def _queue(args: argparse.Namespace) -> int:
     from .store.commit import GroupCommitter
 
     settings = _settings(args)
+    if not _existing_archive(settings, "queue"):
+        return 2
     if settings.index != "postgresql" and not outbox_path(Path(settings.data_dir), settings.index).exists():
         print(f"dicomweb-server queue: no outbox in {Path(settings.data_dir).resolve()}", file=sys.stderr)
         return 1
@@ -486,6 +548,8 @@ def _export(args: argparse.Namespace) -> int:
     from .routing import RoutesError
 
     settings = _settings(args)
+    if not _existing_archive(settings, "export"):
+        return 2
     if settings.routes_file is None:
         print("dicomweb-server export: --routes FILE (or DICOMWEB_ROUTES_FILE) names the destinations",
               file=sys.stderr)
@@ -570,6 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--quiet", action="store_true", help="no progress bar")
     imp.add_argument("--verbose", action="store_true", help="print each file not stored, and why, to stderr")
     imp.add_argument("--report", metavar="FILE", help="write each file not stored, and why, to FILE (path TAB reason)")
+    imp.add_argument("--routes", dest="routes_file",
+                     help="TOML routes file (or DICOMWEB_ROUTES_FILE): owe the forwards of what is imported, "
+                          "as the server does (its forwarder delivers them)")
     _add_settings_args(imp)
     imp.set_defaults(func=_import)
 

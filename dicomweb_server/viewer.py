@@ -319,6 +319,32 @@ def mount_viewer(app, settings) -> None:
         app.router.routes.append(route)
 
 
+_OFF_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>OHIF viewer: off</title>
+<style>body{font-family:system-ui,sans-serif;max-width:42em;margin:2em auto;line-height:1.5}
+code{background:#eee;padding:0 .2em}</style></head>
+<body><h1>The OHIF viewer is off</h1>
+<p>This archive serves the OHIF web viewer at <code>/viewer/</code> when it is started with
+<code>--viewer</code>:</p>
+<pre><code>dicomweb-server --viewer</code></pre>
+<p>(or <code>DICOMWEB_VIEWER=true</code>; the first start fetches the viewer with npm, or give a
+build with <code>--viewer-dir DIR</code>).</p>
+<p><a href="/">What this archive holds</a></p>
+</body></html>
+"""
+
+
+def viewer_off_router() -> Router:
+    """``/viewer`` and below when the viewer is off: 404 (nothing is there), as an HTML page
+    that says how to turn it on rather than ``{"detail":"Not Found"}``."""
+
+    async def off(request: Request) -> Response:
+        return Response(_OFF_PAGE, status_code=404, media_type="text/html; charset=utf-8", headers=_NO_CACHE)
+
+    return Router(routes=[Route(MOUNT, off, methods=["GET", "HEAD"]),
+                          Route(f"{MOUNT}/{{path:path}}", off, methods=["GET", "HEAD"])])
+
+
 # -- python -m dicomweb_server.viewer ----------------------------------------------------
 
 

@@ -13,7 +13,9 @@
   request path's event loop thread.
 - Basic auth (optional): users from a JSON file ``{"user": {"password_sha256": hex,
   "scopes": [...]}}``.
-Missing or invalid credentials: 401 with ``WWW-Authenticate``; a valid identity
+Missing credentials: 401 "authentication required" with ``WWW-Authenticate: Bearer``;
+credentials sent and not accepted: 401 "invalid credentials" with ``error="invalid_token"``
+(RFC 6750 §3.1); a valid identity
 without the scope: 403. The API description and the viewer's static files need no
 credentials. ``OPTIONS`` needs them like ``GET`` (the ``write`` scope under
 ``/admin/``): its answer (``204`` with ``Allow``, or ``404``) tells which resources
@@ -256,9 +258,7 @@ class AuthAuditMiddleware:
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
             found = await self.auth.identify(header)
             if found is None:
-                response = error_response(401, "authentication required: send an API key or an access token "
-                                               "as 'Authorization: Bearer ...'")
-                response.headers["WWW-Authenticate"] = 'Bearer realm="dicomweb"'
+                response = _unauthenticated(header)
                 await self._audit(scope, None, 401, rel, method)
                 await response(scope, receive, send)
                 return
@@ -306,6 +306,22 @@ class AuthAuditMiddleware:
         if state.get("audit_studies"):
             record["studies_stored"] = sorted(state["audit_studies"])
         audit_log.info(orjson.dumps(record).decode())
+
+
+def _unauthenticated(header: str | None):
+    """401 (RFC 9110 §15.5.2): credentials missing, or sent and not accepted (a wrong or
+    expired key or token, a wrong password), told apart, the second with RFC 6750 §3.1's
+    ``error="invalid_token"``. Which check failed is not said (a key, a token's signature,
+    its audience...): that is for the server's log."""
+    if not (header or "").strip():
+        response = error_response(401, "authentication required: send an API key or an access token "
+                                       "as 'Authorization: Bearer ...'")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="dicomweb"'
+        return response
+    response = error_response(401, "invalid credentials: the API key, access token or password sent was not "
+                                   "accepted (unknown, expired or for another service)")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="dicomweb", error="invalid_token"'
+    return response
 
 
 def load_json_file(path: Path | None) -> dict:

@@ -2,7 +2,8 @@
 
 An HTML page when a browser asks for it (``Accept`` naming ``text/html`` at least as
 highly as JSON), JSON otherwise (curl, scripts): version, index kind, the numbers of
-studies, series and instances (counted by the index: no file is read, no row scanned),
+studies, series and instances and the bytes the instances take (counted and summed by the
+index: no file is read, no row scanned),
 where the instances are kept (the data folder, or the S3 bucket named by ``--storage``),
 the use of the disk holding the data folder (with S3: spool, locks and the index), and links
 to the DICOMweb root, the OpenAPI documentation, the OHIF viewer when it is on and the
@@ -65,6 +66,8 @@ def describe(request: Request) -> dict:
         "studies": counts.studies,
         "series": counts.series,
         "instances": counts.instances,
+        # the archive's own bytes: the stored instances' sizes summed by the index (no walk)
+        "stored_bytes": counts.stored_bytes,
         # the file system holding the data folder (O(1): no walk over the stored files)
         "disk": {"data_dir": str(archive.blobs.root.resolve()), "used_bytes": disk.used,
                  "free_bytes": disk.free, "total_bytes": disk.total},
@@ -131,8 +134,9 @@ td{{padding:0 1em 0 0}}code{{background:#eee;padding:0 .2em}}</style></head>
 <tr><td>instances</td><td>{d["instances"]:,}</td></tr>
 <tr><td>instances kept in</td><td>{escape(_where(d["storage"]))}</td></tr>
 <tr><td>data folder</td><td>{escape(disk["data_dir"])}</td></tr>
-<tr><td>disk</td><td>{_size(disk["used_bytes"])} used, {_size(disk["free_bytes"])} free of
- {_size(disk["total_bytes"])}</td></tr>
+<tr><td>stored</td><td>{_size(d["stored_bytes"])} ({d["instances"]:,} instances)</td></tr>
+<tr><td>disk</td><td>{_size(disk["free_bytes"])} free of {_size(disk["total_bytes"])}
+ (the file system of the data folder, {_size(disk["used_bytes"])} used by all its files)</td></tr>
 <tr><td>index</td><td>{escape(d["index"])}</td></tr>
 <tr><td>last check</td><td>{escape(_last_check(d["last_check"]))}</td></tr>
 </table>

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["UID_MAX_LENGTH", "UID_RE", "validate_uid"]
+__all__ = ["IMPLEMENTATION_CLASS_UID", "IMPLEMENTATION_VERSION_NAME", "UID_MAX_LENGTH", "UID_RE", "validate_uid"]
+
+#: This archive's Implementation Class UID (PS3.7 D.3.3.2, PS3.10 §7.1), written in the file
+#: meta of the files it makes (dicom/bare.py): a UUID-derived UID (PS3.5 B.2), "2.25." and
+#: the integer of ``uuid.uuid5(uuid.NAMESPACE_URL, "dicomweb-archive implementation class")``.
+IMPLEMENTATION_CLASS_UID = "2.25.68319187678154762346849548042397779334"
+#: Implementation Version Name (SH, at most 16 characters)
+IMPLEMENTATION_VERSION_NAME = "DICOMWEB_ARCHIVE"
 
 #: Maximum length of a UID (PS3.5 9.1).
 UID_MAX_LENGTH = 64

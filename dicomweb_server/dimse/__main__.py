@@ -25,7 +25,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
-    logging.getLogger("pynetdicom").setLevel(logging.WARNING)
     if settings.audit_log is not None:
         from ..api.auth import (
             configure_audit_file,  # the same JSON-lines audit file as HTTP

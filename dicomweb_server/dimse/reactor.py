@@ -221,7 +221,7 @@ def _assoc_run_reactor(self) -> None:
 
         if self.is_established and self.acse.is_release_requested():
             self.acse.send_release(is_response=True)
-            log.info("Association Released")
+            log.debug("Association Released")
             self.is_released = True
             self.is_established = False
             _association.evt.trigger(self, _association.evt.EVT_RELEASED, {})
@@ -229,7 +229,7 @@ def _assoc_run_reactor(self) -> None:
             return
 
         if self.acse.is_aborted():
-            log.info("Association Aborted%s", " (A-P-ABORT)" if self.acse.is_aborted("a-p-abort") else "")
+            log.debug("Association Aborted%s", " (A-P-ABORT)" if self.acse.is_aborted("a-p-abort") else "")
             self.dul.receive_pdu(wait=False)  # EVT_ACSE_RECV fires for subscribers
             self.is_aborted = True
             self.is_established = False

@@ -433,6 +433,7 @@ class DimseServer:
     def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port."""
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
+        quiet_pynetdicom(self.settings.log_level)
         self.ae.dimse_slots = slots.Slots(self.settings.dimse_max_associations,  # type: ignore[attr-defined]
                                           slots.per_peer_limit(self.settings), self.slots_fd)
         handlers = [*slots.HANDLERS,  # first: a slot, or A-ASSOCIATE-RJ local-limit-exceeded
@@ -517,9 +518,11 @@ class DimseServer:
             "called_ae": assoc.acceptor.ae_title,
             "peer": f"{assoc.requestor.address}:{assoc.requestor.port}",
         }
-        log.info("association %s: %s -> %s from %s", record["event"], record["calling_ae"], record["called_ae"],
-                 record["peer"])
-        audit_log.info(orjson.dumps(record).decode())
+        # one line per association at INFO, when it ends (released, aborted) or is rejected
+        log.log(logging.DEBUG if record["event"] == "accepted" else logging.INFO, "association %s: %s -> %s from %s",
+                record["event"], record["calling_ae"], record["called_ae"], record["peer"])
+        if self.settings.audit_log is not None:  # the JSON lines go to that file only (api/auth.py)
+            audit_log.info(orjson.dumps(record).decode())
 
     def _on_abort(self, event) -> None:
         pdata.drop_partial(event.assoc)
@@ -663,6 +666,13 @@ def _server_bind_reuseport(self) -> None:
     transport.AssociationServer.server_bind(self)
 
 
+def quiet_pynetdicom(log_level: str) -> None:
+    """pynetdicom logs several INFO lines per association ("Accepting Association", the
+    negotiated contexts...): at WARNING unless the archive's own level is DEBUG, so that
+    an association is one line at INFO (its end, :meth:`DimseServer._audit`)."""
+    logging.getLogger("pynetdicom").setLevel(logging.DEBUG if log_level.lower() == "debug" else logging.WARNING)
+
+
 def listen_error(settings: Settings, e: OSError) -> str:
     """What a user reads when the DIMSE port cannot be bound: the port, the reason and the
     way out (HTTP keeps serving without DIMSE)."""
@@ -684,7 +694,8 @@ def run_forever(settings: Settings, stop: threading.Event, slots_fd: int | None 
         log.error("%s", listen_error(settings, e))
         archive.close()
         return 1
-    log.warning("DIMSE listener %s at %s:%d", settings.ae_title, settings.host, port)
+    # information, not a warning: `serve` prints the address once the port accepts (startup.py)
+    log.debug("DIMSE listener process %d: %s at %s:%d", os.getpid(), settings.ae_title, settings.host, port)
     try:
         stop.wait()
     finally:

@@ -107,7 +107,11 @@ def stop_on_signals_and_parent(stop: threading.Event, signals, parent_fd: int | 
                 break
             try:
                 if not os.read(parent_fd, 4096):  # type: ignore[arg-type]
-                    log.warning("DIMSE listener: serve (its parent) is gone; stopping")
+                    # serve stopping in order sends SIGTERM, then closes the pipe: information;
+                    # the pipe closed without the signal is serve gone (killed): a warning
+                    orderly = select.select([wake_r], [], [], 1.0)[0]
+                    log.log(logging.DEBUG if orderly else logging.WARNING,
+                            "DIMSE listener: serve (its parent) is gone; stopping")
                     break
             except OSError:
                 break

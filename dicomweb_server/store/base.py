@@ -36,6 +36,7 @@ class IndexCounts:
     studies: int
     series: int
     instances: int
+    stored_bytes: int = 0  # the sizes of the stored instances' files or objects, summed
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +157,9 @@ class Index(ABC):
         """Number of indexed instances."""
 
     def counts(self) -> IndexCounts:
-        """Numbers of studies, series and instances, from the index alone and cheaply
-        (no scan of the instances' rows)."""
+        """Numbers of studies, series and instances and the bytes of the instances, from
+        the index alone and cheaply (no scan of the instances' rows: their sizes are
+        summed from an index of the size column, or a counter)."""
         raise NotImplementedError
 
     @abstractmethod

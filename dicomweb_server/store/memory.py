@@ -99,6 +99,7 @@ class MemoryIndex(Index):
         self._series: dict[str, _Series] = {}
         self._instances: dict[str, _Instance] = {}
         self._seq = itertools.count()
+        self._bytes = 0  # sizes of the indexed instances, summed (counts())
 
     def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
         out: list[bool | Refused] = []
@@ -126,6 +127,7 @@ class MemoryIndex(Index):
                 inst = _Instance(r, series, next(self._seq))
                 series.instances[r.sop_uid] = inst
                 self._instances[r.sop_uid] = inst
+                self._bytes += r.size
                 out.append(True)
             try:  # routing's outbox (on disk): durable before the answer, or nothing of this add stays
                 self._run_write_hooks(None, records, out)
@@ -147,6 +149,7 @@ class MemoryIndex(Index):
                 se = inst.series
                 del se.instances[inst.uid]
                 del self._instances[inst.uid]
+                self._bytes -= inst.size
                 touched[se.uid] = se
                 if not se.instances:
                     del se.study.series[se.uid]
@@ -282,7 +285,7 @@ class MemoryIndex(Index):
 
     def counts(self) -> IndexCounts:
         with self._lock:
-            return IndexCounts(len(self._studies), len(self._series), len(self._instances))
+            return IndexCounts(len(self._studies), len(self._series), len(self._instances), self._bytes)
 
     def paths(self) -> Iterator[tuple[str, str]]:
         with self._lock:

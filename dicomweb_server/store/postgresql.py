@@ -20,7 +20,8 @@ SQLite index (store/sql.py); what differs is here:
 - Schema: created and migrated by the archive (table ``schema_version``, one
   migration step per version, under an advisory lock so that nodes starting
   together migrate once); ``dicomweb-server migrate`` runs it alone. Version 2
-  adds routing's outbox table (its rows: routing/outbox_pg.py).
+  adds routing's outbox table (its rows: routing/outbox_pg.py), version 4 an index of
+  the instances' sizes (the landing page's bytes stored).
 """
 
 from __future__ import annotations
@@ -123,8 +124,14 @@ def _v3() -> list[str]:
     return ["CREATE INDEX outbox_delivered ON outbox(_state, _delivered)"]
 
 
+def _v4() -> list[str]:
+    """The landing page's bytes stored (``counts``): ``sum(_size)`` by an index-only scan,
+    not a read of the instance rows."""
+    return ["CREATE INDEX instance_size ON instance(_size)"]
+
+
 # version -> the statements that bring the schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

@@ -79,6 +79,12 @@ SQLITE = Dialect("sqlite", "?", "TEXT", "INTEGER", "BLOB", "instr")
 POSTGRESQL = Dialect("postgresql", "%s", 'TEXT COLLATE "C"', "BIGINT", "BYTEA", "strpos")
 
 
+#: IndexCounts: both instance figures from one pass over the index instance_size, not the
+#: rows (PostgreSQL's sum of a BIGINT is NUMERIC: cast back)
+COUNTS = ("SELECT (SELECT count(*) FROM study), (SELECT count(*) FROM series), i.n, CAST(i.bytes AS BIGINT) "
+          "FROM (SELECT count(*) AS n, coalesce(sum(_size), 0) AS bytes FROM instance) i")
+
+
 def cols(level: str) -> list[str]:
     return [a.keyword for a in STORED[level]]  # type: ignore[index]
 
@@ -374,8 +380,7 @@ class SQLIndex(Index):
         return self._rows("SELECT count(*) FROM instance")[0][0]
 
     def counts(self) -> IndexCounts:
-        return IndexCounts(*self._rows(
-            "SELECT (SELECT count(*) FROM study), (SELECT count(*) FROM series), (SELECT count(*) FROM instance)")[0])
+        return IndexCounts(*self._rows(COUNTS)[0])
 
     def paths(self) -> Iterator[tuple[str, str]]:
         yield from self._rows("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk")

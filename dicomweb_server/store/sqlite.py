@@ -56,6 +56,8 @@ CREATE INDEX IF NOT EXISTS study_accession ON study(AccessionNumber);
 CREATE INDEX IF NOT EXISTS series_study ON series(study_pk);
 CREATE INDEX IF NOT EXISTS series_modality ON series(Modality);
 CREATE INDEX IF NOT EXISTS instance_series ON instance(series_pk);
+-- the landing page's bytes stored: sum(_size) from this index, not from the rows (with their JSON)
+CREATE INDEX IF NOT EXISTS instance_size ON instance(_size);
 -- The hierarchy is a constraint (store/base.py hierarchy_conflict): an instance's file
 -- name is study/series/sop.dcm of its own UIDs, so a row whose series belongs to
 -- another study (or that names another series) cannot be written.

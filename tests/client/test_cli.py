@@ -131,3 +131,44 @@ def test_search_prints_a_table_and_json_on_request(run, archive):
     header, row = out.splitlines()[:2]
     assert header.split()[-3:] == ["PatientSex", "00200010", "StudyInstanceUID"]
     assert row.split()[-3:] == ["O", "1CT1", ct.StudyInstanceUID]
+
+
+def test_a_resource_url_is_taken_apart(run, archive, tmp_path):
+    """Issue 26 item 9: a URL copied from a browser (``.../studies``, a study's URL) asked
+    ``/studies/studies``; the service root or any resource URL under it works, and the
+    URL's level and UIDs stand for --level, --study, --series, --instance."""
+    ct = pydicom.dcmread(sample_path("CT_small.dcm"))
+    archive.add_file(str(sample_path("CT_small.dcm")))
+    study, series, sop = ct.StudyInstanceUID, ct.SeriesInstanceUID, ct.SOPInstanceUID
+    status, out, _ = run("search", f"{FAKE_URL}/studies", "--json")
+    assert status == 0 and archive.last().url.path.endswith("/studies") and "/studies/studies" not in str(
+        archive.last().url)
+    assert [s["0020000D"]["Value"][0] for s in out] == [study]
+    status, out, _ = run("search", f"{FAKE_URL}/studies/{study}/series/", "--json")
+    assert status == 0 and archive.last().url.path.endswith(f"/studies/{study}/series")
+    assert [s["0020000E"]["Value"][0] for s in out] == [series]
+    status, out, _ = run("search", f"{FAKE_URL}/instances?PatientID=x", "--json")
+    assert status == 0 and archive.last().url.path.endswith("/instances") and len(out) == 1
+    status, out, _ = run("retrieve", f"{FAKE_URL}/studies/{study}/series/{series}/instances/{sop}",
+                         "--out", str(tmp_path / "one"))
+    assert status == 0 and (tmp_path / "one" / f"{sop}.dcm").read_bytes() == sample_path("CT_small.dcm").read_bytes()
+    assert archive.last().url.path.endswith(f"/studies/{study}/series/{series}/instances/{sop}")
+    status, out, _ = run("retrieve", f"{FAKE_URL}/studies/{study}/metadata", "--out", str(tmp_path / "all"))
+    assert status == 0 and out["written"] == 1
+    with pytest.raises(SystemExit, match="the URL names study"):
+        run("retrieve", f"{FAKE_URL}/studies/{study}", "--study", "1.2.3", "--out", str(tmp_path))
+    with pytest.raises(SystemExit, match="retrieve needs --study"):
+        run("retrieve", FAKE_URL, "--out", str(tmp_path))
+
+
+def test_split_resource_url():
+    from dicomweb_client.urls import split_resource_url
+
+    assert split_resource_url("http://h:8080") == ("http://h:8080", {})
+    assert split_resource_url("http://h:8080/dicomweb/") == ("http://h:8080/dicomweb", {})
+    assert split_resource_url("http://h/dicomweb/studies") == ("http://h/dicomweb", {"level": "studies"})
+    assert split_resource_url("http://h/studies/1.2/series/3.4/instances?x=1#f") == (
+        "http://h", {"study": "1.2", "series": "3.4", "level": "instances"})
+    assert split_resource_url("http://h/p/studies/1.2/series/3.4/instances/5.6") == (
+        "http://h/p", {"study": "1.2", "series": "3.4", "instance": "5.6"})
+    assert split_resource_url("http://h/studies/1.2/instances") == ("http://h", {"study": "1.2", "level": "instances"})

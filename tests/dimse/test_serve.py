@@ -117,3 +117,40 @@ def test_serve_starts_listener_processes_that_share_the_port(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
+
+
+def test_one_info_line_per_association_and_no_warning_at_start(tmp_path):
+    """Issue 26 item 7: the listener's start was a WARNING, and each association logged five
+    lines (pynetdicom's, ours twice, the audit JSON without --audit-log): INFO is
+    information, one line per association (its end), WARNING is something to act on."""
+    from pynetdicom.sop_class import Verification
+
+    port, dport = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
+                             "--port", str(port), "--dimse-port", str(dport), "--workers", "1",
+                             "--dimse-processes", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "DIMSE DICOMWEB at" in line:
+                break
+        ae = AE(ae_title="ECHOER")
+        ae.add_requested_context(Verification)
+        deadline = time.monotonic() + 30
+        for _ in range(2):
+            while not (assoc := ae.associate("127.0.0.1", dport, ae_title="DICOMWEB")).is_established:
+                assert proc.poll() is None and time.monotonic() < deadline  # a refused connection: no log line
+                time.sleep(0.1)
+            assert assoc.send_c_echo().Status == 0
+            assoc.release()
+        time.sleep(1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        lines += proc.communicate(timeout=30)[1].splitlines(keepends=True)
+    about = [line for line in lines if ("ECHOER" in line or "ssociation" in line)
+             and not line.startswith("dicomweb-server: DIMSE DICOMWEB at")]  # the start line names the limits
+    assert len(about) == 2 and all(line.startswith("INFO: dicomweb_server.dimse: association released: ECHOER -> "
+                                                   "DICOMWEB from 127.0.0.1:") for line in about), about
+    assert not [line for line in lines if line.startswith("WARNING") or '"protocol":"DIMSE"' in line], lines

@@ -201,3 +201,15 @@ def test_cli_viewer_flags_reach_the_workers(tmp_path, cli_env, dist):
                      "--index", "memory"]) == 0
     s = Settings()  # what a worker reads from the environment
     assert s.viewer is True and s.viewer_dir == dist
+
+
+def test_the_viewer_page_when_it_is_off_says_how_to_turn_it_on(tmp_path):
+    """Issue 26 item 11: /viewer/ without --viewer was {"detail":"Not Found"}; still 404,
+    without credentials (as the viewer's files), as a page saying how to turn it on."""
+    from starlette.testclient import TestClient
+
+    with TestClient(create_app(Settings(data_dir=tmp_path, dimse_port=0, api_keys={"k": ["read"]}))) as c:
+        for path in ("/viewer/", "/viewer", "/viewer/viewer?StudyInstanceUIDs=1.2.3"):
+            r = c.get(path, follow_redirects=False)
+            assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), path
+            assert "<code>dicomweb-server --viewer</code>" in r.text and "Not Found" not in r.text

@@ -225,3 +225,22 @@ def test_open_by_default_on_loopback(tmp_path):
         assert httpx.get(srv.url + "/studies").status_code == 200
     finally:
         srv.stop()
+
+
+def test_a_wrong_api_key_is_invalid_credentials(tmp_path):
+    """Issue 26 item 10: a wrong key got the message of a missing one."""
+    from starlette.testclient import TestClient
+
+    from dicomweb_server.app import create_app
+    from dicomweb_server.settings import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path, dimse_port=0, api_keys={"right": ["read"]}))) as c:
+        missing = c.get("/studies")
+        wrong = c.get("/studies", headers={"Authorization": "Bearer wrong"})
+        right = c.get("/studies", headers={"Authorization": "Bearer right"})
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == 'Bearer realm="dicomweb"'
+    assert "authentication required" in missing.text
+    assert wrong.status_code == 401
+    assert wrong.headers["www-authenticate"] == 'Bearer realm="dicomweb", error="invalid_token"'
+    assert "invalid credentials" in wrong.text and "authentication required" not in wrong.text
+    assert right.status_code == 200

@@ -38,12 +38,21 @@ def test_settings_from_environment_and_defaults(monkeypatch):
 
 
 def test_import_samples_then_again(tmp_path, capsys):
-    assert main(["import", "--samples", "--quiet", "--data-dir", str(tmp_path)]) == 0
+    """pydicom's samples, broken on purpose, are refused without exit status 1; those that
+    are a data set without a PS3.10 header are imported (issue 26 item 4)."""
+    from dicomweb_server.cli import _sample_files
+    from dicomweb_server.dicom.bare import wrap_bare_data_set
+
+    bare = [p for p in _sample_files() if wrap_bare_data_set(p, tmp_path / "bare.tmp") is not None]
+    assert sorted(p.name for p in bare) == ["ExplVR_LitEndNoMeta.dcm", "rtstruct.dcm"]
+    data = str(tmp_path / "data")
+    assert main(["import", "--samples", "--quiet", "--data-dir", data]) == 0
     first = capsys.readouterr().out
     # pydicom ships one file twice byte for byte: "already stored" the second time
-    assert f"imported {len(sample_files())} new instance(s), 1 already stored" in first
-    assert main(["import", "--samples", "--quiet", "--data-dir", str(tmp_path)]) == 0
-    assert f"imported 0 new instance(s), {len(sample_files()) + 1} already stored" in capsys.readouterr().out
+    assert f"imported {len(sample_files()) + len(bare)} new instance(s), 1 already stored" in first
+    assert main(["import", "--samples", "--quiet", "--data-dir", data]) == 0
+    assert f"imported 0 new instance(s), {len(sample_files()) + len(bare) + 1} already stored" in \
+        capsys.readouterr().out
 
 
 def test_help_lists_every_command_and_version():
@@ -73,7 +82,7 @@ def test_import_report_names_each_file_not_stored(tmp_path, capsys):
     (folder / "e-same-bytes.dcm").write_bytes((folder / "a-good.dcm").read_bytes())
     report = tmp_path / "report.tsv"
     assert main(["import", "--quiet", "--verbose", "--report", str(report), "--data-dir", str(tmp_path / "d"),
-                 str(folder)]) == 0
+                 str(folder)]) == 1  # some refused (issue 26 item 3)
     out = capsys.readouterr()
     assert "imported 1 new instance(s), 1 already stored" in out.out
     lines = dict(line.split("\t") for line in report.read_text().splitlines())
@@ -102,15 +111,15 @@ def test_import_refuses_an_instance_of_a_study_of_another_patient(tmp_path, caps
                                                                             enforce_file_format=True)
     report = tmp_path / "report.tsv"
     data = str(tmp_path / "d")
-    assert main(["import", "--quiet", "--report", str(report), "--data-dir", data, str(folder)]) == 0
+    assert main(["import", "--quiet", "--report", str(report), "--data-dir", data, str(folder)]) == 1
     out = capsys.readouterr().out
-    assert "imported 2 new instance(s), 0 already stored; not stored: 1 missing/invalid UIDs or against a " \
-           "stored study's patient or series' study" in out
+    assert "imported 2 new instance(s), 0 already stored, 1 refused (1 missing/invalid UIDs or against a " \
+           "stored study's patient or series' study)" in out
     assert report.read_text() == (
         f"{folder / 'b-other-patient.dcm'}\tDATASET_MISMATCH (0xA900): Study {first.StudyInstanceUID} belongs to "
         "patient 'IMP-A' (no issuer), not to this instance's patient 'IMP-B' (no issuer)\n")
-    assert main(["import", "--quiet", "--report", str(report), "--data-dir", data, str(later), str(folder)]) == 0
-    assert "imported 0 new instance(s), 2 already stored; not stored: 2 " in capsys.readouterr().out
+    assert main(["import", "--quiet", "--report", str(report), "--data-dir", data, str(later), str(folder)]) == 1
+    assert "imported 0 new instance(s), 2 already stored, 2 refused (2 " in capsys.readouterr().out
     assert [line.split("\t")[0] for line in report.read_text().splitlines()] == [
         str(later / "d-issuer.dcm"), str(folder / "b-other-patient.dcm")]
     assert "not to this instance's patient 'IMP-A' (issuer 'X')" in report.read_text()

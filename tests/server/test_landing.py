@@ -7,9 +7,11 @@ import shutil
 import httpx
 
 from dicomweb_server import __version__
-from dicomweb_server.api.landing import wants_html
+from dicomweb_server.api.landing import _size, wants_html
 from dicomweb_server.settings import Settings
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
+
+POSTGRESQL = True  # the index's stored_bytes (schema version 4) on each kind
 
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
 
@@ -33,6 +35,9 @@ def test_json_for_programs_with_counts_and_links(server, http, index_kind):
     d = http.get("/", headers={"Accept": "*/*"}).json()
     assert (d["name"], d["version"], d["index"]) == ("dicomweb-archive", __version__, index_kind)
     assert (d["studies"], d["series"], d["instances"]) == (2, 3, 4)
+    # the archive's own bytes (issue 26 item 6), not the file system's: the stored files' sizes
+    files = (server.settings.data_dir / "blobs").rglob("*.dcm")
+    assert d["stored_bytes"] == sum(p.stat().st_size for p in files) > 0
     assert d["disk"]["data_dir"] == str(server.settings.data_dir.resolve())
     fs = shutil.disk_usage(server.settings.data_dir)
     assert d["disk"]["total_bytes"] == fs.total and 0 < d["disk"]["used_bytes"] < fs.total
@@ -60,6 +65,9 @@ def test_html_for_browsers_with_viewer_link(tmp_path):
                 assert f"dicomweb-archive {__version__}" in page
                 assert "<tr><td>studies</td><td>2</td></tr>" in page
                 assert "<tr><td>instances</td><td>4</td></tr>" in page
+                size = sum(p.stat().st_size for p in (tmp_path / "data" / "blobs").rglob("*.dcm"))
+                assert f"<tr><td>stored</td><td>{_size(size)} (4 instances)</td></tr>" in page
+                assert " free of " in page and "used by all its files" in page
                 assert f'<a href="{server.url}/viewer/">OHIF viewer</a>' in page
                 assert f'<a href="{server.url}/docs">API documentation</a>' in page
                 assert f'<a href="{server.url}/dicomweb/studies">DICOMweb</a>' in page

@@ -146,6 +146,33 @@ def test_delete_recomputes(loaded):
     assert [p for _u, p in index.paths()] == [recs[3].path]
 
 
+def test_counts_sum_the_instances_bytes(loaded):
+    """The landing page's figures (issue 26 item 6): the archive's own bytes are the
+    stored instances' sizes, kept current by add and delete."""
+    from dicomweb_server.store.base import IndexCounts
+
+    index, recs, s1, s2, se1 = loaded
+    assert index.counts() == IndexCounts(2, 3, 4, sum(r.size for r in recs))
+    index.delete(s1, se1)
+    assert index.counts() == IndexCounts(2, 2, 2, recs[2].size + recs[3].size)
+    index.delete(s2)
+    index.delete(s1)
+    assert index.counts() == IndexCounts(0, 0, 0, 0)
+
+
+def test_sqlite_counts_read_no_instance_rows(tmp_path):
+    """count and sum(_size) of the instances come from the index instance_size alone (a
+    table scan would read every row's JSON: gigabytes for a large archive)."""
+    idx = SQLiteIndex(tmp_path / "i.sqlite")
+    try:
+        from dicomweb_server.store.sql import COUNTS
+
+        plan = " ".join(str(row[-1]) for row in idx._con().execute("EXPLAIN QUERY PLAN " + COUNTS))
+        assert "COVERING INDEX instance_size" in plan, plan
+    finally:
+        idx.close()
+
+
 def test_sqlite_survives_reopen(tmp_path):
     idx = SQLiteIndex(tmp_path / "i.sqlite")
     rec = record(tmp_path)
