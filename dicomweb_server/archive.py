@@ -34,7 +34,7 @@ from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
-from .routing import Routes, Routing, load_routes, open_outbox
+from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
@@ -126,7 +126,8 @@ class Archive:
             else:
                 from .store.memory import MemoryIndex
 
-                index = MemoryIndex()
+                # its change log beside routing's outbox (a webhook's rows commit with their change)
+                index = MemoryIndex(journal=outbox_path(data, "memory"))
         try:
             archive = cls(settings, index)
             if settings.storage is not None:
@@ -142,6 +143,9 @@ class Archive:
         log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
         if settings.index == "memory":
             archive.rebuild()  # before routing attaches: a restart owes no forwards again
+            gone = index.reconcile_changes()  # type: ignore[attr-defined]
+            if gone:
+                log.warning("%d instance(s) in the change log are no longer stored: logged as deleted", gone)
         if settings.routes_file is not None:
             archive.attach_routing(load_routes(settings.routes_file))
         return archive
