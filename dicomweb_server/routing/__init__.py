@@ -76,6 +76,11 @@ class Routing:
         transaction that logs it (``con``: the index's, or the in-memory index's journal
         in ``outbox.sqlite``)."""
         self.outbox.insert_changes(self.webhooks, changes, con)
+        created = [c.study_uid for c in changes if c.action == "create"]
+        for name in self.webhooks:
+            hook = self.routes.destinations[name].webhook
+            if created and hook is not None and hook.stable_after is not None:
+                self.outbox.defer_stable(name, created, hook.stable_after, con)
         with self._lock:
             self._owed.update(self.webhooks)
 
@@ -84,6 +89,11 @@ class Routing:
         assert self.index is not None
         found = self.index.changes(after=sequence - 1, limit=1)
         return found[0] if found and found[0].sequence == sequence else None
+
+    def study_size(self, study_uid: str) -> int:
+        """Instances of the study stored now (a "study stable" event says how many)."""
+        assert self.index is not None
+        return len(self.index.instances(study_uid))
 
     def _on_add(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
         """Index write hook: owe the forwards of the newly added records, in the

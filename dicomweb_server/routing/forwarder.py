@@ -60,7 +60,7 @@ class Forwarder:
             log.warning("%d forward(s) leased by a worker that died are claimable again", freed)
         for name, dest in self.routing.routes.destinations.items():
             self._events[name] = asyncio.Event()
-            self._senders[name] = (WebhookSender(dest, self.delivery.timeout, self.routing.change)
+            self._senders[name] = (WebhookSender(dest, self.delivery.timeout, self.routing)
                                    if dest.webhook is not None else sender_for(dest, self.delivery.timeout))
             for lane in range(self.delivery.concurrency):
                 self._tasks.append(asyncio.create_task(self._lane(name), name=f"forward-{name}-{lane}"))

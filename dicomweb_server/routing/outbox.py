@@ -1,7 +1,10 @@
 """The durable outbox: one row per (instance, destination) owed a forward, or per
 (change, webhook destination) owed a notification (``_change``: the change log's
 Sequence, store/changes.py; inserted by :meth:`Outbox.insert_changes` from an index
-change hook, in the transaction that logs the change: routing/webhook.py).
+change hook, in the transaction that logs the change: routing/webhook.py), or per
+(study, webhook destination) owed a "study stable" event (``_change`` 0, the study's
+UID in ``SOPInstanceUID``: :meth:`Outbox.defer_stable` pushes its due time back at each
+new instance of the study).
 
 Rows are inserted by an index write hook (:meth:`store.base.Index.add_write_hook`)
 inside the transaction that indexes the instance: with the SQLite index they live in
@@ -202,6 +205,24 @@ class Outbox(ABC):
             "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _rule, "
             "_enqueued, _due, _change) VALUES (?, ?, ?, ?, '', 'changefeed', ?, ?, ?)"),
             [(*r[:4], now, now, r[4]) for r in rows])
+
+    def defer_stable(self, destination: str, study_uids: Iterable[str], delay: float, con) -> None:
+        """Owe ``destination`` a "study stable" event for each study, due ``delay``
+        seconds from now: a pending one not held by a worker is pushed back (one per
+        study), else a new one is added. In the transaction ``con`` that logs the
+        study's new instances (the index holds the study's lock: no two at once)."""
+        now = self._now(con)
+        sql = self._sql
+        for study in dict.fromkeys(study_uids):
+            pushed = con.execute(sql(
+                "UPDATE outbox SET _due = ?, _enqueued = ? WHERE destination = ? AND SOPInstanceUID = ? AND "
+                "_change = 0 AND _state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?)"),
+                (now + delay, now, destination, study, now)).rowcount
+            if not pushed:
+                con.execute(sql(
+                    "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
+                    "_rule, _enqueued, _due, _change) VALUES (?, ?, '', ?, '', 'stable', ?, ?, 0)"),
+                    (destination, study, study, now, now + delay))
 
     def enqueue(self, entries: Iterable[Entry]) -> int:
         """Owe these forwards (manual export): one durable transaction."""

@@ -7,7 +7,8 @@
     stow_url = "https://pacs.example/dicom-web"          # STOW-RS to this root (PS3.18 §10.5)
     headers = { Authorization = "Bearer ..." }            # optional
     # or: dimse = { ae_title = "PACS", host = "pacs.example", port = 104, calling_ae_title = "DICOMWEB" }
-    # or: webhook = { url = "https://hooks.example/dicom", secret = "..." }   # every change (routing/webhook.py)
+    # or: webhook = { url = "https://hooks.example/dicom", secret = "...", stable_after = 60 }
+    #     (every change, and optionally "study stable" events: routing/webhook.py)
 
     [[rules]]
     name = "CT and MR to the PACS"
@@ -56,6 +57,7 @@ class DimseAddress:
 class Webhook:
     url: str
     secret: str | None = None  # HMAC-SHA256 key of the signature header (routing/webhook.py)
+    stable_after: float | None = None  # seconds without a new instance of a study: a "stable" event
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,16 +223,19 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
 def _webhook(hook: object, i: int, fail) -> Webhook:
     if not isinstance(hook, dict):
         raise fail("destinations", i, "webhook", "a table { url, secret } is required")
-    extra = set(hook) - {"url", "secret"}
+    extra = set(hook) - {"url", "secret", "stable_after"}
     if extra:
-        raise fail("destinations", i, "webhook", f"unknown field(s) {sorted(extra)}; expected url, secret")
-    url, secret = hook.get("url"), hook.get("secret")
+        raise fail("destinations", i, "webhook",
+                   f"unknown field(s) {sorted(extra)}; expected url, secret, stable_after")
+    url, secret, stable = hook.get("url"), hook.get("secret"), hook.get("stable_after")
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise fail("destinations", i, "webhook", f"url {url!r} is not an http(s) URL")
     if secret is not None and (not isinstance(secret, str) or not secret):
         raise fail("destinations", i, "webhook", "secret must be a non-empty string")
-    return Webhook(url, secret)
+    if stable is not None and (isinstance(stable, bool) or not isinstance(stable, (int, float)) or stable <= 0):
+        raise fail("destinations", i, "webhook", "stable_after must be a positive number of seconds")
+    return Webhook(url, secret, float(stable) if stable is not None else None)
 
 
 def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:

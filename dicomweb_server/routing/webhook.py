@@ -8,6 +8,14 @@ is the change feed entry (api/changefeed.py, Microsoft dicom-server's fields, wi
     webhook = { url = "https://hooks.example/dicom", secret = "s3cret" }
     headers = { Authorization = "Bearer ..." }     # optional, sent with every request
 
+With ``stable_after = N`` in the ``webhook`` table the webhook is also told when a study
+has been stable: N seconds after the last new instance of a study (each new instance
+pushes the moment back), one ``POST`` of ``{"Action": "stable", "StudyInstanceUid": ...,
+"Timestamp": ..., "NumberOfStudyRelatedInstances": n}`` (no Sequence: it is not a change
+of the log). Nothing is sent for a study deleted meanwhile. It is an outbox row too (due
+later), so it survives restarts; a study that receives an instance while its event is
+being sent gets another one later.
+
 Delivery is the outbox's (routing/outbox.py): a row per (change, webhook), written by an
 index change hook in the transaction that logs the change, claimed under a lease, retried
 with backoff, dead-lettered after ``max_attempts``/``max_age``. At least once: a receiver
@@ -26,15 +34,18 @@ import asyncio
 import hashlib
 import hmac
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httpx
 import orjson
 
-from ..store.changes import Change
+from ..store.changes import Change, iso
 from .destinations import Verdict
 from .outbox import Row
 from .rules import Destination
+
+if TYPE_CHECKING:
+    from . import Routing
 
 SIGNATURE = "X-DICOMweb-Signature"
 
@@ -45,15 +56,15 @@ def signature(secret: str, body: bytes) -> str:
 
 
 class WebhookSender:
-    """POSTs the changes of claimed outbox rows, one request per change, in Sequence
-    order within a batch. ``lookup(sequence)`` reads a change-log row (a blocking
-    index read: run in a thread)."""
+    """POSTs the changes of claimed outbox rows, one request per change, in the
+    rows' order. ``routing`` reads change-log rows and study sizes (blocking index
+    reads: run in a thread)."""
 
-    def __init__(self, destination: Destination, timeout: float, lookup: Callable[[int], Change | None]) -> None:
+    def __init__(self, destination: Destination, timeout: float, routing: Routing) -> None:
         assert destination.webhook is not None
         self.destination = destination
         self.webhook = destination.webhook
-        self.lookup = lookup
+        self.routing = routing
         self.client = httpx.AsyncClient(timeout=timeout, headers=destination.headers)
 
     async def aclose(self) -> None:
@@ -62,21 +73,32 @@ class WebhookSender:
     async def send(self, rows: list[Row], within: float) -> list[tuple[Verdict, str | None]]:
         """Send the change of each row (the caller bounds the time: ``within``)."""
         deadline = time.monotonic() + within
-        changes = await asyncio.to_thread(lambda: [self.lookup(r.change) if r.change else None for r in rows])
+        bodies = await asyncio.to_thread(lambda: [self._body(r) for r in rows])
         out: list[tuple[Verdict, str | None]] = []
-        for change in changes:
-            if change is None:
-                out.append((Verdict.FAILED, "not a change of the change log"))
+        for body in bodies:
+            if body is None or isinstance(body, str):
+                out.append((Verdict.DELIVERED, None) if body is None else (Verdict.FAILED, body))
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 out.append((Verdict.RETRY, "batch took too long; the rest is sent later"))
                 continue
-            out.append(await self._post(change, left))
+            out.append(await self._post(body, left))
         return out
 
-    async def _post(self, change: Change, within: float) -> tuple[Verdict, str | None]:
-        body = orjson.dumps(change.entry())
+    def _body(self, row: Row) -> bytes | str | None:
+        """What to send for ``row``: the JSON body, None when nothing is owed (a study
+        deleted before it was stable), an error message for a row that names no change."""
+        if row.change == 0:
+            n = self.routing.study_size(row.study_uid)
+            if not n:
+                return None
+            return orjson.dumps({"Action": "stable", "StudyInstanceUid": row.study_uid,
+                                 "Timestamp": iso(time.time()), "NumberOfStudyRelatedInstances": n})
+        change: Change | None = self.routing.change(row.change) if row.change is not None else None
+        return orjson.dumps(change.entry()) if change is not None else "not a change of the change log"
+
+    async def _post(self, body: bytes, within: float) -> tuple[Verdict, str | None]:
         headers = {"Content-Type": "application/json"}
         if self.webhook.secret is not None:
             headers[SIGNATURE] = signature(self.webhook.secret, body)

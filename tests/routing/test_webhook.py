@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import orjson
 import pytest
+from pydicom.uid import generate_uid as pydicom_uid
 
 from dicomweb_server.routing.rules import RoutesError, load_routes
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
@@ -170,3 +172,39 @@ def test_sigkill_loses_no_webhook(tmp_path, hooks, monkeypatch, backend):
         assert hooks.bad_signatures == 0
     finally:
         srv.kill()
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_study_stable_event_after_the_last_instance(tmp_path, hooks, backend):
+    """``stable_after``: one "stable" event per study, sent once no new instance of it
+    came for that long (each new instance pushes it back), none for a study deleted
+    before; a new instance after the event makes another."""
+    routes = tmp_path / "r.toml"
+    webhook_routes(routes, hooks.url)
+    routes.write_text(routes.read_text().replace(f'secret = "{SECRET}"', f'secret = "{SECRET}", stable_after = 1.5'))
+    srv = LiveServer(tmp_path / "data", backend.index, routes_file=str(routes), **backend.settings).start()
+    try:
+        st, gone = pydicom_uid(), pydicom_uid()
+        stow(srv.url, [make_dataset(study=st, PatientID="S"), make_dataset(study=gone, PatientID="G")])
+        assert httpx.delete(f"{srv.url}/studies/{gone}").status_code == 204
+        last = time.monotonic()
+        for _ in range(2):  # within stable_after of each other: the event waits for the last
+            time.sleep(0.8)
+            stow(srv.url, [make_dataset(study=st, PatientID="S")])
+            last = time.monotonic()
+
+        def stable():
+            with hooks._lock:
+                return [b for b in hooks.bodies if b["Action"] == "stable"]
+
+        (event,) = wait_for(stable, timeout=30, what="the stable event")
+        assert time.monotonic() - last >= 1.5
+        assert (event["StudyInstanceUid"], event["NumberOfStudyRelatedInstances"]) == (st, 3)
+        assert list(event) == ["Action", "StudyInstanceUid", "Timestamp", "NumberOfStudyRelatedInstances"]
+        time.sleep(2.0)
+        assert len(stable()) == 1  # one event; none for the deleted study
+        stow(srv.url, [make_dataset(study=st, PatientID="S")])
+        wait_for(lambda: len(stable()) == 2, timeout=30, what="a second stable event")
+        assert stable()[1]["NumberOfStudyRelatedInstances"] == 4 and hooks.bad_signatures == 0
+    finally:
+        srv.stop()
