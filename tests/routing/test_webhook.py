@@ -136,6 +136,8 @@ def test_every_change_is_posted_signed_and_retried(tmp_path, backend):
         q = wait_for(lambda: (lambda s: s if s["delivered"] == 3 else None)(
             httpx.get(srv.url + "/admin/queue").json()["destinations"]["events"]), what="3 delivered")
         assert q["failed"] == 0 and q["pending"] == 0
+        r = httpx.post(f"{srv.url}/admin/export/events/studies/{a.StudyInstanceUID}")
+        assert r.status_code == 400 and "is a webhook" in r.json()["detail"]
     finally:
         srv.stop()
         sink.stop()
