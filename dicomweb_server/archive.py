@@ -34,7 +34,7 @@ from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
-from .routing import Routes, Routing, load_routes, open_outbox
+from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
@@ -126,7 +126,8 @@ class Archive:
             else:
                 from .store.memory import MemoryIndex
 
-                index = MemoryIndex()
+                # its change log beside routing's outbox (a webhook's rows commit with their change)
+                index = MemoryIndex(journal=outbox_path(data, "memory"))
         try:
             archive = cls(settings, index)
             if settings.storage is not None:
@@ -140,17 +141,27 @@ class Archive:
         if n:
             log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
         log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
+        routes = load_routes(settings.routes_file) if settings.routes_file is not None else None
         if settings.index == "memory":
-            archive.rebuild()  # before routing attaches: a restart owes no forwards again
-        if settings.routes_file is not None:
-            archive.attach_routing(load_routes(settings.routes_file))
+            # webhooks hear of the changes the start-up finds (files never committed, files gone);
+            # the rules see only what is stored after it: a restart owes no forwards again
+            routing = archive.attach_routing(routes, rules=False) if routes is not None else None
+            archive.rebuild()
+            gone = index.reconcile_changes()  # type: ignore[attr-defined]
+            if gone:
+                log.warning("%d instance(s) in the change log are no longer stored: logged as deleted", gone)
+            if routing is not None:
+                index.add_write_hook(routing._on_add)
+        elif routes is not None:
+            archive.attach_routing(routes)
         return archive
 
-    def attach_routing(self, routes: Routes) -> Routing:
+    def attach_routing(self, routes: Routes, rules: bool = True) -> Routing:
         """Match every instance indexed from now on against ``routes`` and owe its
-        forwards in the same commit (routing/). Raises RoutesError for a bad file."""
+        forwards in the same commit, and owe the webhooks every change (routing/).
+        Raises RoutesError for a bad file."""
         outbox = open_outbox(self.settings, self.committer.writer)
-        self.routing = Routing.attach(routes, self.index, outbox)
+        self.routing = Routing.attach(routes, self.index, outbox, rules)
         return self.routing
 
     def close(self, timeout: float | None = None) -> None:
@@ -409,6 +420,8 @@ class Archive:
                         if _disk_full(e2):
                             raise DiskFull(f"the index cannot record the delete: {e2}") from e2
                         raise
+            if self.routing is not None:  # webhooks owed the deletes: wake the forwarder
+                self.routing.committed()
             uids = {Path(rel).stem: rel for rel in paths}
             with self.blobs.locked(uids), self.index.locked(uids):
                 for uid, rel in uids.items():

@@ -566,6 +566,10 @@ def _export(args: argparse.Namespace) -> int:
             print(f"dicomweb-server export: no destination {args.to!r}; configured: "
                   + ", ".join(routing.routes.destinations), file=sys.stderr)
             return 2
+        if routing.routes.destinations[args.to].webhook is not None:
+            print(f"dicomweb-server export: {args.to!r} is a webhook: it is told of changes, "
+                  "no instances are exported to it", file=sys.stderr)
+            return 2
         found = [i for i in archive.index.instances(args.study, args.series) if args.sop in (None, i.sop_uid)]
         if not found:
             print("dicomweb-server export: nothing stored under those UIDs", file=sys.stderr)

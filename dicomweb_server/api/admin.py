@@ -47,6 +47,9 @@ async def _export(archive, destination: str, study: str, series: str | None = No
     if destination not in routing.routes.destinations:
         raise DICOMwebHTTPError(404, f"no destination named {destination!r}; configured: "
                                      + ", ".join(routing.routes.destinations))
+    if routing.routes.destinations[destination].webhook is not None:
+        raise DICOMwebHTTPError(400, f"{destination!r} is a webhook: it is told of changes, "
+                                     "no instances are exported to it")
     found = [i for i in await run_in_threadpool(archive.index.instances, study, series)
              if sop is None or i.sop_uid == sop]
     if not found:

@@ -4,6 +4,8 @@
 - :mod:`.outbox`: the forwards owed, written in the index transaction of the instance.
 - :mod:`.forwarder`: delivery in each worker (leases, batches, retries, dead letters).
 - :mod:`.destinations`: STOW-RS and C-STORE senders.
+- :mod:`.webhook`: webhooks, told of every change of the change log (store/changes.py)
+  through the same outbox.
 
 The archive is the one write path (:meth:`archive.Archive.store`, used by STOW-RS,
 ``import`` and the DIMSE front door): :class:`Routing` registers an index write hook,
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
 from ..store.base import Index
+from ..store.changes import Change
 from .outbox import Entry, Outbox, SQLiteOutbox
 from .rules import Routes, RoutesError, load_routes
 
@@ -53,12 +56,44 @@ class Routing:
         self._wake: Callable[[set[str]], None] | None = None
         self._owed: set[str] = set()
         self._lock = threading.Lock()
+        self.index: Index | None = None  # where webhooks read the changes they carry
+        self.webhooks = [name for name, d in routes.destinations.items() if d.webhook is not None]
 
     @classmethod
-    def attach(cls, routes: Routes, index: Index, outbox: Outbox) -> "Routing":
+    def attach(cls, routes: Routes, index: Index, outbox: Outbox, rules: bool = True) -> "Routing":
+        """Hook ``routes`` into ``index``: the rules (unless ``rules`` is False: the
+        caller adds ``_on_add`` later) and the webhooks."""
         routing = cls(routes, outbox)
-        index.add_write_hook(routing._on_add)
+        routing.index = index
+        if rules:
+            index.add_write_hook(routing._on_add)
+        if routing.webhooks:
+            index.add_change_hook(routing._on_change)
         return routing
+
+    def _on_change(self, con: object, changes: list[Change]) -> None:
+        """Index change hook: owe every webhook a notification of each change, in the
+        transaction that logs it (``con``: the index's, or the in-memory index's journal
+        in ``outbox.sqlite``)."""
+        self.outbox.insert_changes(self.webhooks, changes, con)
+        created = [c.study_uid for c in changes if c.action == "create"]
+        for name in self.webhooks:
+            hook = self.routes.destinations[name].webhook
+            if created and hook is not None and hook.stable_after is not None:
+                self.outbox.defer_stable(name, created, hook.stable_after, con)
+        with self._lock:
+            self._owed.update(self.webhooks)
+
+    def change(self, sequence: int) -> Change | None:
+        """The change-log row with this Sequence (what a webhook sends)."""
+        assert self.index is not None
+        found = self.index.changes(after=sequence - 1, limit=1)
+        return found[0] if found and found[0].sequence == sequence else None
+
+    def study_size(self, study_uid: str) -> int:
+        """Instances of the study stored now (a "study stable" event says how many)."""
+        assert self.index is not None
+        return len(self.index.instances(study_uid))
 
     def _on_add(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
         """Index write hook: owe the forwards of the newly added records, in the

@@ -31,6 +31,7 @@ from ..store.blobs import BlobStore
 from . import Routing
 from .destinations import DimseSender, StowSender, Verdict, item_for, sender_for
 from .outbox import Row, Settlement
+from .webhook import WebhookSender
 
 log = logging.getLogger("dicomweb_server.routing")
 
@@ -48,7 +49,7 @@ class Forwarder:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:"
         self._batches = count()
         self._events: dict[str, asyncio.Event] = {}
-        self._senders: dict[str, StowSender | DimseSender] = {}
+        self._senders: dict[str, StowSender | DimseSender | WebhookSender] = {}
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -59,7 +60,8 @@ class Forwarder:
             log.warning("%d forward(s) leased by a worker that died are claimable again", freed)
         for name, dest in self.routing.routes.destinations.items():
             self._events[name] = asyncio.Event()
-            self._senders[name] = sender_for(dest, self.delivery.timeout)
+            self._senders[name] = (WebhookSender(dest, self.delivery.timeout, self.routing)
+                                   if dest.webhook is not None else sender_for(dest, self.delivery.timeout))
             for lane in range(self.delivery.concurrency):
                 self._tasks.append(asyncio.create_task(self._lane(name), name=f"forward-{name}-{lane}"))
         self._tasks.append(asyncio.create_task(self._prune(), name="forward-prune"))
@@ -133,7 +135,10 @@ class Forwarder:
     def _item(self, copies: ExitStack, row: Row):
         """What the senders read for ``row``: the stored file, or (object storage,
         store/s3.py) a copy of the object in this process's spool folder, removed when
-        ``copies`` closes; None when the instance is no longer stored."""
+        ``copies`` closes; None when the instance is no longer stored. A webhook's row
+        (a change, routing/webhook.py) is sent as it is."""
+        if row.change is not None:
+            return row
         source = self.blobs.source(row.path)
         if isinstance(source, Path):
             return item_for(source, row.sop_uid)

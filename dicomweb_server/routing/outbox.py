@@ -1,4 +1,10 @@
-"""The durable outbox: one row per (instance, destination) owed a forward.
+"""The durable outbox: one row per (instance, destination) owed a forward, or per
+(change, webhook destination) owed a notification (``_change``: the change log's
+Sequence, store/changes.py; inserted by :meth:`Outbox.insert_changes` from an index
+change hook, in the transaction that logs the change: routing/webhook.py), or per
+(study, webhook destination) owed a "study stable" event (``_change`` 0, the study's
+UID in ``SOPInstanceUID``: :meth:`Outbox.defer_stable` pushes its due time back at each
+new instance of the study).
 
 Rows are inserted by an index write hook (:meth:`store.base.Index.add_write_hook`)
 inside the transaction that indexes the instance: with the SQLite index they live in
@@ -55,7 +61,8 @@ CREATE TABLE IF NOT EXISTS outbox (
   _lease_owner TEXT,
   _lease_until REAL,
   _delivered REAL,
-  _last_error TEXT
+  _last_error TEXT,
+  _change INTEGER
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(destination, _state, _due);
 CREATE INDEX IF NOT EXISTS outbox_sop ON outbox(SOPInstanceUID, destination);
@@ -87,6 +94,7 @@ class Row:
     path: str
     attempts: int
     enqueued: float  # this process's clock (time.time())
+    change: int | None = None  # the change log's Sequence: a webhook's notification, not a file
 
 
 @dataclass(slots=True)
@@ -185,6 +193,37 @@ class Outbox(ABC):
             (e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now, e.sop_uid,
              e.destination, now) for e in entries])
 
+    def insert_changes(self, destinations: Iterable[str], changes: Iterable, con) -> int:
+        """Owe a notification of each change (store/changes.py ``Change``) to each
+        destination, in the transaction ``con`` that logs the changes (an index change
+        hook). Each change is new: nothing to compare with."""
+        rows = [(d, c.study_uid, c.series_uid, c.sop_uid, c.sequence) for c in changes for d in destinations]
+        if not rows:
+            return 0
+        now = self._now(con)
+        return self._many(con, self._sql(
+            "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _rule, "
+            "_enqueued, _due, _change) VALUES (?, ?, ?, ?, '', 'changefeed', ?, ?, ?)"),
+            [(*r[:4], now, now, r[4]) for r in rows])
+
+    def defer_stable(self, destination: str, study_uids: Iterable[str], delay: float, con) -> None:
+        """Owe ``destination`` a "study stable" event for each study, due ``delay``
+        seconds from now: a pending one not held by a worker is pushed back (one per
+        study), else a new one is added. In the transaction ``con`` that logs the
+        study's new instances (the index holds the study's lock: no two at once)."""
+        now = self._now(con)
+        sql = self._sql
+        for study in dict.fromkeys(study_uids):
+            pushed = con.execute(sql(
+                "UPDATE outbox SET _due = ?, _enqueued = ? WHERE destination = ? AND SOPInstanceUID = ? AND "
+                "_change = 0 AND _state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?)"),
+                (now + delay, now, destination, study, now)).rowcount
+            if not pushed:
+                con.execute(sql(
+                    "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
+                    "_rule, _enqueued, _due, _change) VALUES (?, ?, '', ?, '', 'stable', ?, ?, 0)"),
+                    (destination, study, study, now, now + delay))
+
     def enqueue(self, entries: Iterable[Entry]) -> int:
         """Owe these forwards (manual export): one durable transaction."""
         with self._transaction() as con:
@@ -220,7 +259,7 @@ class Outbox(ABC):
                 return [], first - skew
             rows = con.execute(sql(
                 "SELECT id, destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _attempts, "
-                f"_enqueued, _solo {_PENDING} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
+                f"_enqueued, _solo, _change {_PENDING} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
                 "outbox WHERE destination = ? AND _state = 'pending' AND _lease_until >= ?) ORDER BY _solo DESC, id "
                 "LIMIT ?"), (destination, now, now, destination, now, limit)).fetchall()
             if rows and rows[0][8]:
@@ -229,7 +268,7 @@ class Outbox(ABC):
             for r in rows:  # one instance once per batch (an export may repeat a routed one)
                 if r[4] not in seen and (not r[8] or not chosen):
                     seen.add(r[4])
-                    chosen.append(Row(*r[:7], r[7] - skew))
+                    chosen.append(Row(*r[:7], r[7] - skew, r[9]))
             # only rows still pending and free: a row settled meanwhile by the worker whose lease had
             # expired (PostgreSQL's settle does not wait for the claim lock) is not sent again
             if self._many(con, sql("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ? AND "
@@ -360,7 +399,10 @@ class SQLiteOutbox(Outbox):
         self._writer = writer or nullcontext
         self._connections = ThreadConnections(self.path)
         with self._writer():
-            self._connections.get().executescript(_SCHEMA)
+            con = self._connections.get()
+            con.executescript(_SCHEMA)
+            if "_change" not in {row[1] for row in con.execute("PRAGMA table_info(outbox)")}:
+                con.execute("ALTER TABLE outbox ADD COLUMN _change INTEGER")  # an outbox from before webhooks
 
     def close(self) -> None:
         self._connections.close()

@@ -7,6 +7,8 @@
     stow_url = "https://pacs.example/dicom-web"          # STOW-RS to this root (PS3.18 §10.5)
     headers = { Authorization = "Bearer ..." }            # optional
     # or: dimse = { ae_title = "PACS", host = "pacs.example", port = 104, calling_ae_title = "DICOMWEB" }
+    # or: webhook = { url = "https://hooks.example/dicom", secret = "...", stable_after = 60 }
+    #     (every change, and optionally "study stable" events: routing/webhook.py)
 
     [[rules]]
     name = "CT and MR to the PACS"
@@ -56,11 +58,19 @@ class DimseAddress:
 
 
 @dataclass(frozen=True, slots=True)
+class Webhook:
+    url: str
+    secret: str | None = None  # HMAC-SHA256 key of the signature header (routing/webhook.py)
+    stable_after: float | None = None  # seconds without a new instance of a study: a "stable" event
+
+
+@dataclass(frozen=True, slots=True)
 class Destination:
     name: str
     stow_url: str | None = None  # DICOMweb root; STOW-RS posts to {stow_url}/studies
     headers: dict[str, str] = field(default_factory=dict)
     dimse: DimseAddress | None = None
+    webhook: Webhook | None = None  # receives every change of the change log, no rule names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,17 +201,19 @@ def _tables(doc: dict, name: str, path: Path) -> list[dict]:
 
 
 def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
-    extra = set(d) - {"name", "stow_url", "headers", "dimse"}
+    extra = set(d) - {"name", "stow_url", "headers", "dimse", "webhook"}
     if extra:
-        raise fail("destinations", i, sorted(extra)[0], "unknown field; expected name, stow_url, headers, dimse")
+        raise fail("destinations", i, sorted(extra)[0],
+                   "unknown field; expected name, stow_url, headers, dimse, webhook")
     name = d.get("name")
     if problem := name_problem(name):
         raise fail("destinations", i, "name", problem)
     if name in out:
         raise fail("destinations", i, "name", f"destination {name!r} is defined twice")
-    stow, dimse = d.get("stow_url"), d.get("dimse")
-    if (stow is None) == (dimse is None):
-        raise fail("destinations", i, None, "give exactly one of stow_url (DICOMweb) or dimse (C-STORE)")
+    stow, dimse, hook = d.get("stow_url"), d.get("dimse"), d.get("webhook")
+    if sum(x is not None for x in (stow, dimse, hook)) != 1:
+        raise fail("destinations", i, None,
+                   "give exactly one of stow_url (DICOMweb), dimse (C-STORE) or webhook (the change feed)")
     headers = d.get("headers", {})
     if not isinstance(headers, dict):
         raise fail("destinations", i, "headers", "a table of string values is required")
@@ -212,6 +224,9 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
         if key.lower() in seen:  # field names are case-insensitive (RFC 9110 §5.1)
             raise fail("destinations", i, "headers", f"{key} is given twice")
         seen.add(key.lower())
+    if hook is not None:
+        out[name] = Destination(name, headers=headers, webhook=_webhook(hook, i, fail))
+        return
     if stow is not None:
         if problem := _url_problem(stow):
             raise fail("destinations", i, "stow_url", problem)
@@ -234,6 +249,24 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
     out[name] = Destination(name, headers=headers, dimse=DimseAddress(ae.strip(), host, port, calling.strip()))
 
 
+def _webhook(hook: object, i: int, fail) -> Webhook:
+    if not isinstance(hook, dict):
+        raise fail("destinations", i, "webhook", "a table { url, secret } is required")
+    extra = set(hook) - {"url", "secret", "stable_after"}
+    if extra:
+        raise fail("destinations", i, "webhook",
+                   f"unknown field(s) {sorted(extra)}; expected url, secret, stable_after")
+    url, secret, stable = hook.get("url"), hook.get("secret"), hook.get("stable_after")
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise fail("destinations", i, "webhook", f"url {url!r} is not an http(s) URL")
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise fail("destinations", i, "webhook", "secret must be a non-empty string")
+    if stable is not None and (isinstance(stable, bool) or not isinstance(stable, (int, float)) or stable <= 0):
+        raise fail("destinations", i, "webhook", "stable_after must be a positive number of seconds")
+    return Webhook(url, secret, float(stable) if stable is not None else None)
+
+
 def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
     extra = set(r) - {"name", "match", "destinations"}
     if extra:
@@ -248,6 +281,9 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
         if x not in destinations:
             raise fail("rules", i, "destinations", f"no destination named {x!r} "
                                                    f"(defined: {', '.join(destinations) or 'none'})")
+        if destinations[x].webhook is not None:
+            raise fail("rules", i, "destinations", f"{x!r} is a webhook: it receives every change, "
+                                                   "no rule sends it instances")
     match = r.get("match", {})
     if not isinstance(match, dict):
         raise fail("rules", i, "match", "a table of QIDO-RS matching keys is required")

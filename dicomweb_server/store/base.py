@@ -13,6 +13,7 @@ from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query
 from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
+from .changes import Change
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,5 +190,32 @@ class Index(ABC):
         for hook in getattr(self, "_write_hooks", ()):
             hook(con, records, added)
 
+    # --- the change log (store/changes.py) ----------------------------------------------
+
+    def add_change_hook(self, hook: "ChangeHook") -> None:
+        """Run ``hook(con, changes)`` inside every transaction that appends to the change
+        log (an add, a delete), after the rows are appended and before it commits:
+        ``con`` is the connection holding the change log in that transaction (the
+        index's; the in-memory index's journal, a sqlite3 connection). An exception
+        from the hook fails (rolls back) the whole change."""
+        self._change_hooks = (*getattr(self, "_change_hooks", ()), hook)
+
+    def _run_change_hooks(self, con: object, changes: list[Change]) -> None:
+        if changes:
+            for hook in getattr(self, "_change_hooks", ()):
+                hook(con, changes)
+
+    def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
+                skip: int = 0) -> list[Change]:
+        """Change-log rows with Sequence > ``after`` and ``start`` <= time < ``end``
+        (seconds since the epoch), in Sequence order, ``skip`` left out, at most ``limit``.
+        A reader never meets a row with a lower Sequence than one it has already seen."""
+        raise NotImplementedError
+
+    def latest_change(self) -> Change | None:
+        """The change-log row with the highest Sequence (None when empty)."""
+        raise NotImplementedError
+
 
 WriteHook = Callable[[object, list[InstanceRecord], list[bool]], None]
+ChangeHook = Callable[[object, list[Change]], None]

@@ -24,6 +24,8 @@ import fcntl
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 #: idle connections kept for the next threads (more are closed)
@@ -113,6 +115,20 @@ class ThreadConnections:
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+
+
+@contextmanager
+def immediate(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction (``BEGIN IMMEDIATE``: the database's write lock from the
+    start) committed when the block ends, rolled back when it raises."""
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        yield con
+        con.execute("COMMIT")
+    except BaseException:
+        if con.in_transaction:  # SQLite may have rolled back itself (e.g. SQLITE_FULL)
+            con.execute("ROLLBACK")
+        raise
 
 
 class _exclusive:

@@ -2,6 +2,14 @@
 ``__slots__``, rebuilt from the data folder at start-up, so nothing is lost on
 restart. It lives in one process (the server refuses more than one worker).
 
+The change log (store/changes.py) is a SQLite table: in the journal file given
+(``data/outbox.sqlite``, beside routing's outbox, so that a webhook's outbox rows
+commit with the change they carry), or in memory when none is given (tests). Its rows
+are committed (``synchronous=FULL``) before an add returns and before a delete
+changes the index; at start-up the re-indexing of every file logs only the instances
+the log does not hold as current (:meth:`MemoryIndex.reconcile_changes` logs the
+deletes of those gone meanwhile).
+
 Kept lean: per instance, the index holds its column values, location and the
 stored DICOM JSON as zlib-compressed bytes (no per-element Python objects); see
 docs/performance.md for the measured bytes per instance.
@@ -10,10 +18,12 @@ docs/performance.md for the measured bytes per instance.
 from __future__ import annotations
 
 import itertools
+import sqlite3
 import threading
 import zlib
 from collections.abc import Iterator
 from itertools import islice
+from pathlib import Path
 
 import orjson
 
@@ -21,7 +31,9 @@ from ..dicom.attributes import STORED, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import Query, level_record, match_value
 from ..dicom.patient import PatientIdentity, patient_identity
+from . import changes as changelog
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
+from .connections import immediate
 
 _STUDY_COLS = tuple(a.keyword for a in STORED["study"])
 _SERIES_COLS = tuple(a.keyword for a in STORED["series"])
@@ -93,13 +105,52 @@ class _Instance:
 class MemoryIndex(Index):
     """Everything in dicts keyed by UID; insertion order is the stable order."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Path | None = None) -> None:
         self._lock = threading.RLock()
         self._studies: dict[str, _Study] = {}
         self._series: dict[str, _Series] = {}
         self._instances: dict[str, _Instance] = {}
         self._seq = itertools.count()
         self._bytes = 0  # sizes of the indexed instances, summed (counts())
+        # the change log: one connection, used under self._lock
+        if journal is None:
+            self._journal = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        else:
+            self._journal = sqlite3.connect(journal, timeout=30.0, isolation_level=None, check_same_thread=False)
+            self._journal.execute("PRAGMA journal_mode=WAL")
+            self._journal.execute("PRAGMA synchronous=FULL")
+        self._journal.executescript(changelog.sqlite_schema())
+
+    def close(self) -> None:
+        self._journal.close()
+
+    def _x(self, sql: str, params: list | tuple = ()):
+        return self._journal.execute(sql, params)
+
+    def _log(self, action: str, instances: list[tuple[str, str, str]]) -> None:
+        """Append the change-log rows and run the change hooks, in one durable transaction."""
+        if not instances:
+            return
+        with immediate(self._journal) as con:  # (the caller holds self._lock)
+            self._run_change_hooks(con, changelog.append(self._x, changelog.now(), action, instances))
+
+    def reconcile_changes(self) -> int:
+        """After the start-up indexing: a delete for every instance the change log holds
+        as current that is no longer indexed (its file went while the archive was down).
+        Returns how many."""
+        with self._lock:
+            gone = [t for t in changelog.current(self._x) if t[2] not in self._instances]
+            self._log("delete", gone)
+            return len(gone)
+
+    def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
+                skip: int = 0) -> list[changelog.Change]:
+        with self._lock:
+            return changelog.read(self._x, after, limit, start, end, skip)
+
+    def latest_change(self) -> changelog.Change | None:
+        with self._lock:
+            return changelog.latest(self._x)
 
     def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
         out: list[bool | Refused] = []
@@ -129,21 +180,30 @@ class MemoryIndex(Index):
                 self._instances[r.sop_uid] = inst
                 self._bytes += r.size
                 out.append(True)
-            try:  # routing's outbox (on disk): durable before the answer, or nothing of this add stays
+            try:  # routing's outbox and the change log (on disk): durable before the answer, or
+                # nothing of this add stays
                 self._run_write_hooks(None, records, out)
+                self._log("create", [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
+                                     if new is True])
             except BaseException:
                 for r, new in zip(records, out):
-                    if new:
-                        self.delete(r.study_uid, r.series_uid, r.sop_uid)
+                    if new is True:
+                        self._remove(r.study_uid, r.series_uid, r.sop_uid, log=False)
                 raise
         return out
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
+        return self._remove(study_uid, series_uid, sop_uid, log=True)
+
+    def _remove(self, study_uid: str, series_uid: str | None, sop_uid: str | None, log: bool) -> list[str]:
         with self._lock:
             study = self._studies.get(study_uid)
             if study is None:
                 return []
             victims = [i for i in self._iter_instances(study, series_uid) if sop_uid is None or i.uid == sop_uid]
+            if log:  # the change log first (durable): then the index changes
+                self._log("delete", sorted(((study_uid, i.series.uid, i.uid) for i in victims),
+                                           key=lambda t: self._instances[t[2]].seq))
             touched: dict[str, _Series] = {}
             for inst in victims:
                 se = inst.series

@@ -21,7 +21,9 @@ SQLite index (store/sql.py); what differs is here:
   migration step per version, under an advisory lock so that nodes starting
   together migrate once); ``dicomweb-server migrate`` runs it alone. Version 2
   adds routing's outbox table (its rows: routing/outbox_pg.py), version 4 an index of
-  the instances' sizes (the landing page's bytes stored).
+  the instances' sizes (the landing page's bytes stored), version 5 the change
+  log (store/changes.py; appends serialised by an advisory lock held to the commit,
+  so that Sequence numbers commit in order) and the outbox's ``_change`` column.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ..dicom.instance import InstanceRecord
+from . import changes as changelog
 from .base import IndexUnavailable, Refused
 from .sql import POSTGRESQL, SQLIndex, coldefs
 
@@ -130,8 +133,20 @@ def _v4() -> list[str]:
     return ["CREATE INDEX instance_size ON instance(_size)"]
 
 
+def _v5() -> list[str]:
+    """The change log (store/changes.py), with a create for every instance already
+    stored (in arrival order, stamped with the migration's time); outbox rows that carry
+    a change to a webhook (routing/webhook.py) name its Sequence."""
+    return [*changelog.postgresql_schema(),
+            "INSERT INTO changelog (seq, _time, action, state, StudyInstanceUID, SeriesInstanceUID, "
+            "SOPInstanceUID, version) SELECT row_number() OVER (ORDER BY i.pk), extract(epoch FROM now())::float8, "
+            "'create', 'current', s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID, 1 FROM instance i "
+            "JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk",
+            "ALTER TABLE outbox ADD COLUMN _change BIGINT"]
+
+
 # version -> the statements that bring the schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -246,6 +261,13 @@ class PostgreSQLIndex(SQLIndex):
 
     def search(self, query):
         return self._retried(lambda: SQLIndex.search(self, query))
+
+    def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
+                skip: int = 0):
+        return self._retried(lambda: SQLIndex.changes(self, after, limit, start, end, skip))
+
+    def latest_change(self):
+        return self._retried(lambda: SQLIndex.latest_change(self))
 
     @contextmanager
     def _writing(self, uids: Iterable[str]) -> Iterator:

@@ -20,6 +20,7 @@ from ..dicom.attributes import STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record
 from ..dicom.patient import PatientIdentity, patient_identity
+from . import changes as changelog
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 
 ALIAS = {"study": "s", "series": "se", "instance": "i"}
@@ -283,7 +284,17 @@ class SQLIndex(Index):
               "SOPClassesInStudy = ? WHERE pk = ?",
               (1 if new_series else 0, join_multi(mods), join_multi(sops), study_pk))
             added.append(True)
+        self._log(con, "create", [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
+                                  if new is True])
         return added
+
+    def _log(self, con, action: str, instances: list[tuple[str, str, str]]) -> None:
+        """Append the change-log rows of this transaction (store/changes.py) and run the
+        change hooks (routing's webhooks) on ``con``."""
+        pg = self.dialect.name == "postgresql"
+        logged = changelog.append(lambda sql, params: self._x(con, sql, params), None if pg else changelog.now(),
+                                  action, instances, postgresql=pg)
+        self._run_change_hooks(con, logged)
 
     def _study_patient(self, con, study_uid: str, known: dict[str, PatientIdentity]) -> PatientIdentity | None:
         """The patient a stored study belongs to (what its record says), None when new."""
@@ -328,8 +339,9 @@ class SQLIndex(Index):
     def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None) -> list[str]:
         """Remove a study, series or instance and recompute what is left; returns the paths."""
         where, params = scope(study_uid, series_uid, sop_uid)
-        rows = self._x(con, "SELECT i.pk, i._path, se.pk, s.pk FROM instance i JOIN series se "
-                       "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk " + where, params).fetchall()
+        rows = self._x(con, "SELECT i.pk, i._path, se.pk, s.pk, s.StudyInstanceUID, se.SeriesInstanceUID, "
+                       "i.SOPInstanceUID FROM instance i JOIN series se ON se.pk = i.series_pk "
+                       "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY i.pk", params).fetchall()
         con.cursor().executemany(self.dialect.sql("DELETE FROM instance WHERE pk = ?"), [(r[0],) for r in rows])
         series_pks = {r[2] for r in rows}
         study_pks = {r[3] for r in rows}
@@ -342,6 +354,7 @@ class SQLIndex(Index):
         gone = self._emptied(con, study_pks, "SELECT 1 FROM series WHERE study_pk = ? LIMIT 1")
         con.cursor().executemany(self.dialect.sql("DELETE FROM study WHERE pk = ?"), [(pk,) for pk in gone])
         self._recompute(con, set(), study_pks - gone)
+        self._log(con, "delete", [(r[4], r[5], r[6]) for r in rows])
         return [r[1] for r in rows]
 
     def _emptied(self, con, pks: set[int], child: str) -> set[int]:
@@ -384,3 +397,12 @@ class SQLIndex(Index):
 
     def paths(self) -> Iterator[tuple[str, str]]:
         yield from self._rows("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk")
+
+    def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
+                skip: int = 0) -> list[changelog.Change]:
+        with self._reading() as con:
+            return changelog.read(lambda sql, p: self._x(con, sql, p), after, limit, start, end, skip)
+
+    def latest_change(self) -> changelog.Change | None:
+        with self._reading() as con:
+            return changelog.latest(lambda sql, p: self._x(con, sql, p))

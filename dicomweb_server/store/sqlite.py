@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
+from . import changes as changelog
 from .base import Refused
-from .connections import ThreadConnections
+from .connections import ThreadConnections, immediate
 from .sql import SQLITE, SQLIndex, coldefs
 
 
@@ -69,7 +70,7 @@ CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-"""
+""" + changelog.sqlite_schema()
 
 
 class SQLiteIndex(SQLIndex):
@@ -83,6 +84,8 @@ class SQLiteIndex(SQLIndex):
         con = self._con()
         with con:
             con.executescript(_schema())
+        with immediate(con):  # an index older than its change log: the instances it holds
+            changelog.backfill(con.execute, changelog.now())
 
     def _con(self) -> sqlite3.Connection:
         return self._connections.get()

@@ -1,0 +1,191 @@
+"""The change log: one row per instance per change, appended by the index inside the
+transaction that makes the change (store/sql.py for SQLite and PostgreSQL, store/memory.py
+for the in-memory index's journal), read by the change feed (api/changefeed.py) and
+the webhooks (routing/webhook.py).
+
+A row: ``seq`` (the Sequence: 1, 2, 3, ... with no gap, never reused, never removed),
+``_time`` (when, seconds since the epoch, UTC), ``action`` (create | update | delete |
+reject | restore), ``state`` (the instance's *current* state as this row's life of it
+ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``version``
+(1 for an instance's first create; each later create of the same SOP Instance UID, once
+the earlier one was deleted, is the next version; a delete carries the version it
+removed). The field names and meanings are those of the change feed of Microsoft's
+dicom-server (docs/notes/changefeed.md); update, reject and restore are reserved for the
+instance lifecycle work (issue 27) and written by nobody yet.
+
+Gapless to readers. A reader that has seen Sequence N must never later meet a row with
+a lower Sequence: so sequence numbers are handed out in commit order.
+- SQLite: every write transaction is serial (``BEGIN IMMEDIATE``); ``seq`` is
+  max + 1 inside it.
+- PostgreSQL: :func:`append` first takes a transaction advisory lock
+  (:data:`CHANGES_LOCK`), then reads max + 1; the lock is held until the commit, so
+  the transaction that holds Sequence N commits (or rolls back, freeing N) before any
+  other can take N + 1: the change-log appends of all nodes are serialised from the
+  append to the commit (only that part: the instance inserts before it run in parallel).
+- Memory: under the index's lock, in one SQLite transaction of its journal file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+ACTIONS = ("create", "update", "delete", "reject", "restore")
+STATES = ("current", "replaced", "deleted", "rejected")
+
+#: pg_advisory_xact_lock key serialising change-log appends across nodes ("DCMC")
+CHANGES_LOCK = 0x44434D43
+
+_COLS = "seq, _time, action, state, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, version"
+
+
+def sqlite_schema() -> str:
+    """The table in SQLite (index.sqlite, or the in-memory index's journal)."""
+    return """
+CREATE TABLE IF NOT EXISTS changelog (
+  seq INTEGER PRIMARY KEY,
+  _time REAL NOT NULL,
+  action TEXT NOT NULL,
+  state TEXT NOT NULL,
+  StudyInstanceUID TEXT NOT NULL,
+  SeriesInstanceUID TEXT NOT NULL,
+  SOPInstanceUID TEXT NOT NULL,
+  version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS changelog_sop ON changelog(SOPInstanceUID);
+CREATE INDEX IF NOT EXISTS changelog_time ON changelog(_time);
+"""
+
+
+def postgresql_schema() -> list[str]:
+    """The table in PostgreSQL (schema version 5, store/postgresql.py)."""
+    text = 'TEXT COLLATE "C"'
+    return [f"""
+CREATE TABLE changelog (
+  seq BIGINT PRIMARY KEY,
+  _time DOUBLE PRECISION NOT NULL,
+  action TEXT NOT NULL,
+  state TEXT NOT NULL,
+  StudyInstanceUID {text} NOT NULL,
+  SeriesInstanceUID {text} NOT NULL,
+  SOPInstanceUID {text} NOT NULL,
+  version INTEGER NOT NULL
+)""", "CREATE INDEX changelog_sop ON changelog(SOPInstanceUID)",
+        "CREATE INDEX changelog_time ON changelog(_time)"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One row of the change log."""
+
+    sequence: int
+    timestamp: float  # seconds since the epoch (UTC)
+    action: str
+    state: str
+    study_uid: str
+    series_uid: str
+    sop_uid: str
+    version: int
+
+    def entry(self, metadata: object = None, include_metadata: bool = False) -> dict:
+        """The change feed entry (field names of Microsoft dicom-server's ChangeFeedEntry);
+        ``Metadata`` only when asked for (its DICOM JSON, or null when the instance is
+        not current)."""
+        out = {"Sequence": self.sequence, "StudyInstanceUid": self.study_uid,
+               "SeriesInstanceUid": self.series_uid, "SopInstanceUid": self.sop_uid,
+               "Action": self.action, "Timestamp": iso(self.timestamp), "State": self.state}
+        if include_metadata:
+            out["Metadata"] = metadata
+        return out
+
+
+def iso(t: float) -> str:
+    """UTC time as ISO 8601 with microseconds and ``Z``."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# Each function takes ``x(sql, params)`` -> cursor: the caller's connection in its
+# transaction, statements written with ``?`` (the caller translates placeholders).
+Execute = Callable[[str, "list | tuple"], object]
+
+
+def append(x: Execute, now: float | None, action: str, instances: Iterable[tuple[str, str, str]],
+           postgresql: bool = False) -> list[Change]:
+    """Append one row per instance (study, series, SOP Instance UID) for ``action``,
+    in the caller's transaction; returns the rows. ``now`` None: the database's clock
+    (PostgreSQL). A delete also marks the instance's earlier rows ``deleted`` (its
+    state is always the current one). A create of an instance whose latest row is
+    already a current create is not repeated (the in-memory index re-adds every
+    instance at start-up)."""
+    assert action in ACTIONS
+    instances = list(instances)
+    if not instances:
+        return []
+    if postgresql:
+        x("SELECT pg_advisory_xact_lock(?)", (CHANGES_LOCK,))
+        now = x("SELECT extract(epoch FROM clock_timestamp())::float8", ()).fetchone()[0]
+    assert now is not None
+    seq = x("SELECT coalesce(max(seq), 0) FROM changelog", ()).fetchone()[0]
+    out: list[Change] = []
+    for study, series, sop in instances:
+        last = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
+                 (sop,)).fetchone()
+        if action == "create":
+            if last is not None and last[0] == "create" and last[1] == "current":
+                continue
+            version = last[2] + 1 if last is not None else 1
+            state = "current"
+        else:  # delete
+            version = last[2] if last is not None else 1
+            state = "deleted"
+            x("UPDATE changelog SET state = 'deleted' WHERE SOPInstanceUID = ? AND state != 'deleted'", (sop,))
+        seq += 1
+        x(f"INSERT INTO changelog ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+          (seq, now, action, state, study, series, sop, version))
+        out.append(Change(seq, now, action, state, study, series, sop, version))
+    return out
+
+
+def now() -> float:
+    return time.time()
+
+
+def read(x: Execute, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
+         skip: int = 0) -> list[Change]:
+    """Rows with Sequence > ``after``, ``start`` <= time < ``end``, in Sequence order,
+    the first ``skip`` left out, at most ``limit``."""
+    where, params = ["seq > ?"], [after]
+    if start is not None:
+        where.append("_time >= ?")
+        params.append(start)
+    if end is not None:
+        where.append("_time < ?")
+        params.append(end)
+    rows = x(f"SELECT {_COLS} FROM changelog WHERE {' AND '.join(where)} ORDER BY seq LIMIT ? OFFSET ?",
+             (*params, limit, skip)).fetchall()
+    return [Change(*r) for r in rows]
+
+
+def latest(x: Execute) -> Change | None:
+    row = x(f"SELECT {_COLS} FROM changelog ORDER BY seq DESC LIMIT 1", ()).fetchone()
+    return Change(*row) if row else None
+
+
+def current(x: Execute) -> list[tuple[str, str, str]]:
+    """(study, series, SOP Instance UID) of every instance whose latest row is a current create."""
+    return [tuple(r) for r in x("SELECT StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID FROM changelog "
+                                "WHERE state = 'current' AND action = 'create' ORDER BY seq", ()).fetchall()]
+
+
+def backfill(x: Execute, now: float) -> int:
+    """An index that held instances before it had a change log: one create per
+    instance (at ``now``: when each arrived is not known), in arrival order, so that a
+    consumer reading the feed from the start meets every instance. Only into an
+    empty change log."""
+    if x("SELECT 1 FROM changelog LIMIT 1", ()).fetchone() is not None:
+        return 0
+    return x(f"INSERT INTO changelog ({_COLS}) SELECT row_number() OVER (ORDER BY i.pk), ?, 'create', 'current', "
+             "s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID, 1 FROM instance i "
+             "JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk", (now,)).rowcount
