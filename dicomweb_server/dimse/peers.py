@@ -1,23 +1,33 @@
-"""Peers file: the AE titles C-MOVE may send to, and where they listen.
+"""Peers file: the AE titles this archive knows, where they are, and what they may do.
 
-JSON (``{"STORESCP": {"host": "10.0.0.5", "port": 104}}``) or TOML (a table per AE
-title: ``[STORESCP]`` ``host = "10.0.0.5"`` ``port = 104``). PS3.4 C.4.2: a Move
-Destination the SCP does not know fails with 0xA801.
+JSON (``{"STORESCP": {"host": "10.0.0.5", "port": 104, "scopes": ["read"]}}``) or TOML (a
+table per AE title: ``[STORESCP]`` ``host = "10.0.0.5"`` ``port = 104`` ``scopes = ["read"]``).
+
+- ``host`` (required): where the peer is. A C-MOVE to it connects there; with authentication
+  configured (:mod:`.access`), its associations must come from this host's address.
+- ``port`` (optional): where it listens; a peer without one is no Move Destination
+  (PS3.4 C.4.2: a Move Destination the SCP does not know fails with 0xA801).
+- ``scopes`` (optional, default none): with authentication configured, what it may do over
+  DIMSE: ``read`` (C-FIND, C-GET, C-MOVE), ``write`` (C-STORE). C-ECHO needs none.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+#: the scopes a peer may hold (the HTTP scopes, api/auth.py, that mean something over DIMSE)
+PEER_SCOPES = ("read", "write")
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
     ae_title: str
     host: str
-    port: int
+    port: int | None
+    scopes: frozenset[str] = field(default_factory=frozenset)
 
 
 class PeersError(ValueError):
@@ -34,13 +44,19 @@ def load_peers(path: Path | None) -> dict[str, Peer]:
     except (OSError, ValueError) as e:
         raise PeersError(f"peers file {path}: {e}") from None
     if not isinstance(raw, dict):
-        raise PeersError(f"peers file {path}: expected an object of AE title -> {{host, port}}")
+        raise PeersError(f"peers file {path}: expected an object of AE title -> {{host, port, scopes}}")
     peers: dict[str, Peer] = {}
     for ae, entry in raw.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) \
-                or not isinstance(entry.get("port"), int) or not 0 < entry["port"] < 65536 \
+        port = entry.get("port") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) or not entry["host"].strip() \
+                or ("port" in entry and (not isinstance(port, int) or isinstance(port, bool)
+                                         or not 0 < port < 65536)) \
                 or not 0 < len(ae.strip()) <= 16:
             raise PeersError(f"peers file {path}: {ae!r} needs an AE title of 1-16 characters, "
-                             "a host string and a port number")
-        peers[ae.strip()] = Peer(ae.strip(), entry["host"], entry["port"])
+                             "a host string and, if any, a port number")
+        scopes = entry.get("scopes", [])
+        if not isinstance(scopes, list) or not all(s in PEER_SCOPES for s in scopes):
+            raise PeersError(f"peers file {path}: {ae!r}: scopes must be a list of "
+                             f"{' and '.join(repr(s) for s in PEER_SCOPES)}, not {scopes!r}")
+        peers[ae.strip()] = Peer(ae.strip(), entry["host"].strip(), port, frozenset(scopes))
     return peers

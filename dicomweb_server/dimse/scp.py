@@ -59,7 +59,7 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
-from . import pdata, reactor, store_rsp
+from . import access, pdata, reactor, store_rsp
 from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
@@ -287,6 +287,7 @@ def _unpatch() -> None:
     reactor.uninstall()
     store_rsp.uninstall()
     pdata.uninstall()
+    access.uninstall()
 
 
 #: listeners started in this process: a stop that outlasts the start of the next listener
@@ -325,6 +326,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     _config.LOG_HANDLER_LEVEL = "none"
     store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
     pdata.install()  # P-DATA-TF as views of one buffer, PDV by PDV, message assembly checked (pdata.py)
+    access.install()  # every DIMSE request checked against the listener's AccessPolicy (access.py)
 
 
 #: bytes read from the head of a received file: its file meta and first elements
@@ -403,7 +405,9 @@ class DimseServer:
         self.archive = archive
         self.settings = settings or archive.settings
         self.peers: dict[str, Peer] = load_peers(self.settings.dimse_peers_file)
+        self.access = access.AccessPolicy(self.settings, self.peers)  # who may do what (access.py)
         self.ae = self._make_ae()
+        self.ae.dicomweb_access = self.access  # type: ignore[attr-defined]
         self._server = None
 
     # --- association policy (kept out of the handlers) ----------------------------------
@@ -430,6 +434,7 @@ class DimseServer:
         """Start listening (threads: one per association); returns the bound port."""
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
         handlers = [
+            (evt.EVT_REQUESTED, self.access.on_requested),  # A-ASSOCIATE-RJ for a peer not allowed
             (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
             (evt.EVT_C_STORE, self._on_store),
             (evt.EVT_C_FIND, self._on_find),
@@ -626,8 +631,8 @@ class DimseServer:
         dest = event.move_destination
         dest = (dest.decode("ascii", "replace") if isinstance(dest, bytes) else str(dest)).strip()
         peer = self.peers.get(dest)
-        if peer is None:
-            log.warning("C-MOVE to unknown destination %r", dest)
+        if peer is None or peer.port is None:
+            log.warning("C-MOVE to unknown destination %r%s", dest, " (no port in the peers file)" if peer else "")
             yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
             return
         locations, failure = self._matches(event, _MOVE_MODELS)
