@@ -640,8 +640,20 @@ class DimseServer:
         pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
         contexts = [build_context(cls, list(dict.fromkeys([ts, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian])))
                     for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
-        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title}
+        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
+                                     "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
         yield from self._send(event, locations, failure)
+
+
+def _sub_operation_socket_timeout(event) -> None:
+    """The C-MOVE destination's socket (connected: pynetdicom leaves it without a timeout)
+    gets the network timeout: a destination that stops reading fails the sub-operation being
+    sent and ends that association within it (PS3.4 C.4.2.3: the sub-operation fails, the
+    C-MOVE goes on to its final response). Its DUL thread blocked in ``send`` for as long as
+    the destination liked, and the C-MOVE with it."""
+    sock = getattr(event.assoc.dul.socket, "socket", None)
+    if sock is not None:
+        sock.settimeout(event.assoc.network_timeout)
 
 
 def _server_bind_reuseport(self) -> None:
