@@ -59,6 +59,7 @@ from pynetdicom.sop_class import (
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
+from ..store.base import IndexUnavailable
 from . import access, pdata, reactor, store_rsp
 from .pdata import PDURefused
 from . import status as S
@@ -590,6 +591,9 @@ class DimseServer:
             return matching_instances(self.archive.index, identifier, model, self.settings.max_results), None
         except IdentifierError as e:
             return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
+        except IndexUnavailable as e:  # unavailable is not out of resources: C-FIND's 0xC000
+            log.error("C-GET/C-MOVE matching failed: %s", e)
+            return None, _status(S.QR_UNABLE_TO_PROCESS, str(e))
         except Exception as e:
             log.exception("C-GET/C-MOVE matching failed")
             return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
@@ -597,9 +601,13 @@ class DimseServer:
     def _send(self, event, locations, failure):
         """The number of sub-operations, then pending responses with the data sets;
         pynetdicom sends each as a C-STORE sub-operation and counts
-        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 0, then its status."""
+        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 1, then its status
+        (pynetdicom answers a count of 0 with Success at once: an identifier that does not match
+        the SOP class, or an index that cannot be reached, was a Success with nothing sent; it
+        counts the one announced as failed; a C-MOVE first associates with its destination,
+        proposing Verification only, and answers 0xA801 if it refuses that)."""
         if failure is not None:
-            yield 0
+            yield 1
             yield failure, None
             return
         yield len(locations)

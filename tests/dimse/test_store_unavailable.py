@@ -1,14 +1,17 @@
 """PostgreSQL stopped while a store is under way (files placed, index not committed): the
 instances fail with 0x0110 Processing Failure (PS3.7 Annex C), the same for STOW-RS's
-FailureReason (0008,1197) and the C-STORE-RSP status. They failed with 0xA700 "Refused: Out
-of Resources" (PS3.4 B.2.3), which tells a modality the archive is full: unavailable is not
-full. A full disk still answers 0xA700 (tests/routing/test_outbox.py, tests/store/test_s3.py)."""
+FailureReason (0008,1197) and the C-STORE-RSP status. They failed with 0xA700 "Refused: Out of
+Resources" (PS3.4 B.2.3), which tells a modality the archive is full: unavailable is not full.
+A full disk still answers 0xA700 (tests/routing/test_outbox.py, tests/store/test_s3.py). A
+C-GET with the index down then fails with 0xC000 (it was a Success with nothing sent)."""
 
 from __future__ import annotations
 
 import pytest
-from pynetdicom import AE
 from pydicom import uid as U
+from pydicom.dataset import Dataset
+from pynetdicom import AE
+from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelGet
 
 from dicomweb_server import archive as archive_module
 from dicomweb_server.archive import Archive
@@ -85,13 +88,25 @@ def test_c_store_status_is_processing_failure(tmp_path, pg, monkeypatch):
         ae.add_requested_context("1.2.840.10008.5.1.4.1.1.2", U.ExplicitVRLittleEndian)
         assoc = ae.associate("127.0.0.1", port, ae_title="DICOMWEB")
         assert assoc.is_established
-        assert assoc.send_c_store(make_dataset()).Status == S.SUCCESS
+        first = make_dataset()
+        assert assoc.send_c_store(first).Status == S.SUCCESS
         stopped = _stop_at_placed(monkeypatch, pg)
         rsp = assoc.send_c_store(make_dataset())
         assert stopped == ["placed"]
         assert rsp.Status == S.PROCESSING_FAILURE, hex(rsp.Status)
         assert rsp.ErrorComment.startswith("cannot commit the index")
         assoc.release()
+        # C-GET with the index down: 0xC000 unable to process, as C-FIND (it was Success with
+        # no sub-operation: pynetdicom answers a count of 0 with Success)
+        ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
+        assoc = ae.associate("127.0.0.1", port, ae_title="DICOMWEB")
+        ident = Dataset()
+        ident.QueryRetrieveLevel = "STUDY"
+        ident.StudyInstanceUID = first.StudyInstanceUID
+        final = [s for s, _ in assoc.send_c_get(ident, StudyRootQueryRetrieveInformationModelGet)][-1]
+        assoc.release()
+        assert final.Status == S.QR_UNABLE_TO_PROCESS, hex(final.Status)
+        assert "the index database" in final.ErrorComment
     finally:
         server.stop()
         archive.close()
