@@ -374,15 +374,15 @@ class Archive:
         faults.point("placed")
         try:
             added = self.committer.commit(pending, dirs, announced)
-        except Exception as e:  # disk full or I/O error in the index: nothing of it is visible
+        except Exception as e:  # disk full, I/O error or database gone: nothing of it is visible
             log.error("index commit failed: %s", e)
+            reason = FailureReason.OUT_OF_RESOURCES if _index_full(e) else FailureReason.PROCESSING_FAILURE
             for rec in pending:
                 try:
                     self.blobs.remove(rec.path)  # never acknowledged: leave nothing behind
                 except OSError as err:
                     log.error("could not remove %s after the failed commit: %s", rec.path, err)
-                outcome.failed.append(Failed(FailureReason.OUT_OF_RESOURCES, f"cannot commit the index: {e}",
-                                             rec.sop_class_uid, rec.sop_uid))
+                outcome.failed.append(Failed(reason, f"cannot commit the index: {e}", rec.sop_class_uid, rec.sop_uid))
             return
         faults.point("indexed")
         metrics.STORED.inc(sum(1 for new in added if new))  # (Index.add may answer objects, not bools)
@@ -444,6 +444,20 @@ def _disk_full(err: BaseException) -> bool:
     if isinstance(err, OSError):
         return is_out_of_resources(err)
     return "disk is full" in str(err)  # sqlite3.OperationalError (SQLITE_FULL) has no errno
+
+
+def _index_full(err: BaseException) -> bool:
+    """An index commit that failed for lack of room or write access (STOW-RS FailureReason and
+    C-STORE status 0xA700, PS3.4 B.2.3 "Refused: Out of Resources"): a full disk or
+    read-only storage (OSError), SQLite's SQLITE_FULL or SQLITE_READONLY, PostgreSQL's
+    SQLSTATE 53100 disk_full. Anything else, a database that cannot be reached above all
+    (:class:`IndexUnavailable`, a connection lost mid-commit), is a processing failure
+    (0x0110, PS3.7 Annex C): unavailable is not full, and the instance may be sent again."""
+    if isinstance(err, IndexUnavailable):
+        return False
+    if getattr(err, "sqlstate", None) == "53100":  # psycopg.errors.DiskFull
+        return True
+    return _disk_full(err) or "readonly database" in str(err)
 
 
 @contextmanager

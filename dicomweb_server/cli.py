@@ -126,14 +126,17 @@ def _serve(args: argparse.Namespace) -> int:
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
         return 2
-    if settings.dimse_port and settings.dimse_peers_file:
+    if settings.dimse_port:
+        from .dimse.access import startup_warnings
         from .dimse.peers import PeersError, load_peers
 
         try:
-            load_peers(settings.dimse_peers_file)
+            peers = load_peers(settings.dimse_peers_file)
         except PeersError as e:
             print(f"dicomweb-server: --dimse-peers-file: {e}", file=sys.stderr)
             return 2
+        for line in startup_warnings(settings, peers):  # who may use DIMSE (dimse/access.py)
+            print(f"dicomweb-server: {line}", file=sys.stderr, flush=True)
     workers = settings.effective_workers()
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)

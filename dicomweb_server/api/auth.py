@@ -39,7 +39,6 @@ import hashlib
 import hmac
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -47,9 +46,9 @@ import jwt
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..identity import SCOPES, Identity
 from .errors import error_response
 
-SCOPES = ("read", "write", "delete")
 _METHOD_SCOPE = {"GET": "read", "HEAD": "read", "POST": "write", "DELETE": "delete"}
 _OPEN_PREFIXES = ("/docs", "/openapi.json", "/viewer")
 
@@ -58,13 +57,6 @@ log = logging.getLogger("dicomweb_server.auth")
 
 # JWS algorithms allowed per JWK key type when the JWK names none (RFC 7518 §3.1)
 _ALGORITHMS_OF_KTY = {"RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"), "OKP": ("EdDSA",)}
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    subject: str  # who: key name, JWT "sub", or user name
-    scopes: frozenset[str]
-    method: str  # "api-key" | "oidc" | "basic" | "anonymous"
 
 
 def _norm_scopes(values) -> frozenset[str]:

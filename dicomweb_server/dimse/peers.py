@@ -1,27 +1,39 @@
-"""Peers file: the AE titles C-MOVE may send to, and where they listen.
+"""Peers file: the AE titles this archive knows, where they are, and what they may do.
 
-JSON (``{"STORESCP": {"host": "10.0.0.5", "port": 104}}``) or TOML (a table per AE
-title: ``[STORESCP]`` ``host = "10.0.0.5"`` ``port = 104``). PS3.4 C.4.2: a Move
-Destination the SCP does not know fails with 0xA801. Each AE title must be a PS3.5 AE
-value (1-16 characters, no backslash or control characters, not all spaces), each host a
-host name or IP address, each port 1-65535: anything else is refused at start.
+JSON (``{"STORESCP": {"host": "10.0.0.5", "port": 104, "scopes": ["read"]}}``) or TOML (a
+table per AE title: ``[STORESCP]`` ``host = "10.0.0.5"`` ``port = 104`` ``scopes = ["read"]``).
+
+- ``host`` (required): where the peer is. A C-MOVE to it connects there; with authentication
+  configured (:mod:`.access`), its associations must come from this host's address.
+- ``port`` (optional): where it listens; a peer without one is no Move Destination
+  (PS3.4 C.4.2: a Move Destination the SCP does not know fails with 0xA801).
+- ``scopes`` (optional, default none): with authentication configured, what it may do over
+  DIMSE: ``read`` (C-FIND, C-GET, C-MOVE), ``write`` (C-STORE). C-ECHO needs none.
+
+Each AE title must be a PS3.5 AE value (1-16 characters, no backslash or control characters,
+not all spaces), each host a host name or IP address, each port 1-65535: anything else is
+refused at start.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config_values import PORT, ae_title_problem, host_problem
+
+#: the scopes a peer may hold (the HTTP scopes, api/auth.py, that mean something over DIMSE)
+PEER_SCOPES = ("read", "write")
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
     ae_title: str
     host: str
-    port: int
+    port: int | None
+    scopes: frozenset[str] = field(default_factory=frozenset)
 
 
 class PeersError(ValueError):
@@ -38,18 +50,24 @@ def load_peers(path: Path | None) -> dict[str, Peer]:
     except (OSError, ValueError) as e:
         raise PeersError(f"peers file {path}: {e}") from None
     if not isinstance(raw, dict):
-        raise PeersError(f"peers file {path}: expected an object of AE title -> {{host, port}}")
+        raise PeersError(f"peers file {path}: expected an object of AE title -> {{host, port, scopes}}")
     peers: dict[str, Peer] = {}
     for ae, entry in raw.items():
         if not isinstance(entry, dict):
-            raise PeersError(f"peers file {path}: {ae!r}: expected {{host, port}}")
+            raise PeersError(f"peers file {path}: {ae!r}: expected {{host, port, scopes}}")
         if problem := ae_title_problem(ae):  # PS3.5 §6.2 AE
             raise PeersError(f"peers file {path}: {problem}")
-        for name, problem in (("host", host_problem(entry.get("host"))), ("port", PORT.problem(entry.get("port")))):
+        port = entry.get("port")
+        for name, problem in (("host", host_problem(entry.get("host"))),
+                              ("port", PORT.problem(port) if "port" in entry else None)):
             if problem:
                 raise PeersError(f"peers file {path}: {ae!r}: {name}: {problem}")
         if ae.strip() in peers:
             raise PeersError(f"peers file {path}: {ae!r}: given twice (leading and trailing spaces of an AE "
                              "title are not significant)")
-        peers[ae.strip()] = Peer(ae.strip(), entry["host"], entry["port"])
+        scopes = entry.get("scopes", [])
+        if not isinstance(scopes, list) or not all(s in PEER_SCOPES for s in scopes):
+            raise PeersError(f"peers file {path}: {ae!r}: scopes must be a list of "
+                             f"{' and '.join(repr(s) for s in PEER_SCOPES)}, not {scopes!r}")
+        peers[ae.strip()] = Peer(ae.strip(), entry["host"].strip(), port, frozenset(scopes))
     return peers

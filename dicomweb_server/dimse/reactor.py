@@ -217,6 +217,11 @@ def _assoc_run_reactor(self) -> None:
         context_id, msg = self.dimse.get_msg(block=False)
         if msg:
             self._serve_request(msg, context_id)
+            # The peer waited for this answer, it was not idle: the network timeout counts from
+            # the end of the service. A C-MOVE whose destination stalled for dimse_timeout (the
+            # same 60 s) used to end with the final response, then an A-ABORT of the requester's
+            # association, whose last PDU (the C-MOVE-RQ) had come a network timeout before.
+            self.dul._idle_timer.restart()
             continue  # more may be queued
 
         if self.is_established and self.acse.is_release_requested():

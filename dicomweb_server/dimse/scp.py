@@ -61,7 +61,8 @@ from .. import missing_data
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
-from . import pdata, reactor, slots, store_rsp
+from ..store.base import IndexUnavailable
+from . import access, pdata, reactor, slots, store_rsp
 from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
@@ -286,6 +287,7 @@ def _unpatch() -> None:
     slots.uninstall()
     store_rsp.uninstall()
     pdata.uninstall()
+    access.uninstall()
 
 
 #: listeners started in this process: a stop that outlasts the start of the next listener
@@ -326,6 +328,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     _config.LOG_HANDLER_LEVEL = "none"
     store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
     pdata.install()  # P-DATA-TF as views of one buffer, PDV by PDV, message assembly checked (pdata.py)
+    access.install()  # every DIMSE request checked against the listener's AccessPolicy (access.py)
 
 
 #: bytes read from the head of a received file: its file meta and first elements
@@ -405,7 +408,9 @@ class DimseServer:
         self.settings = settings or archive.settings
         self.slots_fd = slots_fd  # the node's slot table (serve's listeners); None: this listener's own
         self.peers: dict[str, Peer] = load_peers(self.settings.dimse_peers_file)
+        self.access = access.AccessPolicy(self.settings, self.peers)  # who may do what (access.py)
         self.ae = self._make_ae()
+        self.ae.dicomweb_access = self.access  # type: ignore[attr-defined]
         self._server = None
 
     # --- association policy (kept out of the handlers) ----------------------------------
@@ -436,7 +441,10 @@ class DimseServer:
         quiet_pynetdicom(self.settings.log_level)
         self.ae.dimse_slots = slots.Slots(self.settings.dimse_max_associations,  # type: ignore[attr-defined]
                                           slots.per_peer_limit(self.settings), self.slots_fd)
-        handlers = [*slots.HANDLERS,  # first: a slot, or A-ASSOCIATE-RJ local-limit-exceeded
+        handlers = [
+            # first: A-ASSOCIATE-RJ (permanent) for a peer not allowed, before it can take a slot
+            (evt.EVT_REQUESTED, self.access.on_requested),
+            *slots.HANDLERS,  # then a slot, or A-ASSOCIATE-RJ (transient) local-limit-exceeded
             (evt.EVT_C_ECHO, lambda e: S.SUCCESS),
             (evt.EVT_C_STORE, self._on_store),
             (evt.EVT_C_FIND, self._on_find),
@@ -598,6 +606,9 @@ class DimseServer:
             return matching_instances(self.archive.index, identifier, model, self.settings.max_results), None
         except IdentifierError as e:
             return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
+        except IndexUnavailable as e:  # unavailable is not out of resources: C-FIND's 0xC000
+            log.error("C-GET/C-MOVE matching failed: %s", e)
+            return None, _status(S.QR_UNABLE_TO_PROCESS, str(e))
         except Exception as e:
             log.exception("C-GET/C-MOVE matching failed")
             return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
@@ -605,9 +616,13 @@ class DimseServer:
     def _send(self, event, locations, failure):
         """The number of sub-operations, then pending responses with the data sets;
         pynetdicom sends each as a C-STORE sub-operation and counts
-        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 0, then its status."""
+        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 1, then its status
+        (pynetdicom answers a count of 0 with Success at once: an identifier that does not match
+        the SOP class, or an index that cannot be reached, was a Success with nothing sent; it
+        counts the one announced as failed; a C-MOVE first associates with its destination,
+        proposing Verification only, and answers 0xA801 if it refuses that)."""
         if failure is not None:
-            yield 0
+            yield 1
             yield failure, None
             return
         yield len(locations)
@@ -643,8 +658,8 @@ class DimseServer:
         dest = event.move_destination
         dest = (dest.decode("ascii", "replace") if isinstance(dest, bytes) else str(dest)).strip()
         peer = self.peers.get(dest)
-        if peer is None:
-            log.warning("C-MOVE to unknown destination %r", dest)
+        if peer is None or peer.port is None:
+            log.warning("C-MOVE to unknown destination %r%s", dest, " (no port in the peers file)" if peer else "")
             yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
             return
         locations, failure = self._matches(event, _MOVE_MODELS)
@@ -652,8 +667,20 @@ class DimseServer:
         pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
         contexts = [build_context(cls, list(dict.fromkeys([ts, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian])))
                     for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
-        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title}
+        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
+                                     "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
         yield from self._send(event, locations, failure)
+
+
+def _sub_operation_socket_timeout(event) -> None:
+    """The C-MOVE destination's socket (connected: pynetdicom leaves it without a timeout)
+    gets the network timeout: a destination that stops reading fails the sub-operation being
+    sent and ends that association within it (PS3.4 C.4.2.3: the sub-operation fails, the
+    C-MOVE goes on to its final response). Its DUL thread blocked in ``send`` for as long as
+    the destination liked, and the C-MOVE with it."""
+    sock = getattr(event.assoc.dul.socket, "socket", None)
+    if sock is not None:
+        sock.settimeout(event.assoc.network_timeout)
 
 
 def _server_bind_reuseport(self) -> None:

@@ -3,9 +3,10 @@
 References
 ----------
 PS3.7 Annex C (general status: 0x0000 success, 0x0110 processing failure, 0x0111
-duplicate SOP instance, 0x0122 SOP class not supported), PS3.4 B.2.3 (Storage SCP:
-0xA7xx out of resources, 0xA9xx data set does not match SOP Class, 0xCxxx cannot
-understand), PS3.4 C.4.1.1.4 (C-FIND), C.4.2.1.5 (C-MOVE), C.4.3.1.4 (C-GET).
+duplicate SOP instance, 0x0122 SOP class not supported, 0x0124 refused: not authorized),
+PS3.4 B.2.3 (Storage SCP: 0xA7xx out of resources, 0xA9xx data set does not match SOP
+Class, 0xCxxx cannot understand), PS3.4 C.4.1.1.4 (C-FIND), C.4.2.1.5 (C-MOVE), C.4.3.1.4
+(C-GET).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ PENDING = 0xFF00  # C-FIND/C-GET/C-MOVE: matches/sub-operations are continuing (
 CANCEL = 0xFE00  # matching/sub-operations terminated due to a C-CANCEL (PS3.4 C.4)
 PROCESSING_FAILURE = 0x0110  # PS3.7 C
 DUPLICATE_SOP_INSTANCE = 0x0111  # PS3.7 C
+NOT_AUTHORIZED = 0x0124  # PS3.7 C: Refused: Not Authorized (any DIMSE service; dimse/access.py)
 
 # Storage SCP (PS3.4 B.2.3)
 STORE_OUT_OF_RESOURCES = 0xA700

@@ -1,4 +1,5 @@
-"""The peers file (C-MOVE destinations): JSON or TOML; malformed entries refused."""
+"""The peers file (C-MOVE destinations, and with authentication configured the peers allowed
+and their scopes: dimse/access.py): JSON or TOML; malformed entries refused."""
 
 from __future__ import annotations
 
@@ -17,7 +18,18 @@ def test_json_and_toml(tmp_path):
     assert load_peers(None) == {}
 
 
-@pytest.mark.parametrize("text", ['{"A": {"host": "h"}}', '{"A": {"host": "h", "port": 0}}', "[1]", "{",
+def test_scopes_and_an_optional_port(tmp_path):
+    p = tmp_path / "peers.toml"
+    p.write_text('[CT1]\nhost = "10.0.0.7"\nscopes = ["write"]\n[WS]\nhost = "ws.example"\nport = 11112\n'
+                 'scopes = ["read", "write"]\n')
+    assert load_peers(p) == {"CT1": Peer("CT1", "10.0.0.7", None, frozenset({"write"})),
+                             "WS": Peer("WS", "ws.example", 11112, frozenset({"read", "write"}))}
+
+
+@pytest.mark.parametrize("text", ['{"A": {"port": 104}}', '{"A": {"host": "h", "port": 0}}', "[1]", "{",
+                                  '{"A": {"host": "h", "port": "104"}}', '{"A": {"host": "", "port": 104}}',
+                                  '{"A": {"host": "h", "scopes": ["delete"]}}',
+                                  '{"A": {"host": "h", "scopes": "read"}}',
                                   '{"WAYTOOLONGAETITLE17": {"host": "h", "port": 104}}'])
 def test_malformed(tmp_path, text):
     p = tmp_path / "peers.json"

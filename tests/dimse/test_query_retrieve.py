@@ -15,6 +15,7 @@ from pynetdicom.sop_class import (
     StudyRootQueryRetrieveInformationModelFind,
     StudyRootQueryRetrieveInformationModelGet,
     StudyRootQueryRetrieveInformationModelMove,
+    Verification,
 )
 
 from dicomweb_server.dimse import status as S
@@ -186,6 +187,7 @@ def store_scp():
 
     ae = AE(ae_title="MOVEDEST")
     ae.supported_contexts = StoragePresentationContexts
+    ae.add_supported_context(Verification)  # as storescp: a failed C-MOVE associates with Verification only
     port = free_port()
     server = ae.start_server(("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)])
     yield port, received
@@ -264,3 +266,20 @@ def test_move_of_a_missing_file_is_a_failed_sub_operation(move_dimse, store_scp)
     assert (final.NumberOfCompletedSuboperations, final.NumberOfFailedSuboperations) == (1, 1)
     assert identifier.FailedSOPInstanceUIDList == lost.SOPInstanceUID
     assert [d.SOPInstanceUID for d in store_scp[1]] == [dss[1].SOPInstanceUID]
+
+
+def test_get_and_move_bad_level(move_dimse, store_scp):
+    """An identifier that does not match the SOP class fails a C-GET or C-MOVE with 0xA900
+    (PS3.4 C.4.2.1.5, C.4.3.1.4): it was answered Success with no sub-operation (pynetdicom
+    answers a count of 0 with Success), as if nothing matched. (pynetdicom counts the one
+    sub-operation announced as failed.)"""
+    ident = _ident("FRAME")
+    assoc = move_dimse.associate([build_context(StudyRootQueryRetrieveInformationModelGet),
+                                  build_context(StudyRootQueryRetrieveInformationModelMove)])
+    get = [s for s, _ in assoc.send_c_get(ident, StudyRootQueryRetrieveInformationModelGet)]
+    move = [s for s, _ in assoc.send_c_move(ident, "MOVEDEST", StudyRootQueryRetrieveInformationModelMove)]
+    assoc.release()
+    for final in get[-1], move[-1]:
+        assert (final.Status, final.NumberOfCompletedSuboperations) == (S.QR_IDENTIFIER_MISMATCH, 0), final
+        assert final.ErrorComment.startswith("QueryRetrieveLevel")
+    assert store_scp[1] == []

@@ -315,7 +315,8 @@ def test_good_headers_names_and_addresses_are_kept(tmp_path):
     ('{"STORESCP": {"host": "h", "port": 0}}', "'STORESCP': port: 0 is out of range; allowed: an integer from 1"),
     ('{"STORESCP": {"host": "h", "port": "104"}}', "'STORESCP': port: '104' is not a number"),
     ('{"STORESCP": {"host": "h", "port": true}}', "port: True is not a number"),
-    ('{"STORESCP": {"host": "h"}}', "'STORESCP': port: None is not a number"),
+    ('{"STORESCP": {"host": "h", "port": null}}', "'STORESCP': port: None is not a number"),
+    ('{"STORESCP": {"host": "h", "scopes": ["admin"]}}', "'STORESCP': scopes must be a list of 'read' and 'write'"),
     ('{"STORESCP": {"host": "a b", "port": 104}}', "'STORESCP': host: 'a b' is not a host name"),
     ('{"STORESCP": {"host": "h\\r\\nx", "port": 104}}', "host: 'h\\r\\nx' is not a host name"),
     ('{"STORESCP": {"port": 104}}', "'STORESCP': host: a host name or IP address is required"),
@@ -325,7 +326,7 @@ def test_good_headers_names_and_addresses_are_kept(tmp_path):
     ('{"A\\nB": {"host": "h", "port": 104}}', "without backslash or control characters"),
     ('{"SEVENTEEN_CHARS_X": {"host": "h", "port": 104}}', "longer than the 16 characters"),
     ('{"PACS": {"host": "h", "port": 104}, " PACS": {"host": "h", "port": 105}}', "' PACS': given twice"),
-    ('{"PACS": 104}', "'PACS': expected {host, port}"),
+    ('{"PACS": 104}', "'PACS': expected {host, port, scopes}"),
 ])
 def test_a_bad_peer_is_refused_naming_it_and_what_is_allowed(tmp_path, text, words):
     f = tmp_path / "peers.json"
@@ -337,6 +338,8 @@ def test_a_bad_peer_is_refused_naming_it_and_what_is_allowed(tmp_path, text, wor
 
 def test_good_peers_are_kept(tmp_path):
     f = tmp_path / "peers.toml"
-    f.write_text('[" STORESCP "]\nhost = "fe80::1"\nport = 65535\n[ARCHIVE2]\nhost = "archive-2.local"\nport = 1\n')
+    f.write_text('[" STORESCP "]\nhost = "fe80::1"\nport = 65535\n[ARCHIVE2]\nhost = "archive-2.local"\nport = 1\n'
+                 '[MODALITY]\nhost = "10.1.2.3"\nscopes = ["write"]\n')  # no port: not a Move Destination
     assert load_peers(f) == {"STORESCP": Peer("STORESCP", "fe80::1", 65535),
-                             "ARCHIVE2": Peer("ARCHIVE2", "archive-2.local", 1)}
+                             "ARCHIVE2": Peer("ARCHIVE2", "archive-2.local", 1),
+                             "MODALITY": Peer("MODALITY", "10.1.2.3", None, frozenset({"write"}))}

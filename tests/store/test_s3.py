@@ -158,7 +158,7 @@ def test_duplicate_policy_and_failed_commit_leave_one_object(archive, s3_server,
     # the index commit fails after the PUT: nothing acknowledged, no object left behind
     lost = make_dataset()
 
-    def broken(records, dirs):
+    def broken(records, dirs, announced=None):  # Committer.commit's signature
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(archive.committer, "commit", broken)

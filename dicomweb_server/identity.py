@@ -1,0 +1,17 @@
+"""Who is asking: the identity both front doors give a request (HTTP: api/auth.py, from its
+credentials; DIMSE: dimse/access.py, from the peers file), and the scopes it may hold. Kept
+apart from both so that either imports it without the other (the DIMSE listener process
+loads no web framework)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCOPES = ("read", "write", "delete")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    subject: str  # who: key name, JWT "sub", user name, or a DIMSE peer's AE title
+    scopes: frozenset[str]
+    method: str  # "api-key" | "oidc" | "basic" | "dimse-peer" | "anonymous"
