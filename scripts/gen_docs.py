@@ -8,7 +8,11 @@ GENERATED name -->`` in a page whose other text is written by hand:
 
 - docs/configuration.md ``settings``: every field of :class:`dicomweb_server.settings.Settings`
   (name, the ``dicomweb-server serve`` flag that sets it, read from the command line's own
-  parser, the ``DICOMWEB_*`` environment variable, the default, the field's description);
+  parser, the ``DICOMWEB_*`` environment variable, the default, the allowed range from the
+  field's ``ge``/``gt``/``le`` constraints as ``settings.field_bound`` reads them for the error
+  messages, the field's description);
+- docs/routing.md ``delivery``: the ``[delivery]`` keys of the routes file, their ranges
+  (``routing.rules.DELIVERY_BOUNDS``) and defaults (``routing.rules.Delivery``);
 - docs/conformance.md ``implementation``, ``dimse-contexts``, ``storage-sop-classes``: the
   presentation contexts the DIMSE listener accepts, from the listener's own association policy
   (``DimseServer._make_ae``: the SOP classes, ``TRANSFER_SYNTAXES``, roles);
@@ -82,10 +86,10 @@ def _default(field) -> str:
 
 
 def settings_table() -> str:
-    from dicomweb_server.settings import Settings
+    from dicomweb_server.settings import Settings, field_bound
 
     flags = _flags()
-    rows = ["| setting | flag | environment | default | meaning |", "|---|---|---|---|---|"]
+    rows = ["| setting | flag | environment | default | allowed | meaning |", "|---|---|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
         description = field.description or ""
         if description.startswith("internal:"):
@@ -94,8 +98,27 @@ def settings_table() -> str:
         origin = getattr(field.annotation, "__origin__", field.annotation)
         if origin in (list, dict):
             env += " (JSON)"
+        bound = field_bound(name)
+        allowed = bound.describe() if bound is not None else ""
         rows.append(f'| <a id="{name}"></a>`{name}` | {flags.get(name, "")} | {env} | {_default(field)} '
-                    f"| {_cell(description)} |")
+                    f"| {allowed} | {_cell(description)} |")
+    return "\n".join(rows)
+
+
+def delivery_table() -> str:
+    """The ``[delivery]`` keys of the routes file: range and default, as ``routing/rules.py``
+    checks and applies them."""
+    from dataclasses import fields
+
+    from dicomweb_server.routing.rules import DELIVERY_BOUNDS, Delivery
+
+    defaults = {f.name: f.default for f in fields(Delivery)}
+    rows = ["| key | allowed | default |", "|---|---|---|"]
+    for key, bound in DELIVERY_BOUNDS.items():
+        value = defaults[key]
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        rows.append(f"| `{key}` | {bound.describe()} | {value} |")
     return "\n".join(rows)
 
 
@@ -129,8 +152,11 @@ def implementation() -> str:
     from pynetdicom._globals import APPLICATION_CONTEXT_NAME  # what pynetdicom's ACSE sends and accepts
 
     from dicomweb_server import __version__
+    from dicomweb_server.dimse.slots import per_peer_limit
+    from dicomweb_server.settings import Settings
 
     ae = _listener_ae()
+    settings = Settings()
     return "\n".join([
         "| | |", "|---|---|",
         f"| Product | dicomweb-archive {__version__} (`dicomweb_server`) |",
@@ -139,8 +165,10 @@ def implementation() -> str:
         f"| Implementation Version Name | `{ae.implementation_version_name}` |",
         f"| AE title (default) | `{ae.ae_title}` (setting `ae_title`) |",
         f"| Maximum PDU length received (default) | {ae.maximum_pdu_size} bytes (setting `dimse_max_pdu`) |",
-        f"| Associations accepted at a time (default) | {ae.maximum_associations} per listener process "
-        "(setting `dimse_max_associations`) |",
+        f"| Associations accepted at a time (default) | {settings.dimse_max_associations} on the node, all "
+        "listener processes together (setting `dimse_max_associations`); "
+        f"{per_peer_limit(settings)} per peer address and per calling AE title "
+        "(setting `dimse_max_associations_per_peer`) |",
         f"| Timeouts (default): ACSE, DIMSE, network | {ae.acse_timeout:g} s, {ae.dimse_timeout:g} s, "
         f"{ae.network_timeout:g} s |",
     ])
@@ -188,6 +216,7 @@ def pixel_media_types() -> str:
 
 PAGES = {
     "docs/configuration.md": {"settings": settings_table},
+    "docs/routing.md": {"delivery": delivery_table},
     "docs/conformance.md": {
         "implementation": implementation,
         "dimse-contexts": dimse_contexts,

@@ -1,7 +1,7 @@
 """The change feed: the change log (store/changes.py) read over HTTP with the routes,
 parameters and entry fields of Microsoft dicom-server's change feed, so that its
 consumers (its DicomWebClient, DICOM Cast, scripts polling ``offset``) work unchanged
-(docs/notes/changefeed.md). Not a DICOM service: PS3.18 defines no change feed.
+(docs/changes.md). Not a DICOM service: PS3.18 defines no change feed.
 
 - ``GET {prefix}/changefeed`` and ``{prefix}/v1/changefeed``: version 1. ``offset`` is
   the Sequence to read after (exclusive, default 0), ``limit`` 1-100 (default 10).

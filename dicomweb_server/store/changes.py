@@ -10,7 +10,7 @@ ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``ver
 (1 for an instance's first create; each later create of the same SOP Instance UID, once
 the earlier one was deleted, is the next version; a delete carries the version it
 removed). The field names and meanings are those of the change feed of Microsoft's
-dicom-server (docs/notes/changefeed.md); update, reject and restore are reserved for the
+dicom-server (docs/changes.md); update, reject and restore are reserved for the
 instance lifecycle work (issue 27) and written by nobody yet.
 
 Gapless to readers. A reader that has seen Sequence N must never later meet a row with
