@@ -32,7 +32,7 @@ from pydicom.encaps import generate_frames
 
 from .dicom import pixels
 from .dicom.bulkdata import resolve_bulkdata
-from .dicom.frames import PixelLayout, frame_spans, read_spans
+from .dicom.frames import PixelLayout, bit_packed_frame, frame_spans, read_spans
 from .dicom.media_types import (
     EXPLICIT_VR_LE,
     NATIVE_LE,
@@ -425,6 +425,12 @@ def _stored_frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> It
     f.seek(0)
     ds = pydicom.dcmread(f)  # deflated, bit-packed or ambiguous fragments: sizes checked at STOW
     data = ds[int(pixel_tag(loc), 16)].value
+    if ts in UNENCAPSULATED and ds.get("BitsAllocated") == 1:
+        # bit-packed across frame boundaries (PS3.5 §8.1.1): each frame re-packed byte aligned
+        bits = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel") or 1)
+        for k in numbers:
+            yield bit_packed_frame(data, k, bits)
+        return
     if ts in UNENCAPSULATED:
         flen = (loc.pixel or {}).get("frame_length") or len(data) // n
         for k in numbers:
