@@ -12,11 +12,11 @@ from starlette.responses import Response, StreamingResponse
 
 from .. import retrieve
 from ..dicom import pixels, render
-from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, parse_accept
+from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..render_cache import RenderCache, file_version
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID, acceptable
 from .errors import DICOMwebHTTPError
 from .responses import multipart_response
 from .wado import locate, parse_frame_list
@@ -115,7 +115,7 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
 
 async def _one(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, thumbnail: bool) -> Response:
     multi = frames is not None and len(frames) > 1
-    media_type, as_multipart = negotiate_rendered(parse_accept(request.headers.get("accept")), multi)
+    media_type, as_multipart = negotiate_rendered(acceptable(request), multi)
     params = _params(request, thumbnail)
     if multi and media_type != "image/gif":
         # one part per frame, streamed; the whole answer is checked with the first picture
@@ -149,7 +149,7 @@ async def _many(request: Request, archive, locs: list[InstanceLocation], what: s
             except NotAcceptable:
                 continue
         raise NotAcceptable(f"the {what} holds no image that can be rendered")
-    media_type, _ = negotiate_rendered(parse_accept(request.headers.get("accept")), multi=True)
+    media_type, _ = negotiate_rendered(acceptable(request), multi=True)
     params = _params(request, thumbnail)
     pictures = _pictures(request, archive, candidates, params, media_type)
     first = await anext(pictures, None)

@@ -28,11 +28,10 @@ from ..dicom.media_types import (
     negotiate_frames,
     negotiate_instances,
     negotiate_json,
-    parse_accept,
 )
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
+from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID, acceptable
 from .errors import DICOMwebHTTPError, error_response, warning_header
 from .responses import (
     DicomJSONResponse,
@@ -87,7 +86,7 @@ def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
 
 def _metadata_response(request: Request, archive, base: str, study: str, series: str | None = None,
                        sop: str | None = None) -> Response:
-    negotiate_json(parse_accept(request.headers.get("accept")))
+    negotiate_json(acceptable(request))
     items = archive.index.metadata(study, series, sop)
     if not items:
         raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
@@ -129,7 +128,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     ``transfer-syntax=*`` returns the file as stored; 406 when the requested
     transfer syntax cannot be produced."""
     loc = locate(archive, study, series, instance)
-    choice = negotiate_instances(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
+    choice = negotiate_instances(acceptable(request), loc.transfer_syntax_uid,
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.source(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
@@ -222,7 +221,7 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
 async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what: str) -> Response:
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
-    accept = parse_accept(request.headers.get("accept"))
+    accept = acceptable(request)
     # one negotiation per transfer syntax (a study has one or a few), not per instance
     choices: dict[str, Choice | NotAcceptable] = {}
     for ts in {loc.transfer_syntax_uid for loc in locs}:
@@ -446,7 +445,7 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     if len(numbers) > n:  # bounds the answer by the size of all frames, before any work
         raise DICOMwebHTTPError(400, f"the frame list has {len(numbers)} items; instance {instance} has {n} "
                                      f"frame(s), so at most {n} items may be asked in one request")
-    choice = negotiate_frames(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
+    choice = negotiate_frames(acceptable(request), loc.transfer_syntax_uid,
                               retrieve.can_decode)
     path = archive.blobs.source(loc.path)
     try:
@@ -472,7 +471,7 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     except ValueError as e:
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
     loc = locate(archive, study, series, instance)
-    prefer_single = negotiate_bulkdata(parse_accept(request.headers.get("accept")))
+    prefer_single = negotiate_bulkdata(acceptable(request))
     path = archive.blobs.source(loc.path)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:
