@@ -10,13 +10,10 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
-from starlette.testclient import TestClient
 
-from dicomweb_server.app import create_app
-from dicomweb_server.archive import Archive
 from dicomweb_server.dicom.frames import bit_packed_frame
-from dicomweb_server.settings import Settings
-from tests.helpers import make_dataset, multipart, to_bytes
+from tests.helpers import make_dataset
+from tests.server.conftest import stored
 
 #: three 5 x 5 frames: a diagonal, the top row, everything but the centre
 FRAMES = np.zeros((3, 5, 5), np.uint8)
@@ -31,11 +28,8 @@ def _frame_bytes(frame: np.ndarray) -> bytes:
 
 
 @pytest.fixture
-def client(tmp_path):
-    archive = Archive.open(Settings(data_dir=tmp_path, index="sqlite"))
-    with TestClient(create_app(archive.settings, archive=archive)) as c:
-        yield c
-    archive.close()
+def client(app_client):
+    return app_client
 
 
 @pytest.fixture
@@ -46,9 +40,7 @@ def instance(client):
     ds.PixelData = np.packbits(FRAMES.ravel(), bitorder="little").tobytes()  # 75 bits: 10 bytes
     assert len(ds.PixelData) == 10
     ds["PixelData"].VR = "OB"
-    body, ctype = multipart([to_bytes(ds)])
-    assert client.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
-    return f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
+    return stored(client, ds)
 
 
 def _parts(r) -> list[bytes]:

@@ -10,31 +10,23 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from starlette.testclient import TestClient
 
-from dicomweb_server.app import create_app
-from dicomweb_server.archive import Archive
-from dicomweb_server.settings import Settings
-from tests.helpers import make_dataset, multipart, to_bytes
+from tests.helpers import make_dataset
+from tests.server.conftest import stored
 
 DICOM_PARTS = 'multipart/related; type="application/dicom"'
 OCTET_PARTS = 'multipart/related; type="application/octet-stream"'
 
 
 @pytest.fixture
-def client(tmp_path):
-    archive = Archive.open(Settings(data_dir=tmp_path, index="sqlite"))
-    with TestClient(create_app(archive.settings, archive=archive)) as c:
-        yield c
-    archive.close()
+def client(app_client):
+    return app_client
 
 
 @pytest.fixture
 def inst(client):
     ds = make_dataset(rows=4, columns=4, frames=2)
-    body, ctype = multipart([to_bytes(ds)])
-    assert client.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
-    return f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}"
+    return stored(client, ds)
 
 
 def q(media_type: str) -> str:
