@@ -567,6 +567,29 @@ def _bulkdata(fp: BinaryIO, loc: InstanceLocation, tagpath: str) -> Iterator[tup
         yield OCTET_STREAM, value
 
 
+def document(path: Path, loc: InstanceLocation) -> bytes:
+    """The document an Encapsulated PDF/CDA/STL/OBJ/MTL instance holds, byte for byte
+    (dicom.documents.document_bytes: cut to Encapsulated Document Length).
+
+    Raises
+    ------
+    NotFound
+        No Encapsulated Document, or the file is gone (HTTP 404).
+    """
+    from .dicom.documents import document_bytes
+
+    try:
+        with open_stored(path, loc) as f:
+            ds = pydicom.dcmread(f, specific_tags=["SOPClassUID", "EncapsulatedDocument",
+                                                   "EncapsulatedDocumentLength"])
+    except FileNotFoundError:
+        raise Gone(f"instance {loc.sop_uid} was deleted") from None
+    try:
+        return document_bytes(ds)
+    except KeyError as e:
+        raise NotFound(f"instance {loc.sop_uid}: {e.args[0]}") from None
+
+
 def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,
              thumbnail: bool = False, pictures: int = 1) -> bytes:
     """Render frames of an instance (PS3.18 §10.4.1.1.3): the frames asked, or

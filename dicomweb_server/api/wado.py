@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from .. import retrieve
 from ..dicom import pixels
 from ..dicom.bulkdata import bulkdata_tagpath_parse
+from ..dicom.documents import ENCAPSULATED_DOCUMENT, document_media_type
 from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.media_types import (
     DICOM,
@@ -25,6 +26,7 @@ from ..dicom.media_types import (
     Choice,
     NotAcceptable,
     negotiate_bulkdata,
+    negotiate_document,
     negotiate_frames,
     negotiate_instances,
     negotiate_json,
@@ -457,6 +459,18 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     return multipart_stream(retrieve.frame_part_type(choice), frames, choice.media_type)
 
 
+async def document_response(archive, loc: InstanceLocation, media_type: str, multipart: bool) -> Response:
+    """An encapsulated document (dicom.documents), single part or the one part of a
+    multipart/related answer, in its own media type."""
+    try:
+        data = await run_in_threadpool(retrieve.document, archive.blobs.source(loc.path), loc)
+    except retrieve.NotFound as e:
+        raise DICOMwebHTTPError(404, str(e)) from None
+    if multipart:
+        return multipart_response([(media_type, data)], media_type)
+    return Response(data, media_type=media_type)
+
+
 @router.get("/studies/{study}/series/{series}/instances/{instance}/bulkdata/{tagpath:path}",
             summary="Retrieve bulk data")
 async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
@@ -471,7 +485,12 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     except ValueError as e:
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
     loc = locate(archive, study, series, instance)
-    prefer_single = negotiate_bulkdata(acceptable(request))
+    accept = acceptable(request)
+    document = document_media_type(loc.sop_class_uid) if tagpath.upper() == ENCAPSULATED_DOCUMENT else None
+    as_document = negotiate_document(accept, document, rendered=False) if document else None
+    if as_document is not None:  # the document in its own media type (PS3.18 Table 8.7.4-1)
+        return await document_response(archive, loc, *as_document)
+    prefer_single = negotiate_bulkdata(accept)
     path = archive.blobs.source(loc.path)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:

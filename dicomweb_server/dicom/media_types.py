@@ -449,3 +449,30 @@ def negotiate_bulkdata(accept: list[MediaRange]) -> bool:
             return r.type == OCTET_STREAM
     raise NotAcceptable('bulk data is available as multipart/related; type="application/octet-stream" '
                         "(or the pixel data's own media type) or as single-part application/octet-stream")
+
+
+def negotiate_document(accept: list[MediaRange], media_type: str, rendered: bool) -> tuple[str, bool] | None:
+    """Whether to answer an encapsulated document (PDF, CDA, STL, OBJ, MTL) in its own
+    ``media_type`` (PS3.18 Table 8.7.4-1): (media type, multipart?) for the first
+    acceptable range that names it (``multipart/related; type=...`` for a multipart
+    answer), or None when an earlier range asks for the resource's other answers.
+
+    ``rendered``: the rendered resource, where the document is the only rendition, so
+    wildcards (``*/*``, ``application/*``, ``model/*``, ``text/*``) select it too; at
+    the bulk data resource they keep its default (multipart/related; type=
+    "application/octet-stream": the element's value as stored).
+    """
+    wanted = media_type.lower()
+    for r in accept:
+        if r.type == MULTIPART_RELATED:
+            part = r.params.get("type", "").lower()
+            if part == wanted:
+                return media_type, True
+            if not rendered:
+                return None
+            continue
+        if r.type == wanted or (rendered and r.matches(wanted)):
+            return media_type, False
+        if not rendered and r.matches(OCTET_STREAM) or r.type in ("*/*", "multipart/*"):
+            return None
+    return None
