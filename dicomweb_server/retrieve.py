@@ -34,7 +34,7 @@ from pydicom.encaps import generate_frames
 
 from .dicom import pixels
 from .dicom.bulkdata import resolve_bulkdata
-from .dicom.frames import PixelLayout, frame_spans, read_spans
+from .dicom.frames import PixelLayout, bit_packed_frame, frame_spans, read_spans
 from .dicom.media_types import (
     EXPLICIT_VR_LE,
     NATIVE_LE,
@@ -432,6 +432,12 @@ def _stored_frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int]) -> It
     f.seek(0)
     ds = pydicom.dcmread(f)  # deflated, bit-packed or ambiguous fragments: sizes checked at STOW
     data = ds[int(pixel_tag(loc), 16)].value
+    if ts in UNENCAPSULATED and ds.get("BitsAllocated") == 1:
+        # bit-packed across frame boundaries (PS3.5 §8.1.1): each frame re-packed byte aligned
+        bits = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel") or 1)
+        for k in numbers:
+            yield bit_packed_frame(data, k, bits)
+        return
     if ts in UNENCAPSULATED:
         flen = (loc.pixel or {}).get("frame_length") or len(data) // n
         for k in numbers:
@@ -566,6 +572,29 @@ def _bulkdata(fp: BinaryIO, loc: InstanceLocation, tagpath: str) -> Iterator[tup
         except KeyError as e:
             raise NotFound(f"no bulk data at {tagpath}: {e}") from None
         yield OCTET_STREAM, value
+
+
+def document(path: Path, loc: InstanceLocation) -> bytes:
+    """The document an Encapsulated PDF/CDA/STL/OBJ/MTL instance holds, byte for byte
+    (dicom.documents.document_bytes: cut to Encapsulated Document Length).
+
+    Raises
+    ------
+    NotFound
+        No Encapsulated Document, or the file is gone (HTTP 404).
+    """
+    from .dicom.documents import document_bytes
+
+    try:
+        with open_stored(path, loc) as f:
+            ds = pydicom.dcmread(f, specific_tags=["SOPClassUID", "EncapsulatedDocument",
+                                                   "EncapsulatedDocumentLength"])
+    except FileNotFoundError:
+        raise Gone(f"instance {loc.sop_uid} was deleted") from None
+    try:
+        return document_bytes(ds)
+    except KeyError as e:
+        raise NotFound(f"instance {loc.sop_uid}: {e.args[0]}") from None
 
 
 def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None, params, media_type: str,

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from urllib.parse import unquote
+
 from fastapi import Depends, Path, Request
 
 from ..archive import Archive
+from ..dicom.media_types import MediaRange, accept_parameter, charset_parameter, parse_accept
 from ..dicom.uids import validate_uid
 from .errors import DICOMwebHTTPError
 
@@ -23,6 +26,34 @@ async def base_url(request: Request) -> str:  # async: FastAPI runs sync depende
     if settings.public_url:
         return settings.public_url.rstrip("/")
     return str(request.base_url).rstrip("/") + settings.prefix
+
+
+def acceptable(request: Request) -> list[MediaRange]:
+    """The Acceptable Media Types of a request (PS3.18 §8.7.5): the ``accept`` query
+    parameter's, in the place of the Accept header's, when the query has one
+    (§8.3.3.1), else the Accept header's; a ``charset`` query parameter is checked
+    (§8.3.3.2). The parameter names are case-sensitive; the values are percent-decoded
+    as RFC 3986 says (a ``+`` is a plus sign, except next to ``;``/``,``/``=``).
+
+    Raises
+    ------
+    media_types.BadNegotiationParameter
+        An invalid or unsupported ``accept`` or ``charset`` value (HTTP 400).
+    """
+    header = request.headers.get("accept")
+    raw = request.scope.get("query_string") or b""
+    if b"accept=" not in raw and b"charset=" not in raw:
+        return parse_accept(header)
+    found: dict[str, list[str]] = {"accept": [], "charset": []}
+    for item in raw.decode("latin-1").split("&"):
+        name, _, value = item.partition("=")
+        if name in found:
+            found[name].append(unquote(value, errors="replace"))
+    if found["charset"]:
+        charset_parameter(found["charset"])
+    if found["accept"]:
+        return accept_parameter(found["accept"], header)
+    return parse_accept(header)
 
 
 def checked_uid(value: str, what: str) -> str:

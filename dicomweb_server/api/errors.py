@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..dicom.matching import QueryError
-from ..dicom.media_types import NotAcceptable
+from ..dicom.media_types import BadNegotiationParameter, NotAcceptable
 from ..dicom.multipart import MultipartError, TooLarge
 from ..store.base import IndexUnavailable
 
@@ -73,6 +73,7 @@ def error_response(status_code: int, message: str, headers: dict[str, str] | Non
 
 _MAP: list[tuple[type[Exception], int]] = [
     (QueryError, 400),
+    (BadNegotiationParameter, 400),
     (MultipartError, 400),
     (TooLarge, 413),
     (NotAcceptable, 406),

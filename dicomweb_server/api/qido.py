@@ -10,9 +10,9 @@ from starlette.responses import Response
 from ..archive import retrieve_url
 from ..dicom.attributes import Level
 from ..dicom.matching import Query, parse_query
-from ..dicom.media_types import negotiate_json, parse_accept
+from ..dicom.media_types import negotiate_json
 from ..dicom.search_results import build_result
-from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID
+from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID, acceptable
 from .errors import warning_header
 from .responses import DicomJSONResponse
 
@@ -24,7 +24,7 @@ async def _search(request: Request, archive, base: str, level: Level, own_levels
     """Parse on the event loop (microseconds; errors are 400s), then search and build
     the answer in a worker thread: a search can scan the whole index, and the
     in-memory index holds its lock meanwhile, so it never runs on the event loop."""
-    negotiate_json(parse_accept(request.headers.get("accept")))
+    negotiate_json(acceptable(request))
     query = parse_query(level, request.query_params.multi_items(), study_uid=study_uid,
                         series_uid=series_uid, max_results=archive.settings.max_results)
     return await run_in_threadpool(_answer, archive, base, query, own_levels)

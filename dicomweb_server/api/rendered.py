@@ -12,14 +12,15 @@ from starlette.responses import Response, StreamingResponse
 
 from .. import retrieve
 from ..dicom import pixels, render
-from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, parse_accept
+from ..dicom.documents import document_media_type
+from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, negotiate_document
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..render_cache import RenderCache, file_version
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID, acceptable
 from .errors import DICOMwebHTTPError
 from .responses import multipart_response
-from .wado import gone_error, leave_out_missing, locate, parse_frame_list
+from .wado import document_response, gone_error, leave_out_missing, locate, parse_frame_list
 
 router = APIRouter(tags=["WADO-RS rendered"])
 
@@ -113,7 +114,12 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
 
 async def _one(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, thumbnail: bool) -> Response:
     multi = frames is not None and len(frames) > 1
-    media_type, as_multipart = negotiate_rendered(parse_accept(request.headers.get("accept")), multi)
+    accept = acceptable(request)
+    document = document_media_type(loc.sop_class_uid) if frames is None and not thumbnail else None
+    as_document = negotiate_document(accept, document, rendered=True) if document else None
+    if as_document is not None:  # an encapsulated PDF/CDA/STL/OBJ/MTL is its own rendition
+        return await document_response(archive, loc, *as_document)
+    media_type, as_multipart = negotiate_rendered(accept, multi)
     params = _params(request, thumbnail)
     if multi and media_type != "image/gif":
         # one part per frame, streamed; the whole answer is checked with the first picture
@@ -153,7 +159,7 @@ async def _many(request: Request, archive, locs: list[InstanceLocation], what: s
             response.headers.update(headers)
             return response
         raise NotAcceptable(f"the {what} holds no image that can be rendered")
-    media_type, _ = negotiate_rendered(parse_accept(request.headers.get("accept")), multi=True)
+    media_type, _ = negotiate_rendered(acceptable(request), multi=True)
     params = _params(request, thumbnail)
     pictures = _pictures(request, archive, candidates, params, media_type)
     first = await anext(pictures, None)

@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from .. import missing_data, retrieve
 from ..dicom import pixels
 from ..dicom.bulkdata import bulkdata_tagpath_parse
+from ..dicom.documents import ENCAPSULATED_DOCUMENT, document_media_type
 from ..dicom.instance import BASE_URL_TOKEN
 from ..dicom.media_types import (
     DICOM,
@@ -25,14 +26,14 @@ from ..dicom.media_types import (
     Choice,
     NotAcceptable,
     negotiate_bulkdata,
+    negotiate_document,
     negotiate_frames,
     negotiate_instances,
     negotiate_json,
-    parse_accept,
 )
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID
+from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID, acceptable
 from .errors import DICOMwebHTTPError, warning_header
 from .responses import (
     DicomJSONResponse,
@@ -135,7 +136,7 @@ def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
 
 def _metadata_response(request: Request, archive, base: str, study: str, series: str | None = None,
                        sop: str | None = None) -> Response:
-    negotiate_json(parse_accept(request.headers.get("accept")))
+    negotiate_json(acceptable(request))
     items = archive.index.metadata(study, series, sop)
     if not items:
         raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
@@ -177,7 +178,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     ``transfer-syntax=*`` returns the file as stored; 406 when the requested
     transfer syntax cannot be produced."""
     loc = locate(archive, study, series, instance)
-    choice = negotiate_instances(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
+    choice = negotiate_instances(acceptable(request), loc.transfer_syntax_uid,
                                  retrieve.can_decode, single_part_allowed=True)
     path = archive.blobs.source(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
@@ -281,7 +282,7 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
 async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation], what: str) -> Response:
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
-    accept = parse_accept(request.headers.get("accept"))
+    accept = acceptable(request)
     # one negotiation per transfer syntax (a study has one or a few), not per instance
     choices: dict[str, Choice | NotAcceptable] = {}
     for ts in {loc.transfer_syntax_uid for loc in locs}:
@@ -537,7 +538,7 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     if len(numbers) > n:  # bounds the answer by the size of all frames, before any work
         raise DICOMwebHTTPError(400, f"the frame list has {len(numbers)} items; instance {instance} has {n} "
                                      f"frame(s), so at most {n} items may be asked in one request")
-    choice = negotiate_frames(parse_accept(request.headers.get("accept")), loc.transfer_syntax_uid,
+    choice = negotiate_frames(acceptable(request), loc.transfer_syntax_uid,
                               retrieve.can_decode)
     path = archive.blobs.source(loc.path)
     try:
@@ -547,6 +548,18 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
     return multipart_stream(retrieve.frame_part_type(choice), frames, choice.media_type)
+
+
+async def document_response(archive, loc: InstanceLocation, media_type: str, multipart: bool) -> Response:
+    """An encapsulated document (dicom.documents), single part or the one part of a
+    multipart/related answer, in its own media type."""
+    try:
+        data = await run_in_threadpool(retrieve.document, archive.blobs.source(loc.path), loc)
+    except retrieve.NotFound as e:
+        raise DICOMwebHTTPError(404, str(e)) from None
+    if multipart:
+        return multipart_response([(media_type, data)], media_type)
+    return Response(data, media_type=media_type)
 
 
 @router.get("/studies/{study}/series/{series}/instances/{instance}/bulkdata/{tagpath:path}",
@@ -563,7 +576,12 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     except ValueError as e:
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
     loc = locate(archive, study, series, instance)
-    prefer_single = negotiate_bulkdata(parse_accept(request.headers.get("accept")))
+    accept = acceptable(request)
+    document = document_media_type(loc.sop_class_uid) if tagpath.upper() == ENCAPSULATED_DOCUMENT else None
+    as_document = negotiate_document(accept, document, rendered=False) if document else None
+    if as_document is not None:  # the document in its own media type (PS3.18 Table 8.7.4-1)
+        return await document_response(archive, loc, *as_document)
+    prefer_single = negotiate_bulkdata(accept)
     path = archive.blobs.source(loc.path)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:

@@ -170,6 +170,24 @@ def native_pixel_bytes(rows: int, columns: int, samples: int, bits_allocated: in
     return (rows * columns * samples * bits_allocated * frames + 7) // 8
 
 
+def bit_packed_frame(data: bytes | bytearray | memoryview, frame_number: int, bits_per_frame: int) -> bytes:
+    """Frame ``frame_number`` (1-based) of native bit-packed pixel data (Bits Allocated 1),
+    byte aligned: ``ceil(bits_per_frame / 8)`` bytes, pixel 0 in the least significant bit
+    of the first byte, unused high bits of the last byte 0.
+
+    PS3.5 §8.1.1 packs 1-bit pixels across frame boundaries: frame k starts at bit
+    ``(k - 1) * Rows * Columns * SamplesPerPixel`` of the value, in the middle of a byte
+    when that is not a multiple of 8 (e.g. 5 x 5 frames start at bits 0, 25, 50).
+    """
+    start = (frame_number - 1) * bits_per_frame
+    first, shift = divmod(start, 8)
+    end = (start + bits_per_frame + 7) // 8
+    if frame_number < 1 or end > len(data):
+        raise IndexError(frame_number)
+    value = int.from_bytes(bytes(data[first:end]), "little") >> shift
+    return (value & ((1 << bits_per_frame) - 1)).to_bytes((bits_per_frame + 7) // 8, "little")
+
+
 class FrameCountMismatch(ValueError):
     """NumberOfFrames and the pixel data disagree (STOW failure 0xC000)."""
 

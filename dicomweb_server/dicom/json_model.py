@@ -108,6 +108,10 @@ _SWAP_WIDTH = {"OW": 2, "OF": 4, "OL": 4, "OD": 8, "OV": 8}
 _FLOAT_VRS = frozenset({"FL", "FD"})
 # Pixel Data, Float Pixel Data, Double Float Pixel Data: always bulk data
 _PIXEL_TAGS = frozenset({0x7FE00010, 0x7FE00008, 0x7FE00009})
+#: always a BulkDataURI at the top level, whatever its length: the Encapsulated Document (0042,0011)
+#: of a PDF/CDA/STL/OBJ/MTL instance, which the bulk data resource answers in the document's own
+#: media type (dicom/documents.py); one nested in a sequence item follows the threshold
+_DOCUMENT_PATH = "00420011"
 _PIXEL_DATA = 0x7FE00010
 _UNDEFINED_LENGTH = 0xFFFFFFFF
 
@@ -425,7 +429,7 @@ def _binary_json(
         if ctx.capture is not None:
             ctx.capture[path] = (vr, b"", False)
         return {"vr": vr}
-    if tag in _PIXEL_TAGS or len(data) > ctx.threshold:
+    if tag in _PIXEL_TAGS or path == _DOCUMENT_PATH or len(data) > ctx.threshold:
         if ctx.capture is not None:
             ctx.capture[path] = (vr, data, big)
         return {"vr": vr, "BulkDataURI": f"{ctx.prefix}/{path}"}

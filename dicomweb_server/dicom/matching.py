@@ -322,6 +322,8 @@ def parse_query(
     offset = 0
     rank = _level_rank(level)
     for name, value in params:
+        if name in ("accept", "charset"):
+            continue  # content negotiation (PS3.18 8.3.3), read by the web layer (api.deps.acceptable)
         lname = name.lower()
         if lname == "includefield":
             for item in value.split(","):

@@ -9,6 +9,8 @@ RFC 2387 (multipart/related).
 
 from __future__ import annotations
 
+import codecs
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -177,6 +179,98 @@ def parse_accept(header: str | None) -> list[MediaRange]:
     ranges = [parse_media_type(item) for item in _split(header, ",") if item.strip()]
     ranges = [r for r in ranges if r.q > 0 and "/" in r.type]
     return sorted(ranges, key=lambda r: -r.q)
+
+
+class BadNegotiationParameter(ValueError):
+    """An ``accept`` or ``charset`` query parameter with an invalid or unsupported value
+    (HTTP 400, PS3.18 §8.3.3.1, §8.3.3.2)."""
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: Rendered Media Types (PS3.18 Table 8.7.4-1) that, given with a DICOM media type in one
+#: Accept query parameter, make the request a 400 (§8.3.3.1)
+_RENDERED = frozenset({"image/jpeg", "image/gif", "image/png", "image/jp2", "image/jph", "image/jxl",
+                       "video/mpeg", "video/mp4", "video/h265", "text/html", "text/plain", "text/xml",
+                       "text/rtf", "application/pdf"})
+_DICOM_TYPES = frozenset({DICOM, DICOM_JSON, "application/dicom+xml"})
+#: the only character set of the archive's text answers (DICOM JSON is UTF-8, PS3.18 §F.2)
+UTF8 = "utf-8"
+
+
+def _plus_as_space(value: str) -> str:
+    """A ``+`` next to a ``;``, ``,`` or ``=`` of a query parameter is a space written
+    the HTML-form way (``multipart/related;+type=...``); one inside a name
+    (``application/dicom+json``) is kept."""
+    return re.sub(r"\+*([;,=])\+*", r"\1", value)
+
+
+def accept_parameter(values: list[str], header: str | None) -> list[MediaRange]:
+    """The Acceptable Media Types of a request with an ``accept`` query parameter
+    (PS3.18 §8.3.3.1, §8.7.5): the parameter's media types, highest weight first,
+    in the place of the Accept header field's. ``values``: each ``accept=`` of the
+    query, percent-decoded (a ``+`` is not a space, RFC 3986).
+
+    The parameter has the Accept header's syntax without wildcards; each media type in
+    it must be compatible with a media range of the Accept header (explicitly or
+    through a wildcard; no header is ``*/*``); DICOM and Rendered Media Types must not
+    be mixed.
+
+    Raises
+    ------
+    BadNegotiationParameter
+        Any of those rules broken, or a value that is not a media type (HTTP 400).
+    """
+    header_ranges = parse_accept(header)
+    ranges: list[MediaRange] = []
+    for value in values:
+        for item in _split(_plus_as_space(value), ","):
+            r = parse_media_type(item)
+            kind, _, sub = r.type.partition("/")
+            if not _TOKEN.fullmatch(kind) or not _TOKEN.fullmatch(sub):
+                raise BadNegotiationParameter(f"accept: {item.strip()[:80]!r} is not a media type")
+            if "*" in r.type:
+                raise BadNegotiationParameter(
+                    f"accept: {r.type} is a wildcard; the accept query parameter names media types "
+                    "(PS3.18 8.3.3.1)")
+            if not any(h.matches(r.type) for h in header_ranges):
+                raise BadNegotiationParameter(
+                    f"accept: {r.type} is not compatible with the Accept header ({header}); "
+                    "PS3.18 8.3.3.1 requires each to match one of its media ranges")
+            ranges.append(r)
+    inner = {r.params.get("type", "").lower() if r.type == MULTIPART_RELATED else r.type for r in ranges}
+    if inner & _DICOM_TYPES and inner & _RENDERED:
+        raise BadNegotiationParameter("accept: DICOM and rendered media types together (PS3.18 8.3.3.1)")
+    return sorted((r for r in ranges if r.q > 0), key=lambda r: -r.q)
+
+
+def charset_parameter(values: list[str]) -> None:
+    """Check a ``charset`` query parameter (PS3.18 §8.3.3.2): a comma-separated list of
+    character sets, each with an optional weight, no wildcards. The archive answers in
+    UTF-8 only, so the list must accept it.
+
+    Raises
+    ------
+    BadNegotiationParameter
+        A value that is not a known character set, a wildcard, or a list without UTF-8
+        (HTTP 400, as §8.3.3.2 requires for an invalid or unsupported value).
+    """
+    names = []
+    for value in values:
+        for item in _split(value, ","):
+            name, _, params = item.partition(";")
+            name = _unquote(name)
+            if not name or name == "*" or not _TOKEN.fullmatch(name):
+                raise BadNegotiationParameter(f"charset: {item.strip()[:80]!r} is not a character set")
+            try:
+                canonical = codecs.lookup(name).name
+            except LookupError:
+                raise BadNegotiationParameter(f"charset: {name[:80]!r} is not a known character set") from None
+            q = parse_media_type("x/x;" + params).q if params else 1.0
+            if q > 0:
+                names.append(canonical)
+    if "utf-8" not in names:
+        raise BadNegotiationParameter("charset: the archive's answers are in UTF-8 only; the list does not "
+                                      "accept it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,3 +449,30 @@ def negotiate_bulkdata(accept: list[MediaRange]) -> bool:
             return r.type == OCTET_STREAM
     raise NotAcceptable('bulk data is available as multipart/related; type="application/octet-stream" '
                         "(or the pixel data's own media type) or as single-part application/octet-stream")
+
+
+def negotiate_document(accept: list[MediaRange], media_type: str, rendered: bool) -> tuple[str, bool] | None:
+    """Whether to answer an encapsulated document (PDF, CDA, STL, OBJ, MTL) in its own
+    ``media_type`` (PS3.18 Table 8.7.4-1): (media type, multipart?) for the first
+    acceptable range that names it (``multipart/related; type=...`` for a multipart
+    answer), or None when an earlier range asks for the resource's other answers.
+
+    ``rendered``: the rendered resource, where the document is the only rendition, so
+    wildcards (``*/*``, ``application/*``, ``model/*``, ``text/*``) select it too; at
+    the bulk data resource they keep its default (multipart/related; type=
+    "application/octet-stream": the element's value as stored).
+    """
+    wanted = media_type.lower()
+    for r in accept:
+        if r.type == MULTIPART_RELATED:
+            part = r.params.get("type", "").lower()
+            if part == wanted:
+                return media_type, True
+            if not rendered:
+                return None
+            continue
+        if r.type == wanted or (rendered and r.matches(wanted)):
+            return media_type, False
+        if not rendered and r.matches(OCTET_STREAM) or r.type in ("*/*", "multipart/*"):
+            return None
+    return None

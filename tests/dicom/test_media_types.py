@@ -98,3 +98,40 @@ def test_bulkdata_negotiation():
     for bad in ("text/html", "*/*;q=0", "foo"):
         with pytest.raises(NotAcceptable):
             negotiate_bulkdata(parse_accept(bad))
+
+
+# --- accept / charset query parameters (PS3.18 8.3.3.1, 8.3.3.2) ------------------------------
+
+def test_accept_parameter_takes_the_place_of_the_header():
+    from dicomweb_server.dicom.media_types import accept_parameter
+
+    got = accept_parameter(['image/png;q=0.5,multipart/related; type="image/jpeg"'], "image/*, multipart/*")
+    assert [(r.type, r.params, r.q) for r in got] == [
+        ("multipart/related", {"type": "image/jpeg"}, 1.0), ("image/png", {}, 0.5)]
+    assert [r.type for r in accept_parameter(["application/dicom+json"], None)] == ["application/dicom+json"]
+    got = accept_parameter(["multipart/related;+type=application/dicom;+transfer-syntax=*"], "*/*")
+    assert got[0].params == {"type": "application/dicom", "transfer-syntax": "*"}
+
+
+def test_accept_parameter_errors():
+    import pytest
+
+    from dicomweb_server.dicom.media_types import BadNegotiationParameter, accept_parameter
+
+    for values, header in ((["*/*"], None), (["image/*"], None), (["text"], None), ([""], None),
+                           (["image/png"], "image/jpeg"), (["application/dicom, image/jpeg"], None),
+                           (['multipart/related; type="application/dicom+json", text/html'], None)):
+        with pytest.raises(BadNegotiationParameter):
+            accept_parameter(values, header)
+
+
+def test_charset_parameter():
+    import pytest
+
+    from dicomweb_server.dicom.media_types import BadNegotiationParameter, charset_parameter
+
+    charset_parameter(["utf-8"])
+    charset_parameter(["ISO-8859-1;q=0.9, UTF8"])
+    for bad in ("*", "latin1", "utf-8;q=0", "no-such-set", ""):
+        with pytest.raises(BadNegotiationParameter):
+            charset_parameter([bad])
