@@ -1,6 +1,6 @@
 """The pynetdicom internals this package replaces or relies on, pinned (issue 33).
 
-:mod:`.scp`, :mod:`.reactor`, :mod:`.pdata`, :mod:`.slots` and :mod:`.store_rsp`
+:mod:`.scp`, :mod:`.reactor`, :mod:`.pdata`, :mod:`.slots`, :mod:`.access` and :mod:`.store_rsp`
 replace methods of pynetdicom's classes process-wide and rebind names its modules
 look up at call time (``dimse_messages.create_file_meta``, ``transport.deepcopy``,
 ...). Each replacement copies or depends on the exact code of the function it
@@ -59,6 +59,9 @@ PINNED: dict[tuple[str, str], str] = {
         "533d17b6a815edee0cf264b62db31dd54ce9b3ec4c77c466a418bce0258ab584",
     ("pynetdicom.dimse", "DIMSEServiceProvider.send_msg"):
         "bc8c411d046c95f8a31fc28ad24c1338630ea7acde3a7505eb54858f487f35b9",
+    # replaced by access.install(): the DIMSE access check before every service
+    ("pynetdicom.association", "Association._serve_request"):
+        "b2b830a81a99d40aa450fb580e1b69c3b7d7111c603502f2c215561564bdd6ab",
     # relied on: they call the names scp.install() rebinds in their modules
     # (NamedTemporaryFile, create_file_meta, write_file_meta_info; deepcopy)
     ("pynetdicom.dimse_messages", "DIMSEMessage.decode_msg"):

@@ -44,14 +44,19 @@ def test_every_replaced_method_is_pinned():
     """Each (class, method) that the install() functions assign is in PINNED or ABSENT:
     read from the patching modules' source, so a new monkeypatch without a pin fails."""
     import ast
+    import importlib
     import inspect
 
-    from dicomweb_server.dimse import pdata, slots, store_rsp
+    import pkgutil
+
+    import dicomweb_server.dimse as package
 
     aliases = {"Association": "Association", "DUL": "DULServiceProvider", "Socket": "AssociationSocket"}
     pinned = {q for _m, q in pins.PINNED} | {q for _m, q in pins.ABSENT}
     missing = []
-    for module in (reactor, scp, pdata, slots, store_rsp):
+    modules = [importlib.import_module(f"dicomweb_server.dimse.{m.name}") for m in pkgutil.iter_modules(package.__path__)
+               if m.name != "__main__"]  # every module of the DIMSE front door: a new one's patches count too
+    for module in modules:
         for node in ast.walk(ast.parse(inspect.getsource(module))):
             targets = node.targets if isinstance(node, ast.Assign) else []
             for t in targets:
