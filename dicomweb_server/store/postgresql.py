@@ -20,7 +20,9 @@ SQLite index (store/sql.py); what differs is here:
 - Schema: created and migrated by the archive (table ``schema_version``, one
   migration step per version, under an advisory lock so that nodes starting
   together migrate once); ``dicomweb-server migrate`` runs it alone. Version 2
-  adds routing's outbox table (its rows: routing/outbox_pg.py).
+  adds routing's outbox table (its rows: routing/outbox_pg.py); version 4 the items
+  of the matchable sequences (store/sql.py sequence_item); version 5 the derived
+  date-time columns (local and UTC) of combined and time-zone matching.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from contextlib import contextmanager
 
 from ..dicom.instance import InstanceRecord
 from .base import IndexUnavailable, Refused
-from .sql import POSTGRESQL, SQLIndex, coldefs
+from .sql import (
+    POSTGRESQL, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes,
+    sequence_item_schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +128,26 @@ def _v3() -> list[str]:
     return ["CREATE INDEX outbox_delivered ON outbox(_state, _delivered)"]
 
 
-# version -> the statements that bring the schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3}
+def _v4() -> list:
+    """Sequence matching (PS3.4 C.2.2.2.6): the items of the matchable sequences
+    (store/sql.py sequence_item), filled for the studies and series already indexed."""
+    return [*sequence_item_schema(POSTGRESQL), lambda con: backfill_items(POSTGRESQL, con)]
+
+
+def _v5() -> list:
+    """Combined and UTC date-time matching (PS3.4 C.2.2.2.5.1, C.4.1.1.3.1): the derived
+    date-time columns (attributes.DERIVED), computed for the rows already indexed. A
+    database created at version 1 by this archive already has them (coldefs): hence
+    ``IF NOT EXISTS``."""
+    steps: list = [f"ALTER TABLE {level} ADD COLUMN IF NOT EXISTS {a.keyword} {POSTGRESQL.text}"
+                   for level, attributes in derived_columns().items() for a in attributes]
+    return [*steps, *derived_indexes(),
+            lambda con: backfill_derived(POSTGRESQL, con, ["study", "series", "instance"])]
+
+
+# version -> the statements (or steps: callables given the connection) that bring the
+# schema from version - 1 to it
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -160,7 +183,10 @@ def migrate(con) -> tuple[int, int]:
                                   f"{SCHEMA_VERSION}: upgrade the archive")
         for version in range(before + 1, SCHEMA_VERSION + 1):
             for statement in MIGRATIONS[version]():
-                con.execute(statement)
+                if callable(statement):
+                    statement(con)
+                else:
+                    con.execute(statement)
             con.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
             log.info("index schema migrated to version %d", version)
     return before, SCHEMA_VERSION

@@ -212,3 +212,44 @@ def test_move(move_dimse, store_scp, make, expected):
     unknown = list(assoc.send_c_move(make(dss), "NOSUCHAE", StudyRootQueryRetrieveInformationModelMove))
     assoc.release()
     assert unknown[-1][0].Status == S.QR_MOVE_DESTINATION_UNKNOWN
+
+
+def test_find_matches_a_sequence_item(dimse):
+    """A sequence with one item in the identifier matches the series having an item that
+    matches all its keys (PS3.4 C.2.2.2.6); an empty sequence is only returned."""
+    def item(**kw):
+        ds = Dataset()
+        for k, v in kw.items():
+            setattr(ds, k, v)
+        return ds
+
+    a = make_dataset(PatientID="SQF", RequestAttributesSequence=[
+        item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="S1"), item(RequestedProcedureID="ABC")])
+    b = make_dataset(PatientID="SQF", RequestAttributesSequence=[item(RequestedProcedureID="QQQ")])
+    assert dimse.store([a, b]) == [S.SUCCESS] * 2
+    model = StudyRootQueryRetrieveInformationModelFind
+    keys = {"QueryRetrieveLevel": "SERIES", "PatientID": "SQF", "SeriesInstanceUID": "",
+            "RequestAttributesSequence": [item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="")]}
+    (answer,) = _find(dimse, model, keys)
+    assert answer.SeriesInstanceUID == a.SeriesInstanceUID
+    assert [i.RequestedProcedureID for i in answer.RequestAttributesSequence] == ["XYZ", "ABC"]
+    keys["RequestAttributesSequence"] = [item(RequestedProcedureID="ABC", ScheduledProcedureStepID="S1")]
+    assert _find(dimse, model, keys) == []  # two keys, two different items
+    keys["RequestAttributesSequence"] = []
+    assert {x.SeriesInstanceUID for x in _find(dimse, model, keys)} == {a.SeriesInstanceUID, b.SeriesInstanceUID}
+
+
+def test_find_with_a_timezone_offset(dimse):
+    """Timezone Offset From UTC in the identifier: its date and time values are in that
+    offset (PS3.4 C.4.1.1.3.1), each instance's in its own; a date range with a time range is
+    one date-time range (C.2.2.2.5.1)."""
+    a = make_dataset(PatientID="TZF", StudyDate="20200102", StudyTime="003000", TimezoneOffsetFromUTC="+0100")
+    b = make_dataset(PatientID="TZF", StudyDate="20200102", StudyTime="120000", TimezoneOffsetFromUTC="+0100")
+    assert dimse.store([a, b]) == [S.SUCCESS] * 2
+    model = StudyRootQueryRetrieveInformationModelFind
+    keys = {"QueryRetrieveLevel": "STUDY", "PatientID": "TZF", "StudyInstanceUID": "", "StudyDate": "20200101",
+            "TimezoneOffsetFromUTC": "-0100"}
+    assert [x.StudyInstanceUID for x in _find(dimse, model, keys)] == [a.StudyInstanceUID]  # 22:30 at -0100
+    keys = {"QueryRetrieveLevel": "STUDY", "PatientID": "TZF", "StudyInstanceUID": "",
+            "StudyDate": "20200101-20200102", "StudyTime": "2300-0100"}
+    assert [x.StudyInstanceUID for x in _find(dimse, model, keys)] == [a.StudyInstanceUID]
