@@ -73,7 +73,9 @@ def test_match_value_range_and_empty():
 
 @given(st.lists(st.tuples(st.sampled_from(["PatientID", "StudyDate", "StudyTime", "PatientName", "limit",
                                            "offset", "includefield", "fuzzymatching", "StudyInstanceUID",
-                                           "ModalitiesInStudy", "00100020", "bogus", "AcquisitionDateTime"]),
+                                           "ModalitiesInStudy", "00100020", "bogus", "AcquisitionDateTime",
+                                           "TimezoneOffsetFromUTC", "StudyDate", "00400275.00401001",
+                                           "RequestAttributesSequence.StudyInstanceUID"]),
                           st.text(max_size=20)), max_size=6))
 def test_parser_never_raises_anything_but_query_error(params):
     try:
