@@ -237,6 +237,14 @@ def test_find_matches_a_sequence_item(dimse):
     assert _find(dimse, model, keys) == []  # two keys, two different items
     keys["RequestAttributesSequence"] = []
     assert {x.SeriesInstanceUID for x in _find(dimse, model, keys)} == {a.SeriesInstanceUID, b.SeriesInstanceUID}
+    ident = Dataset()
+    ident.QueryRetrieveLevel, ident.PatientID = "SERIES", "SQF"
+    ident.RequestAttributesSequence = [item(RequestedProcedureID="XYZ"), item(RequestedProcedureID="ABC")]
+    assoc = dimse.associate([build_context(model)])
+    try:  # a sequence matching key holds one item: 0xA900 (identifier does not match the model)
+        assert [s.Status for s, _ in assoc.send_c_find(ident, model)] == [S.QR_IDENTIFIER_MISMATCH]
+    finally:
+        assoc.release()
 
 
 def test_find_with_a_timezone_offset(dimse):
