@@ -216,12 +216,21 @@ def derived_value(meta: dict, attribute: Attribute) -> str | None:
     return to_utc(value, own or 0)
 
 
+#: (UTC column, the column it equals when the instance has no offset) of each level
+_SAME_WITHOUT_OFFSET: dict[Level, list[tuple[str, str]]] = {
+    lv: [(a.keyword, next((b.keyword for b in DERIVED if b.sources == a.sources and not b.utc), a.sources[0]))
+         for a in DERIVED if a.utc and a.level == lv] for lv in LEVELS}
+
+
 def level_values(meta: dict, level: Level) -> dict[str, object]:
     """What the index keeps for matching at ``level``: a value per column (STORED, the
     derived date-times included) and the items of each matchable sequence of the level
     (SEQUENCES_OF)."""
     values: dict[str, object] = {a.keyword: derived_value(meta, a) if a.sources else column_value(meta, a)
                                  for a in STORED[level]}
+    for utc, local in _SAME_WITHOUT_OFFSET[level]:
+        if values[utc] == values[local]:  # no offset: one string object for both (the memory index keeps both)
+            values[utc] = values[local]
     for a in SEQUENCES_OF[level]:
         values[a.keyword] = sequence_items(meta, a)
     return values
