@@ -386,7 +386,7 @@ def _derive(matches: dict[str, Match], raws: dict[str, str], tz: int | None) -> 
             raw = raws.get(a.sources[0], "")
             if m is None or m.type == "universal":
                 continue
-            lo_raw, hi_raw = _bounds(m.attribute, _collapse_stars(raw.strip()))
+            lo_raw, hi_raw = _bounds(_collapse_stars(raw.strip()))
             offsets = [dt_offset(b) if b else None for b in (lo_raw, hi_raw)]
             if tz is None and offsets == [None, None]:
                 continue
@@ -416,7 +416,7 @@ def _derive(matches: dict[str, Match], raws: dict[str, str], tz: int | None) -> 
     return replaced
 
 
-def _bounds(attribute: Attribute, value: str) -> tuple[str | None, str | None]:
+def _bounds(value: str) -> tuple[str | None, str | None]:
     """The two bounds of a DT value or range as written (a single value is both)."""
     if normalize_datetime(value) is not None:
         return value, value
