@@ -122,6 +122,9 @@ SEQUENCES: tuple[Attribute, ...] = (
         (("RequestedProcedureID", Kind.TEXT), ("ScheduledProcedureStepID", Kind.TEXT),
          ("AccessionNumber", Kind.TEXT), ("StudyInstanceUID", Kind.UID),
          ("RequestedProcedureDescription", Kind.TEXT), ("ScheduledProcedureStepDescription", Kind.TEXT))),
+    # General Image module (PS3.3 C.7.6.1): the images an image refers to
+    _sq("ReferencedImageSequence", "instance",
+        (("ReferencedSOPClassUID", Kind.UID), ("ReferencedSOPInstanceUID", Kind.UID))),
 )
 
 BY_KEYWORD: dict[str, Attribute] = {a.keyword: a for a in (*INDEXED, *SEQUENCES)}

@@ -485,7 +485,9 @@ def with_sequences(index, tmp_path):
                                                "ReferencedSOPInstanceUID": ref}),
                RequestAttributesSequence=_items({"RequestedProcedureID": "XYZ", "ScheduledProcedureStepID": "S1"},
                                                 {"RequestedProcedureID": "ABC", "ScheduledProcedureStepID": "S2"})),
-        record(tmp_path, study=s1, series=se1, RequestAttributesSequence=_items({"RequestedProcedureID": "QQQ"})),
+        record(tmp_path, study=s1, series=se1, RequestAttributesSequence=_items({"RequestedProcedureID": "QQQ"}),
+               ReferencedImageSequence=_items({"ReferencedSOPClassUID": CT_IMAGE_STORAGE,
+                                               "ReferencedSOPInstanceUID": "1.2.3.4"})),
         record(tmp_path, study=s1, series=se2, RequestAttributesSequence=_items({"RequestedProcedureID": "XYZ2"})),
         record(tmp_path, study=s2, series=se3, PatientID="B"),
     ]
@@ -509,6 +511,9 @@ def with_sequences(index, tmp_path):
      {0}),
     ("study", {"ProcedureCodeSequence.CodeMeaning": "CT*", "PatientID": "B"}, set()),
     ("series", {"ProcedureCodeSequence.CodeMeaning": "*chest", "Modality": "CT"}, {0, 2}),
+    ("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4"}, {1}),  # an instance-level sequence
+    ("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4,1.2.3.5",
+                  "RequestAttributesSequence.RequestedProcedureID": "XYZ"}, {1}),
 ])
 def test_sequence_matching(with_sequences, level, params, want):
     index, recs, _ = with_sequences
@@ -533,6 +538,10 @@ def test_sequence_matching_follows_the_record_after_a_delete(with_sequences):
     assert index.search(q("series", {"RequestAttributesSequence.RequestedProcedureID": "XYZ"})) == []
     hits = index.search(q("series", {"RequestAttributesSequence.RequestedProcedureID": "QQQ"}))
     assert [h.series_uid for h in hits] == [recs[0].series_uid]
+    hits = index.search(q("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4"}))
+    assert [h.sop_uid for h in hits] == [recs[1].sop_uid]
+    index.delete(recs[0].study_uid, recs[0].series_uid, recs[1].sop_uid)
+    assert index.search(q("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4"})) == []
     index.delete(recs[0].study_uid)
     assert index.search(q("series", {"RequestAttributesSequence.RequestedProcedureID": "?*"})) == []
     assert index.search(q("study", {"ProcedureCodeSequence.CodeValue": "CTCHEST"})) == []
@@ -548,7 +557,8 @@ def test_an_index_without_sequence_items_is_migrated(kind, request, tmp_path):
     recs = [record(tmp_path, study=s1, ProcedureCodeSequence=_items({"CodeValue": "C1"}),
                    RequestAttributesSequence=_items({"RequestedProcedureID": "R1"}), StudyDate="20200102",
                    StudyTime="003000", TimezoneOffsetFromUTC="+0100", AcquisitionDateTime="20200101120000-0500"),
-            record(tmp_path, study=s1, RequestAttributesSequence=_items({"RequestedProcedureID": "R2"}))]
+            record(tmp_path, study=s1, RequestAttributesSequence=_items({"RequestedProcedureID": "R2"}),
+                   ReferencedImageSequence=_items({"ReferencedSOPInstanceUID": "1.2.3.4"}))]
     assert idx.add(recs) == [True, True]
     idx.close()
     if kind == "sqlite":
@@ -567,6 +577,7 @@ def test_an_index_without_sequence_items_is_migrated(kind, request, tmp_path):
         assert [h.series_uid for h in idx.search(q("series", {"RequestAttributesSequence.RequestedProcedureID":
                                                               "R*"}))] == [recs[0].series_uid, recs[1].series_uid]
         assert [h.study_uid for h in idx.search(q("study", {"ProcedureCodeSequence.CodeValue": "C1"}))] == [s1]
+        assert [h.sop_uid for h in idx.search(q("instance", {"00081140.00081155": "1.2.3.4"}))] == [recs[1].sop_uid]
         assert [h.study_uid for h in idx.search(q("study", {"StudyDate": "20200101-", "StudyTime": "2300-",
                                                             "TimezoneOffsetFromUTC": "+0000"}))] == [s1]
         assert [h.sop_uid for h in idx.search(q("instance", {"AcquisitionDateTime": "20200101170000+0000"}))] \
