@@ -373,7 +373,7 @@ class SQLIndex(Index):
                  orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata])
             items = (item_rows("study", study_pk, r.study) if new_study else []) \
                 + (item_rows("series", series_pk, r.series) if new_series else [])
-            if SEQUENCES_OF["instance"]:
+            if any(r.instance.get(a.keyword) for a in SEQUENCES_OF["instance"]):  # (most instances: none)
                 (pk,) = x(con, "SELECT pk FROM instance WHERE SOPInstanceUID = ?", (r.sop_uid,)).fetchone()
                 items += item_rows("instance", pk, r.instance)
             self._put_items(con, items)
