@@ -32,6 +32,7 @@ class Kind(str, Enum):
     DATETIME = "datetime"  # DT: single value or range
     INT = "int"  # IS/US: single value
     MULTI = "multi"  # CS list stored per entity (ModalitiesInStudy): any value matches
+    SEQUENCE = "sequence"  # SQ: an item must match all the item keys (PS3.4 C.2.2.2.6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class Attribute:
     level: Level
     kind: Kind
     computed: bool = False  # derived from lower levels (ModalitiesInStudy, counts)
+    items: tuple["Attribute", ...] = ()  # SEQUENCE: the keys an item can be matched on
+    sources: tuple[str, ...] = ()  # a derived date-time column: (DA, TM) keywords or (DT,)
+    utc: bool = False  # ... converted to UTC with the instance's offset (dicom/timezones.py)
 
 
 def _tag(keyword: str) -> str:
@@ -95,13 +99,63 @@ INDEXED: tuple[Attribute, ...] = (
     _a("NumberOfFrames", "instance", Kind.INT),
 )
 
-BY_KEYWORD: dict[str, Attribute] = {a.keyword: a for a in INDEXED}
-BY_TAG: dict[str, Attribute] = {a.tag: a for a in INDEXED}
 
-#: Stored (not computed) indexed attributes of each level, in column order.
+
+def _sq(keyword: str, level: Level, items: tuple[tuple[str, Kind], ...]) -> Attribute:
+    return Attribute(keyword, _tag(keyword), level, Kind.SEQUENCE,
+                     items=tuple(_a(k, level, kind) for k, kind in items))
+
+
+#: Sequences matched by their items (PS3.4 C.2.2.2.6): the sequence, the level whose record
+#: holds it, and the item attributes kept for matching (text, UID, DA and TM kinds: the
+#: indexes keep item values as text). A new matchable sequence is one line here.
+SEQUENCES: tuple[Attribute, ...] = (
+    # General Study module (PS3.3 C.7.2.1)
+    _sq("ReferencedStudySequence", "study",
+        (("ReferencedSOPClassUID", Kind.UID), ("ReferencedSOPInstanceUID", Kind.UID))),
+    _sq("ProcedureCodeSequence", "study",
+        (("CodeValue", Kind.TEXT), ("CodingSchemeDesignator", Kind.TEXT), ("CodingSchemeVersion", Kind.TEXT),
+         ("CodeMeaning", Kind.TEXT))),
+    # General Series module, Request Attributes Sequence (PS3.3 C.7.3.1, Table 10-9);
+    # a series-level return key of QIDO-RS (PS3.18 Table 10.6.3-4)
+    _sq("RequestAttributesSequence", "series",
+        (("RequestedProcedureID", Kind.TEXT), ("ScheduledProcedureStepID", Kind.TEXT),
+         ("AccessionNumber", Kind.TEXT), ("StudyInstanceUID", Kind.UID),
+         ("RequestedProcedureDescription", Kind.TEXT), ("ScheduledProcedureStepDescription", Kind.TEXT))),
+    # General Image module (PS3.3 C.7.6.1): the images an image refers to
+    _sq("ReferencedImageSequence", "instance",
+        (("ReferencedSOPClassUID", Kind.UID), ("ReferencedSOPInstanceUID", Kind.UID))),
+)
+
+BY_KEYWORD: dict[str, Attribute] = {a.keyword: a for a in (*INDEXED, *SEQUENCES)}
+BY_TAG: dict[str, Attribute] = {a.tag: a for a in (*INDEXED, *SEQUENCES)}
+
+
+
+def _dt(column: str, level: Level, sources: tuple[str, ...], utc: bool) -> Attribute:
+    return Attribute(column, "", level, Kind.DATETIME, sources=sources, utc=utc)
+
+
+#: Date-time columns derived from a DA and a TM (combined matching, PS3.4 C.2.2.2.5.1) or a DT,
+#: in local time as stored and in UTC (dicom/timezones.py): not DICOM attributes (no tag),
+#: never returned, named with a leading ``_``. Each is a range over one column: an index lookup.
+DERIVED: tuple[Attribute, ...] = (
+    _dt("_StudyDateTime", "study", ("StudyDate", "StudyTime"), False),
+    _dt("_StudyDateTimeUTC", "study", ("StudyDate", "StudyTime"), True),
+    _dt("_PPSStartDateTime", "series", ("PerformedProcedureStepStartDate", "PerformedProcedureStepStartTime"), False),
+    _dt("_PPSStartDateTimeUTC", "series", ("PerformedProcedureStepStartDate", "PerformedProcedureStepStartTime"),
+        True),
+    _dt("_ContentDateTime", "instance", ("ContentDate", "ContentTime"), False),
+    _dt("_ContentDateTimeUTC", "instance", ("ContentDate", "ContentTime"), True),
+    _dt("_AcquisitionDateTimeUTC", "instance", ("AcquisitionDateTime",), True),
+)
+
+#: Stored (not computed) indexed attributes of each level, in column order (derived last).
 STORED: dict[Level, tuple[Attribute, ...]] = {
-    lv: tuple(a for a in INDEXED if a.level == lv and not a.computed) for lv in LEVELS
+    lv: tuple(a for a in (*INDEXED, *DERIVED) if a.level == lv and not a.computed) for lv in LEVELS
 }
+#: Matchable sequences of each level (kept beside the columns: store/sql.py sequence_item).
+SEQUENCES_OF: dict[Level, tuple[Attribute, ...]] = {lv: tuple(a for a in SEQUENCES if a.level == lv) for lv in LEVELS}
 
 # PS3.18 Table 10.6.3-3/-4/-5: default return attributes (RetrieveURL added by the web layer).
 DEFAULT_RETURN: dict[Level, tuple[str, ...]] = {
@@ -143,7 +197,7 @@ _STUDY_MODULE_KEYWORDS = (
     "EthnicGroup", "PatientComments", "PatientSpeciesDescription", "PatientBreedDescription",
     "ResponsiblePerson", "ResponsibleOrganization", "PatientIdentityRemoved",
     "StudyInstanceUID", "StudyDate", "StudyTime", "ReferringPhysicianName",
-    "ReferringPhysicianIdentificationSequence", "StudyID", "AccessionNumber",
+    "ReferringPhysicianIdentificationSequence", "ReferencedStudySequence", "StudyID", "AccessionNumber",
     "IssuerOfAccessionNumberSequence", "StudyDescription", "PhysiciansOfRecord",
     "NameOfPhysiciansReadingStudy", "RequestingService", "ProcedureCodeSequence",
     "AdmittingDiagnosesDescription", "PatientAge", "PatientSize", "PatientWeight",

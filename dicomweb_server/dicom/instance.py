@@ -20,7 +20,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
 from . import lean
-from .attributes import SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS
+from .attributes import SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS
 from .frames import (
     FrameCountMismatch,
     PixelLayout,
@@ -30,7 +30,7 @@ from .frames import (
     native_pixel_bytes,
 )
 from .json_model import dataset_to_json, level_attributes
-from .matching import column_value as _column_value
+from .matching import level_values
 from .patient import PatientIdentity, patient_identity
 from .media_types import DEFLATED_LE, is_video
 from .reading import Unacceptable, file_meta_uids, read_instance
@@ -51,7 +51,7 @@ class InstanceRecord:
     sop_uid: str
     sop_class_uid: str
     transfer_syntax_uid: str
-    study: dict[str, object]  # keyword -> value, for STORED["study"]
+    study: dict[str, object]  # keyword -> value, for STORED["study"]; items of SEQUENCES_OF["study"]
     series: dict[str, object]
     instance: dict[str, object]
     study_json: bytes  # study-level attributes (DICOM JSON object)
@@ -205,9 +205,9 @@ def _record(meta_json: dict, study_uid: str, series_uid: str, sop_uid: str, sop_
         sop_uid=sop_uid,
         sop_class_uid=sop_class,
         transfer_syntax_uid=ts,
-        study={a.keyword: _column_value(meta_json, a) for a in STORED["study"]},
-        series={a.keyword: _column_value(meta_json, a) for a in STORED["series"]},
-        instance={a.keyword: _column_value(meta_json, a) for a in STORED["instance"]},
+        study=level_values(meta_json, "study"),
+        series=level_values(meta_json, "series"),
+        instance=level_values(meta_json, "instance"),
         study_json=dumps(level_attributes(meta_json, STUDY_LEVEL_TAGS)),
         series_json=dumps(level_attributes(meta_json, SERIES_LEVEL_TAGS)),
         metadata=dumps(meta_json),

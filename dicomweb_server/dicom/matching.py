@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .attributes import (
-    BY_KEYWORD, BY_TAG, LEVELS, SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute, Kind, Level,
-    resolve_attribute,
+    BY_KEYWORD, BY_TAG, DERIVED, LEVELS, SEQUENCES_OF, SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute, Kind,
+    Level, resolve_attribute,
 )
 from .json_model import level_attributes
+from .timezones import dt_offset, parse_offset, to_utc
 from .uids import validate_uid
 
 
@@ -36,8 +37,9 @@ class Match:
 
     ``type`` is one of ``single`` (values: one normalised value), ``list`` (UID list
     or multi-valued CS: any value matches), ``wildcard`` (values: the pattern with
-    ``*``/``?``), ``range`` (values: (low or None, high or None), inclusive) and
-    ``universal`` (no constraint; the attribute is returned).
+    ``*``/``?``), ``range`` (values: (low or None, high or None), inclusive),
+    ``sequence`` (values: the item keys, each a Match; some item must match all of
+    them, PS3.4 C.2.2.2.6) and ``universal`` (no constraint; the attribute is returned).
     """
 
     attribute: Attribute
@@ -59,6 +61,7 @@ class Query:
     limit: int
     offset: int
     limited: bool  # True when the server maximum cut the client's limit (or none was given)
+    timezone_offset: int | None = None  # the query's TimezoneOffsetFromUTC, minutes east of UTC
 
 
 _DATE_RE = re.compile(r"^\d{8}$")
@@ -168,13 +171,78 @@ def column_value(meta: dict, attribute: Attribute) -> object:
         return None
 
 
+def sequence_items(meta: dict, attribute: Attribute) -> list[dict[str, object]] | None:
+    """The items of a matchable sequence (attributes.SEQUENCES) as the indexes keep them:
+    per item, item keyword -> normalised value (:func:`column_value`); None when absent."""
+    items = meta.get(attribute.tag, {}).get("Value")
+    if not items:
+        return None
+    return [{a.keyword: column_value(item, a) for a in attribute.items} for item in items
+            if isinstance(item, dict)] or None
+
+
+TIMEZONE_OFFSET = "00080201"
+_START_OF_DAY, _END_OF_DAY = "000000.000000", "235959.999999"
+
+
+def _first_text(meta: dict, keyword: str) -> str | None:
+    values = meta.get(BY_KEYWORD[keyword].tag, {}).get("Value")
+    return str(values[0]) if values and values[0] is not None else None
+
+
+def derived_value(meta: dict, attribute: Attribute) -> str | None:
+    """A date-time column of attributes.DERIVED: the DA and TM of ``sources`` as one
+    ``YYYYMMDDHHMMSS.ffffff`` (a missing time is the start of the day), or the DT; in
+    UTC when ``attribute.utc``, with the DT's own offset, else the instance's Timezone
+    Offset From UTC (PS3.3 C.12.1.1.8). Without either, the local time is kept as it is:
+    the standard leaves it unknown, and the archive does not guess (docs/notes/matching.md).
+    None without a (valid) date."""
+    if len(attribute.sources) == 1:
+        raw = _first_text(meta, attribute.sources[0])
+        value = normalize_datetime(raw) if raw else None
+        own = dt_offset(raw) if raw else None
+    else:
+        date = _first_text(meta, attribute.sources[0])
+        day = normalize_date(date) if date else None
+        if day is None:
+            return None
+        time = _first_text(meta, attribute.sources[1])
+        value, own = day + ((normalize_time(time) if time else None) or _START_OF_DAY), None
+    if value is None or not attribute.utc:
+        return value
+    if own is None:
+        tz = meta.get(TIMEZONE_OFFSET, {}).get("Value")
+        own = parse_offset(tz[0]) if tz else None
+    return to_utc(value, own or 0)
+
+
+#: (UTC column, the column it equals when the instance has no offset) of each level
+_SAME_WITHOUT_OFFSET: dict[Level, list[tuple[str, str]]] = {
+    lv: [(a.keyword, next((b.keyword for b in DERIVED if b.sources == a.sources and not b.utc), a.sources[0]))
+         for a in DERIVED if a.utc and a.level == lv] for lv in LEVELS}
+
+
+def level_values(meta: dict, level: Level) -> dict[str, object]:
+    """What the index keeps for matching at ``level``: a value per column (STORED, the
+    derived date-times included) and the items of each matchable sequence of the level
+    (SEQUENCES_OF)."""
+    values: dict[str, object] = {a.keyword: derived_value(meta, a) if a.sources else column_value(meta, a)
+                                 for a in STORED[level]}
+    for utc, local in _SAME_WITHOUT_OFFSET[level]:
+        if values[utc] == values[local]:  # no offset: one string object for both (the memory index keeps both)
+            values[utc] = values[local]
+    for a in SEQUENCES_OF[level]:
+        values[a.keyword] = sequence_items(meta, a)
+    return values
+
+
 def level_record(meta: dict, level: Level) -> tuple[dict[str, object], dict]:
     """What an instance (its DICOM JSON) says about its study or series: the index
     columns of ``level`` and the DICOM JSON of the level's modules. The index keeps
     this for the instance that speaks for the study/series (the earliest received
     still stored), and computes it again when that one is deleted."""
     tags = STUDY_LEVEL_TAGS if level == "study" else SERIES_LEVEL_TAGS
-    return {a.keyword: column_value(meta, a) for a in STORED[level]}, level_attributes(meta, tags)
+    return level_values(meta, level), level_attributes(meta, tags)
 
 
 # --- parsing -----------------------------------------------------------------------------
@@ -195,6 +263,11 @@ def _collapse_stars(value: str) -> str:
 
 def _parse_match(attribute: Attribute, raw: str) -> Match:
     kind = attribute.kind
+    if kind is Kind.SEQUENCE:  # the sequence itself: only universal matching (return it)
+        if raw.strip() not in ("", "*"):
+            raise QueryError(f"{attribute.keyword} is a sequence: match its items' attributes "
+                             f"({attribute.keyword}.{attribute.items[0].keyword}=...), or give no value to return it")
+        return Match(attribute, "universal", ())
     if "\x00" in raw:
         raise QueryError(f"{attribute.keyword}: a NUL character is not allowed in a value")
     if kind not in (Kind.UID, Kind.MULTI) and len(raw) > MAX_VALUE_CHARS:
@@ -261,6 +334,103 @@ def _parse_temporal(attribute: Attribute, value: str, raw: str) -> Match:
     raise QueryError(f"{attribute.keyword}: {raw!r} is not a valid {kind.value} value or range")
 
 
+def _add_item_key(matches: dict[str, Match], sequence: Attribute | None, name: str, item_name: str,
+                  value: str, rank: int) -> None:
+    """Add ``{sequence}.{attribute}={value}`` to the sequence's match (PS3.4 C.2.2.2.6: one item
+    holding all the keys of the request's item; each key by its own matching type)."""
+    if sequence is None or sequence.kind is not Kind.SEQUENCE:
+        raise QueryError(f"{name}: not a sequence supported for matching; supported: "
+                         + ", ".join(a.keyword for a in BY_KEYWORD.values() if a.kind is Kind.SEQUENCE))
+    if _level_rank(sequence.level) > rank:
+        raise QueryError(f"{sequence.keyword} is a {sequence.level}-level attribute; "
+                         f"it cannot be matched in a {LEVELS[rank]} search")
+    if "." in item_name:
+        raise QueryError(f"{name}.{item_name}: only one level of sequence nesting is supported for matching")
+    try:
+        tag, keyword = resolve_attribute(item_name)
+    except ValueError as e:
+        raise QueryError(f"{sequence.keyword}.{item_name}: {e}") from None
+    item = next((a for a in sequence.items if a.tag == tag), None)
+    if item is None:
+        raise QueryError(f"{sequence.keyword}.{keyword or tag} is not supported as a matching key; supported: "
+                         + ", ".join(f"{sequence.keyword}.{a.keyword}" for a in sequence.items))
+    old = matches.get(sequence.keyword)
+    keys = old.values if old is not None and old.type == "sequence" else ()
+    if any(k.attribute is item for k in keys):
+        raise QueryError(f"{sequence.keyword}.{item.keyword} is given more than once")
+    key = _parse_match(item, value)
+    if key.type != "universal":
+        keys = (*keys, key)
+    matches[sequence.keyword] = Match(sequence, "sequence", keys) if keys else Match(sequence, "universal", ())
+
+
+def _derive(matches: dict[str, Match], raws: dict[str, str], tz: int | None) -> list[str]:
+    """Date and time keys matched as one date-time, on a derived column (attributes.DERIVED);
+    returns the tags of the keys replaced (returned as matched keys are).
+
+    - A date range with a time (PS3.4 C.2.2.2.5.1, combined date-time matching):
+      ``StudyDate=20200101-20200102&StudyTime=2200-0200`` is from 2020-01-01 22:00 to
+      2020-01-02 02:00, not "either day, 22:00 to 02:00" (which matches nothing).
+    - A query with an offset (``TimezoneOffsetFromUTC``, or a DT value's suffix): its
+      values are in that offset (PS3.4 C.4.1.1.3.1), matched against the UTC columns;
+      a date alone is the whole day in that offset.
+    A time alone, and a query without an offset, match the values as stored.
+    """
+    replaced: list[str] = []
+    local = {a.sources: a for a in DERIVED if not a.utc}
+    for a in DERIVED:
+        if not a.utc:
+            continue
+        if len(a.sources) == 1:
+            m = matches.get(a.sources[0])
+            raw = raws.get(a.sources[0], "")
+            if m is None or m.type == "universal":
+                continue
+            lo_raw, hi_raw = _bounds(_collapse_stars(raw.strip()))
+            offsets = [dt_offset(b) if b else None for b in (lo_raw, hi_raw)]
+            if tz is None and offsets == [None, None]:
+                continue
+            lo, hi = (None if v is None else to_utc(v, o if o is not None else tz or 0)
+                      for v, o in zip(m.values, offsets))
+            del matches[a.sources[0]]
+            matches[a.keyword] = Match(a, "range", (lo, hi))
+            replaced.append(m.attribute.tag)
+            continue
+        dm, tm = matches.get(a.sources[0]), matches.get(a.sources[1])
+        if dm is None or dm.type == "universal":
+            continue
+        tm = tm if tm is not None and tm.type != "universal" else None
+        if tz is None and (tm is None or dm.type != "range"):
+            continue
+        lo_d, hi_d = dm.values if dm.type == "range" else (dm.values[0], dm.values[0])
+        lo_t, hi_t = tm.values if tm is not None else (None, None)
+        lo = None if lo_d is None else lo_d + (lo_t or _START_OF_DAY)
+        hi = None if hi_d is None else hi_d + (hi_t or _END_OF_DAY)
+        target = a if tz is not None else local[a.sources]
+        if tz is not None:
+            lo, hi = (None if v is None else to_utc(v, tz) for v in (lo, hi))
+        for k in a.sources:
+            if k in matches:
+                replaced.append(matches.pop(k).attribute.tag)
+        matches[target.keyword] = Match(target, "range", (lo, hi))
+    return replaced
+
+
+def _bounds(value: str) -> tuple[str | None, str | None]:
+    """The two bounds of a DT value or range as written (a single value is both)."""
+    if normalize_datetime(value) is not None:
+        return value, value
+    for i, ch in enumerate(value):
+        if ch != "-":
+            continue
+        lo_raw, hi_raw = value[:i], value[i + 1:]
+        if (lo_raw and normalize_datetime(lo_raw) is None) or (hi_raw and normalize_datetime(hi_raw) is None) \
+                or not (lo_raw or hi_raw):
+            continue
+        return lo_raw or None, hi_raw or None
+    raise AssertionError(value)  # _parse_temporal accepted it
+
+
 def _bool_param(name: str, value: str) -> bool:
     v = value.strip().lower()
     if v in ("true", "1", "yes"):
@@ -321,6 +491,8 @@ def parse_query(
     limit: int | None = None
     offset = 0
     rank = _level_rank(level)
+    timezone_offset: int | None = None
+    raws: dict[str, str] = {}
     for name, value in params:
         if name in ("accept", "charset"):
             continue  # content negotiation (PS3.18 8.3.3), read by the web layer (api.deps.acceptable)
@@ -348,12 +520,25 @@ def parse_query(
         if lname == "offset":
             offset = _int_param(name, value, 0)
             continue
-        # {attributeID}={value}; nested sequence paths (a.b) are not supported for matching
+        if name in ("TimezoneOffsetFromUTC", TIMEZONE_OFFSET):  # PS3.18 §8.3.4.1: the offset of the query's values
+            timezone_offset = parse_offset(value)
+            if timezone_offset is None and value.strip():
+                raise QueryError(f"TimezoneOffsetFromUTC: {value!r} is not an offset +hhmm or -hhmm "
+                                 "(-1200 to +1400)")
+            if timezone_offset is not None:
+                includes.append(TIMEZONE_OFFSET)
+            continue
+        # {attributeID}={value}: a keyword or tag, or a sequence's item attribute (PS3.18 §8.3.4.1
+        # attribute path, one level: RequestAttributesSequence.RequestedProcedureID, 00400275.00401001)
+        path, _, item_name = name.partition(".")
         try:
-            tag, keyword = resolve_attribute(name)
+            tag, keyword = resolve_attribute(path)
         except ValueError as e:
             raise QueryError(str(e)) from None
         attribute = BY_TAG.get(tag)
+        if item_name:
+            _add_item_key(matches, attribute, keyword or tag, item_name, value, rank)
+            continue
         if attribute is not None and level == "study" and attribute.keyword in _STUDY_ALIASES:
             attribute = BY_KEYWORD[_STUDY_ALIASES[attribute.keyword]]
         if attribute is None:
@@ -365,8 +550,13 @@ def parse_query(
             raise QueryError(f"{attribute.keyword} is a {attribute.level}-level attribute; "
                              f"it cannot be matched in a {level} search")
         if attribute.keyword in matches:
+            if attribute.kind is Kind.SEQUENCE:  # the sequence named alone and by its items
+                _parse_match(attribute, value)
+                continue
             raise QueryError(f"{attribute.keyword} is given more than once")
         matches[attribute.keyword] = _parse_match(attribute, value)
+        raws[attribute.keyword] = value
+    includes += _derive(matches, raws, timezone_offset)
     limited = limit is None or limit > max_results
     return Query(
         level=level,
@@ -379,6 +569,7 @@ def parse_query(
         limit=max_results if limited else limit,  # type: ignore[arg-type]
         offset=offset,
         limited=limited,
+        timezone_offset=timezone_offset,
     )
 
 
@@ -422,6 +613,9 @@ def match_value(match: Match, stored: object, fuzzy: bool = False) -> bool:
         return True
     if stored is None:
         return False
+    if t == "sequence":  # stored: the items (sequence_items); one must match every key
+        return any(all(match_value(k, item.get(k.attribute.keyword)) for k in match.values)
+                   for item in stored)  # type: ignore[union-attr]
     kind = match.attribute.kind
     if kind is Kind.MULTI:
         return any(v in stored for v in match.values)  # type: ignore[operator]

@@ -18,8 +18,8 @@ from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
-from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Level, vr_of
-from ..dicom.matching import Query, QueryError, parse_query
+from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Kind, Level, vr_of
+from ..dicom.matching import TIMEZONE_OFFSET, Query, QueryError, parse_query
 from ..dicom.search_results import build_result
 from ..store.base import Index, SearchHit
 
@@ -46,6 +46,27 @@ def _raw(elem: DataElement) -> str:
     return str(v)
 
 
+def _sequence_keys(tag: str, elem: DataElement) -> list[tuple[str, str]]:
+    """The matching keys of a sequence in the identifier: its one item's attributes with a
+    value, as QIDO-RS attribute paths (``00400275.00401001``; PS3.4 C.2.2.2.6). An empty
+    sequence or item is universal matching (the sequence is returned); item keys the
+    index cannot match on are not matched (PS3.4 C.2.2.1.1)."""
+    sequence = BY_TAG.get(tag)
+    if sequence is None or sequence.kind is not Kind.SEQUENCE or not elem.value:
+        return []
+    if len(elem.value) != 1:
+        raise IdentifierError(f"{sequence.keyword}: a sequence matching key holds one item (PS3.4 C.2.2.2.6), "
+                              f"not {len(elem.value)}")
+    supported = {a.tag for a in sequence.items}
+    keys = []
+    for item_elem in elem.value[0]:
+        item_tag = f"{int(item_elem.tag):08X}"
+        value = _raw(item_elem) if item_elem.VR != "SQ" else ""
+        if value and item_tag in supported:
+            keys.append((f"{tag}.{item_tag}", value))
+    return keys
+
+
 def query_level(identifier: Dataset, model: str) -> str:
     """The identifier's QueryRetrieveLevel, checked against the model (``patient`` or ``study`` root)."""
     level = str(identifier.get("QueryRetrieveLevel", "")).strip().upper()
@@ -69,8 +90,12 @@ def build_query(identifier: Dataset, level: str, max_results: int, offset: int =
             continue
         wanted.append(int(elem.tag))
         tag = f"{int(elem.tag):08X}"
-        value = _raw(elem) if elem.VR != "SQ" else ""
-        if value and tag in BY_TAG:
+        if elem.VR == "SQ":
+            params += _sequence_keys(tag, elem)
+            params.append(("includefield", tag))
+            continue
+        value = _raw(elem)
+        if value and (tag in BY_TAG or tag == TIMEZONE_OFFSET):  # the offset of the identifier's values
             params.append((tag, value))
         else:
             params.append(("includefield", tag))

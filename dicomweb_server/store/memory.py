@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from ..dicom.attributes import STORED, Kind
+from ..dicom.attributes import SEQUENCES_OF, STORED, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import Query, level_record, match_value
 from ..dicom.patient import PatientIdentity, patient_identity
@@ -45,11 +45,16 @@ _COL_INDEX = {
 }
 
 
-class _Study:
-    __slots__ = ("uid", "cols", "json", "patient", "series")
+def _seqs(values: dict[str, object], level: str) -> dict[str, object] | None:
+    """The items of the level's matchable sequences (None when it has none: the common case)."""
+    return {a.keyword: values[a.keyword] for a in SEQUENCES_OF[level] if values.get(a.keyword)} or None  # type: ignore[index]
 
-    def __init__(self, uid: str, cols: tuple, json: bytes, patient: PatientIdentity) -> None:
-        self.uid, self.cols, self.json = uid, cols, json
+
+class _Study:
+    __slots__ = ("uid", "cols", "seqs", "json", "patient", "series")
+
+    def __init__(self, uid: str, cols: tuple, seqs: dict | None, json: bytes, patient: PatientIdentity) -> None:
+        self.uid, self.cols, self.seqs, self.json = uid, cols, seqs, json
         self.patient = patient  # what its record says (dicom/patient.py)
         self.series: dict[str, _Series] = {}
 
@@ -70,21 +75,22 @@ class _Study:
 
 
 class _Series:
-    __slots__ = ("uid", "study", "cols", "json", "instances")
+    __slots__ = ("uid", "study", "cols", "seqs", "json", "instances")
 
-    def __init__(self, uid: str, study: _Study, cols: tuple, json: bytes) -> None:
-        self.uid, self.study, self.cols, self.json = uid, study, cols, json
+    def __init__(self, uid: str, study: _Study, cols: tuple, seqs: dict | None, json: bytes) -> None:
+        self.uid, self.study, self.cols, self.seqs, self.json = uid, study, cols, seqs, json
         self.instances: dict[str, _Instance] = {}
 
 
 class _Instance:
-    __slots__ = ("uid", "seq", "series", "cols", "sop_class", "ts", "path", "size", "pixel", "metadata")
+    __slots__ = ("uid", "seq", "series", "cols", "seqs", "sop_class", "ts", "path", "size", "pixel", "metadata")
 
     def __init__(self, r: InstanceRecord, series: _Series, seq: int) -> None:
         self.uid = r.sop_uid
         self.seq = seq  # arrival order across the whole index
         self.series = series
         self.cols = tuple(r.instance[c] for c in _INSTANCE_COLS)
+        self.seqs = _seqs(r.instance, "instance")
         self.sop_class = r.sop_class_uid
         self.ts = r.transfer_syntax_uid
         self.path = r.path
@@ -169,11 +175,13 @@ class MemoryIndex(Index):
                 study = old_study
                 if study is None:
                     study = self._studies[r.study_uid] = _Study(
-                        r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), r.study_json, r.patient)
+                        r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), _seqs(r.study, "study"), r.study_json,
+                        r.patient)
                 series = self._series.get(r.series_uid)
                 if series is None:
                     series = self._series[r.series_uid] = _Series(
-                        r.series_uid, study, tuple(r.series[c] for c in _SERIES_COLS), r.series_json)
+                        r.series_uid, study, tuple(r.series[c] for c in _SERIES_COLS), _seqs(r.series, "series"),
+                        r.series_json)
                     study.series[r.series_uid] = series
                 inst = _Instance(r, series, next(self._seq))
                 series.instances[r.sop_uid] = inst
@@ -219,17 +227,17 @@ class MemoryIndex(Index):
             elif victims:  # what the deleted instances said is said again by those left
                 for se in touched.values():
                     if se.instances:
-                        se.cols, se.json = self._record(next(iter(se.instances.values())), "series")
-                study.cols, study.json = self._record(study.first(), "study")
+                        se.cols, se.seqs, se.json = self._record(next(iter(se.instances.values())), "series")
+                study.cols, study.seqs, study.json = self._record(study.first(), "study")
                 study.patient = patient_identity(orjson.loads(study.json))
             return [i.path for i in victims]
 
     @staticmethod
-    def _record(inst: _Instance, level: str) -> tuple[tuple, bytes]:
+    def _record(inst: _Instance, level: str) -> tuple[tuple, dict | None, bytes]:
         """The study or series record ``inst`` gives (as describe_instance made it)."""
         cols, json = level_record(orjson.loads(inst.json), level)  # type: ignore[arg-type]
         names = _STUDY_COLS if level == "study" else _SERIES_COLS
-        return tuple(cols[c] for c in names), dumps(json)
+        return tuple(cols[c] for c in names), _seqs(cols, level), dumps(json)
 
     def _iter_instances(self, study: _Study, series_uid: str | None) -> list[_Instance]:
         if series_uid is not None:
@@ -270,9 +278,11 @@ class MemoryIndex(Index):
 
     def _matches(self, query: Query, level: str, entity) -> bool:
         for m in query.matches:
-            if m.attribute.level != level:
+            if m.attribute.level != level or m.type == "universal":
                 continue
-            if level == "study":
+            if m.attribute.kind is Kind.SEQUENCE:
+                value = entity.seqs.get(m.attribute.keyword) if entity.seqs else None
+            elif level == "study":
                 value = self._study_value(entity, m.attribute.keyword)
             elif m.attribute.keyword == "NumberOfSeriesRelatedInstances":
                 value = len(entity.instances)

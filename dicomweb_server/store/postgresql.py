@@ -23,7 +23,9 @@ SQLite index (store/sql.py); what differs is here:
   adds routing's outbox table (its rows: routing/outbox_pg.py), version 4 an index of
   the instances' sizes (the landing page's bytes stored), version 5 the change
   log (store/changes.py; appends serialised by an advisory lock held to the commit,
-  so that Sequence numbers commit in order) and the outbox's ``_change`` column.
+  so that Sequence numbers commit in order) and the outbox's ``_change`` column,
+  version 6 the items of the matchable sequences (store/sql.py sequence_item), version 7
+  the derived date-time columns (local and UTC) of combined and time-zone matching.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from contextlib import contextmanager
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from .base import IndexUnavailable, Refused
-from .sql import POSTGRESQL, SQLIndex, coldefs
+from .sql import (
+    POSTGRESQL, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes,
+    sequence_item_schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +150,26 @@ def _v5() -> list[str]:
             "ALTER TABLE outbox ADD COLUMN _change BIGINT"]
 
 
-# version -> the statements that bring the schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5}
+def _v6() -> list:
+    """Sequence matching (PS3.4 C.2.2.2.6): the items of the matchable sequences
+    (store/sql.py sequence_item), filled for the studies and series already indexed."""
+    return [*sequence_item_schema(POSTGRESQL), lambda con: backfill_items(POSTGRESQL, con)]
+
+
+def _v7() -> list:
+    """Combined and UTC date-time matching (PS3.4 C.2.2.2.5.1, C.4.1.1.3.1): the derived
+    date-time columns (attributes.DERIVED), computed for the rows already indexed. A
+    database created at version 1 by this archive already has them (coldefs): hence
+    ``IF NOT EXISTS``."""
+    steps: list = [f"ALTER TABLE {level} ADD COLUMN IF NOT EXISTS {a.keyword} {POSTGRESQL.text}"
+                   for level, attributes in derived_columns().items() for a in attributes]
+    return [*steps, *derived_indexes(),
+            lambda con: backfill_derived(POSTGRESQL, con, ["study", "series", "instance"])]
+
+
+# version -> the statements (or steps: callables given the connection) that bring the
+# schema from version - 1 to it
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -182,7 +205,10 @@ def migrate(con) -> tuple[int, int]:
                                   f"{SCHEMA_VERSION}: upgrade the archive")
         for version in range(before + 1, SCHEMA_VERSION + 1):
             for statement in MIGRATIONS[version]():
-                con.execute(statement)
+                if callable(statement):
+                    statement(con)
+                else:
+                    con.execute(statement)
             con.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
             log.info("index schema migrated to version %d", version)
     return before, SCHEMA_VERSION

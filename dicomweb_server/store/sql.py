@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..dicom.attributes import STORED, Attribute, Kind
+from ..dicom.attributes import SEQUENCES_OF, STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord, dumps
-from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record
+from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record, level_values
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
@@ -96,10 +96,113 @@ def coldefs(dialect: Dialect, level: str, skip: str) -> str:
                         for a in STORED[level] if a.keyword != skip)  # type: ignore[index]
 
 
-def compile_match(dialect: Dialect, m: Match, fuzzy: bool) -> tuple[str, list]:
-    """One matching key (PS3.4 C.2.2.2) as an SQL condition and its parameters."""
+def sequence_item_schema(dialect: Dialect) -> list[str]:
+    """The items of the matchable sequences (attributes.SEQUENCES), one row per item
+    attribute with a value: ``level`` and ``owner_pk`` name the study/series/instance row
+    whose record holds the sequence, ``item`` the item's position. A sequence key is an
+    index lookup on (sequence, attribute, value), the other keys of the same item are
+    found by (level, owner_pk, sequence, item, attribute) (PS3.4 C.2.2.2.6)."""
+    return [f"""CREATE TABLE IF NOT EXISTS sequence_item (
+  level TEXT NOT NULL,
+  owner_pk {dialect.integer} NOT NULL,
+  sequence TEXT NOT NULL,
+  item INTEGER NOT NULL,
+  attribute TEXT NOT NULL,
+  value {dialect.text} NOT NULL
+)""",
+            "CREATE INDEX IF NOT EXISTS sequence_item_value ON sequence_item(sequence, attribute, value)",
+            "CREATE INDEX IF NOT EXISTS sequence_item_owner ON sequence_item(level, owner_pk, sequence, item, attribute)"]
+
+
+def item_rows(level: str, pk: int, values: dict[str, object]) -> list[tuple]:
+    """The sequence_item rows of a study/series/instance record (matching.level_values)."""
+    rows = []
+    for a in SEQUENCES_OF[level]:  # type: ignore[index]
+        for n, item in enumerate(values.get(a.keyword) or ()):  # type: ignore[arg-type]
+            rows += [(level, pk, a.tag, n, k.tag, item[k.keyword]) for k in a.items if item.get(k.keyword) is not None]
+    return rows
+
+
+def put_items(dialect: Dialect, con, rows: list[tuple]) -> None:
+    if rows:
+        con.cursor().executemany(dialect.sql(
+            "INSERT INTO sequence_item (level, owner_pk, sequence, item, attribute, value) VALUES (?,?,?,?,?,?)"),
+            [(*r[:5], dialect.column(r[5])) for r in rows])
+
+
+def _records(dialect: Dialect, con, level: str) -> Iterator[list[tuple[int, dict[str, object]]]]:
+    """(pk, matching.level_values) of every study, series or instance row, from the stored
+    DICOM JSON of the instance that speaks for it (the earliest still stored), in batches."""
+    owner = {"study": "se.study_pk", "series": "i.series_pk", "instance": "i.pk"}[level]
+    pairs = con.execute(dialect.sql(
+        f"SELECT {owner}, min(i.pk) FROM instance i JOIN series se ON se.pk = i.series_pk GROUP BY {owner}")).fetchall()
+    for n in range(0, len(pairs), 500):
+        chunk = pairs[n:n + 500]
+        metas = dict(con.execute(dialect.sql(
+            f"SELECT pk, _metadata FROM instance WHERE pk IN ({','.join('?' * len(chunk))})"), [p for _, p in chunk]))
+        yield [(pk, level_values(orjson.loads(metas[ipk]), level)) for pk, ipk in chunk]  # type: ignore[arg-type]
+
+
+def backfill_items(dialect: Dialect, con) -> int:
+    """Fill sequence_item for the studies and series already indexed (the migration to a
+    schema with that table). Returns the rows written."""
+    n = 0
+    for level in ("study", "series", "instance"):
+        if SEQUENCES_OF[level]:  # type: ignore[index]
+            for batch in _records(dialect, con, level):
+                rows = [r for pk, values in batch for r in item_rows(level, pk, values)]
+                put_items(dialect, con, rows)
+                n += len(rows)
+    return n
+
+
+def derived_columns() -> dict[str, list[Attribute]]:
+    """The derived date-time columns (attributes.DERIVED) of each level's table."""
+    return {lv: [a for a in STORED[lv] if a.sources] for lv in STORED}  # type: ignore[index]
+
+
+def derived_indexes() -> list[str]:
+    """Indexes of the derived columns: a combined or UTC study date-time range is an index
+    lookup, as a StudyDate range is (study_date)."""
+    return ["CREATE INDEX IF NOT EXISTS study_datetime ON study(_StudyDateTime)",
+            "CREATE INDEX IF NOT EXISTS study_datetime_utc ON study(_StudyDateTimeUTC)"]
+
+
+def backfill_derived(dialect: Dialect, con, levels: list[str]) -> None:
+    """Compute the derived date-time columns of the rows already indexed (the migration to
+    a schema with these columns), from each row's speaking instance."""
+    for level in levels:
+        names = [a.keyword for a in derived_columns()[level]]
+        if not names:
+            continue
+        update = dialect.sql(f"UPDATE {level} SET {', '.join(f'{c} = ?' for c in names)} WHERE pk = ?")
+        for batch in _records(dialect, con, level):
+            con.cursor().executemany(update, [[values[c] for c in names] + [pk] for pk, values in batch])
+
+
+def compile_sequence(dialect: Dialect, m: Match, n: int) -> tuple[str, list]:
+    """A sequence key: the level's row has an item matching every item key (PS3.4
+    C.2.2.2.6), as ``pk IN (...)`` over sequence_item (aliases ``q{n}_{i}``)."""
+    a = m.attribute
+    first = f"q{n}_0"
+    frm, where, params = [f"sequence_item {first}"], [f"{first}.level = ?", f"{first}.sequence = ?"], [a.level, a.tag]
+    for i, key in enumerate(m.values):
+        q = f"q{n}_{i}"
+        if i:
+            frm.append(f"JOIN sequence_item {q} ON {q}.level = {first}.level AND {q}.owner_pk = {first}.owner_pk "
+                       f"AND {q}.sequence = {first}.sequence AND {q}.item = {first}.item")
+        cond, p = compile_match(dialect, key, False, f"{q}.value")
+        where += [f"{q}.attribute = ?", cond]
+        params += [key.attribute.tag, *p]
+    return (f"{ALIAS[a.level]}.pk IN (SELECT {first}.owner_pk FROM {' '.join(frm)} WHERE {' AND '.join(where)})",
+            params)
+
+
+def compile_match(dialect: Dialect, m: Match, fuzzy: bool, col: str | None = None) -> tuple[str, list]:
+    """One matching key (PS3.4 C.2.2.2) as an SQL condition and its parameters (on
+    ``col``, by default the attribute's column)."""
     a: Attribute = m.attribute
-    col = f"{ALIAS[a.level]}.{a.keyword}"
+    col = col or f"{ALIAS[a.level]}.{a.keyword}"
     t = m.type
     if t == "universal":
         return "", []
@@ -159,8 +262,8 @@ def compile_search(dialect: Dialect, query: Query) -> tuple[str, list]:
     if query.series_uid is not None:
         where.append("se.SeriesInstanceUID = ?")
         params.append(query.series_uid)
-    for m in query.matches:
-        cond, p = compile_match(dialect, m, query.fuzzy)
+    for n, m in enumerate(query.matches):
+        cond, p = compile_sequence(dialect, m, n) if m.type == "sequence" else compile_match(dialect, m, query.fuzzy)
         if cond:
             where.append(cond)
             params += p
@@ -263,7 +366,7 @@ class SQLIndex(Index):
                 added.append(refused if refused is not None else False)
                 continue
             patients[r.study_uid] = r.patient  # the study's, whether new or not
-            x(con, study_insert, [d.column(r.study[c]) for c in scols] + [r.study_json])
+            new_study = x(con, study_insert, [d.column(r.study[c]) for c in scols] + [r.study_json]).rowcount == 1
             study_pk, modalities, classes = x(
                 con, "SELECT pk, ModalitiesInStudy, SOPClassesInStudy FROM study WHERE StudyInstanceUID = ?",
                 (r.study_uid,)).fetchone()
@@ -275,6 +378,12 @@ class SQLIndex(Index):
               [series_pk] + [d.column(r.instance[c]) for c in icols]
               + [r.transfer_syntax_uid, r.path, r.size,
                  orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata])
+            items = (item_rows("study", study_pk, r.study) if new_study else []) \
+                + (item_rows("series", series_pk, r.series) if new_series else [])
+            if any(r.instance.get(a.keyword) for a in SEQUENCES_OF["instance"]):  # (most instances: none)
+                (pk,) = x(con, "SELECT pk FROM instance WHERE SOPInstanceUID = ?", (r.sop_uid,)).fetchone()
+                items += item_rows("instance", pk, r.instance)
+            self._put_items(con, items)
             x(con, "UPDATE series SET NumberOfSeriesRelatedInstances = NumberOfSeriesRelatedInstances + 1 "
               "WHERE pk = ?", (series_pk,))
             mods = set(split_multi(modalities)) | modality_values(modality)
@@ -296,6 +405,14 @@ class SQLIndex(Index):
                                   action, instances, postgresql=pg)
         self._run_change_hooks(con, logged)
 
+    def _put_items(self, con, rows: list[tuple]) -> None:
+        put_items(self.dialect, con, rows)
+
+    def _drop_items(self, con, level: str, pks) -> None:
+        if SEQUENCES_OF[level]:  # type: ignore[index]
+            con.cursor().executemany(self.dialect.sql("DELETE FROM sequence_item WHERE level = ? AND owner_pk = ?"),
+                                     [(level, pk) for pk in pks])
+
     def _study_patient(self, con, study_uid: str, known: dict[str, PatientIdentity]) -> PatientIdentity | None:
         """The patient a stored study belongs to (what its record says), None when new."""
         if study_uid not in known:
@@ -315,6 +432,8 @@ class SQLIndex(Index):
         names = [c for c in cols(level) if c not in ("StudyInstanceUID", "SeriesInstanceUID")]
         self._x(con, f"UPDATE {level} SET {', '.join(f'{c} = ?' for c in names)}, _json = ? WHERE pk = ?",
                 [self.dialect.column(values[c]) for c in names] + [dumps(json), pk])
+        self._drop_items(con, level, [pk])
+        self._put_items(con, item_rows(level, pk, values))
 
     def _recompute(self, con, series_pks: set[int], study_pks: set[int]) -> None:
         x = self._x
@@ -343,6 +462,7 @@ class SQLIndex(Index):
                        "i.SOPInstanceUID FROM instance i JOIN series se ON se.pk = i.series_pk "
                        "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY i.pk", params).fetchall()
         con.cursor().executemany(self.dialect.sql("DELETE FROM instance WHERE pk = ?"), [(r[0],) for r in rows])
+        self._drop_items(con, "instance", [r[0] for r in rows])
         series_pks = {r[2] for r in rows}
         study_pks = {r[3] for r in rows}
         # series and studies left empty are removed as they are; only those that keep
@@ -350,9 +470,11 @@ class SQLIndex(Index):
         # nearly full disk, where it is how space is freed)
         emptied = self._emptied(con, series_pks, "SELECT 1 FROM instance WHERE series_pk = ? LIMIT 1")
         con.cursor().executemany(self.dialect.sql("DELETE FROM series WHERE pk = ?"), [(pk,) for pk in emptied])
+        self._drop_items(con, "series", emptied)
         self._recompute(con, series_pks - emptied, set())
         gone = self._emptied(con, study_pks, "SELECT 1 FROM series WHERE study_pk = ? LIMIT 1")
         con.cursor().executemany(self.dialect.sql("DELETE FROM study WHERE pk = ?"), [(pk,) for pk in gone])
+        self._drop_items(con, "study", gone)
         self._recompute(con, set(), study_pks - gone)
         self._log(con, "delete", [(r[4], r[5], r[6]) for r in rows])
         return [r[1] for r in rows]

@@ -16,8 +16,10 @@ from pathlib import Path
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from .base import Refused
-from .connections import ThreadConnections, immediate
-from .sql import SQLITE, SQLIndex, coldefs
+from .connections import ThreadConnections
+from .sql import (
+    SQLITE, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes, sequence_item_schema,
+)
 
 
 def _schema() -> str:
@@ -70,7 +72,19 @@ CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema()
+""" + changelog.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a script, one by one (executescript would commit first: the schema
+    and the migration of existing rows must be one transaction, so that two processes
+    opening an old index together migrate it once)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            yield buf
+            buf = ""
 
 
 class SQLiteIndex(SQLIndex):
@@ -82,10 +96,38 @@ class SQLiteIndex(SQLIndex):
         self.path = path
         self._connections = ThreadConnections(path, ("foreign_keys=ON", "cache_size=-32000"))
         con = self._con()
-        with con:
-            con.executescript(_schema())
-        with immediate(con):  # an index older than its change log: the instances it holds
-            changelog.backfill(con.execute, changelog.now())
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for statement in _statements(_schema()):
+                con.execute(statement)
+            if "study" in tables and "sequence_item" not in tables:
+                # an index made before sequence matching: its studies' and series' items
+                backfill_items(SQLITE, con)
+            self._add_derived_columns(con)
+            for statement in derived_indexes():
+                con.execute(statement)
+            changelog.backfill(con.execute, changelog.now())  # an index older than its change log
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _add_derived_columns(con: sqlite3.Connection) -> None:
+        """An index made before the derived date-time columns (combined and UTC date-time
+        matching) gets them, computed for its rows (in the opening transaction)."""
+        added = []
+        for level, attributes in derived_columns().items():
+            have = {row[1] for row in con.execute(f"PRAGMA table_info({level})")}
+            missing = [a.keyword for a in attributes if a.keyword not in have]
+            for column in missing:
+                con.execute(f"ALTER TABLE {level} ADD COLUMN {column} TEXT")
+            if missing:
+                added.append(level)
+        if added:
+            backfill_derived(SQLITE, con, added)
 
     def _con(self) -> sqlite3.Connection:
         return self._connections.get()

@@ -73,7 +73,9 @@ def test_match_value_range_and_empty():
 
 @given(st.lists(st.tuples(st.sampled_from(["PatientID", "StudyDate", "StudyTime", "PatientName", "limit",
                                            "offset", "includefield", "fuzzymatching", "StudyInstanceUID",
-                                           "ModalitiesInStudy", "00100020", "bogus", "AcquisitionDateTime"]),
+                                           "ModalitiesInStudy", "00100020", "bogus", "AcquisitionDateTime",
+                                           "TimezoneOffsetFromUTC", "StudyDate", "00400275.00401001",
+                                           "RequestAttributesSequence.StudyInstanceUID"]),
                           st.text(max_size=20)), max_size=6))
 def test_parser_never_raises_anything_but_query_error(params):
     try:
@@ -126,3 +128,82 @@ def test_fuzzy_words_split_at_commas_too():
     (m,) = p(PatientName="Doe,John", fuzzymatching="true").matches
     assert match_value(m, "DOE,JOHN", fuzzy=True) and match_value(m, "JOHN^DOE", fuzzy=True)
     assert not match_value(m, "DOEJOHN", fuzzy=True)
+
+
+def test_sequence_keys_are_grouped_into_one_item_match():
+    q = parse_query("series", [("RequestAttributesSequence.RequestedProcedureID", "XYZ"),
+                               ("00400275.00400009", "S*"), ("RequestAttributesSequence.StudyInstanceUID", "1.2,1.3"),
+                               ("RequestAttributesSequence", "")])
+    (m,) = q.matches
+    assert (m.attribute.keyword, m.type) == ("RequestAttributesSequence", "sequence")
+    assert [(k.attribute.keyword, k.type, k.values) for k in m.values] == [
+        ("RequestedProcedureID", "single", ("XYZ",)), ("ScheduledProcedureStepID", "wildcard", ("S*",)),
+        ("StudyInstanceUID", "list", ("1.2", "1.3"))]
+    items = [{"RequestedProcedureID": "XYZ", "ScheduledProcedureStepID": "T1", "StudyInstanceUID": "1.2"},
+             {"RequestedProcedureID": "ABC", "ScheduledProcedureStepID": "S1", "StudyInstanceUID": "1.3"}]
+    assert not match_value(m, items)  # every key must hold in one item
+    items[0]["ScheduledProcedureStepID"] = "S2"
+    assert match_value(m, items) and not match_value(m, None)
+    assert p("series", RequestAttributesSequence="").matches[0].type == "universal"
+    assert parse_query("series", [("RequestAttributesSequence.RequestedProcedureID", "*")]).matches[0].type == "universal"
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("RequestAttributesSequence", "XYZ", "is a sequence"),
+    ("PatientID.PatientName", "X", "not a sequence"),
+    ("RequestAttributesSequence.PatientName", "X", "not supported"),
+    ("RequestAttributesSequence.RequestedProcedureID.X", "1", "one level"),
+    ("RequestAttributesSequence.Bogus", "1", "neither a DICOM keyword"),
+])
+def test_bad_sequence_keys(name, value, message):
+    with pytest.raises(QueryError, match=message):
+        parse_query("instance", [(name, value)])
+    with pytest.raises(QueryError, match="series-level"):
+        parse_query("study", [("RequestAttributesSequence.RequestedProcedureID", "X")])
+
+
+# --- time zones (PS3.5 §6.2, PS3.3 C.12.1.1.8, PS3.4 C.4.1.1.3.1) ----------------------------
+
+
+def test_offsets_and_utc():
+    from dicomweb_server.dicom.timezones import dt_offset, parse_offset, to_utc
+
+    assert [parse_offset(v) for v in ("+0100", "-0530", "+1400", "-1200", "+1401", "0100", "+0160", "", None)] == [
+        60, -330, 840, -720, None, None, None, None, None]
+    assert to_utc("20200101003000.000000", 60) == "20191231233000.000000"  # back over a year's end
+    assert to_utc("20200228233000.000000", -60) == "20200229003000.000000"  # a leap day
+    assert to_utc("20200231235959.999999", -60) == "20200301005959.999999"  # an upper bound past the month's end
+    assert to_utc("00010101000000.000000", 60) == "00010101000000.000000"  # out of range: unchanged
+    assert [dt_offset(v) for v in ("20200101120000-0500", "20200101+0100", "2020", "20200101", "2019-2020")] == [
+        -300, 60, None, None, None]
+
+
+def test_derived_date_time_columns():
+    from dicomweb_server.dicom.matching import level_values
+
+    meta = {"00080020": {"vr": "DA", "Value": ["20200102"]}, "00080030": {"vr": "TM", "Value": ["0030"]},
+            "00080201": {"vr": "SH", "Value": ["+0100"]},
+            "0008002A": {"vr": "DT", "Value": ["20200101120000-0500"]}}
+    study = level_values(meta, "study")
+    assert (study["_StudyDateTime"], study["_StudyDateTimeUTC"]) == ("20200102003000.000000", "20200101233000.000000")
+    assert level_values(meta, "instance")["_AcquisitionDateTimeUTC"] == "20200101170000.000000"  # own offset wins
+    del meta["00080201"], meta["00080030"]  # no offset: as stored; no time: the day's start
+    assert level_values(meta, "study")["_StudyDateTimeUTC"] == "20200102000000.000000"
+    assert level_values({}, "study")["_StudyDateTimeUTC"] is None
+
+
+def test_query_offset_and_combined_ranges():
+    (m,) = p(StudyDate="20200101-20200102", StudyTime="2200-0200").matches  # PS3.4 C.2.2.2.5.1
+    assert (m.attribute.keyword, m.values) == ("_StudyDateTime", ("20200101220000.000000", "20200102020059.999999"))
+    q = p(StudyDate="20200101", TimezoneOffsetFromUTC="+0100")
+    assert q.timezone_offset == 60 and "00080020" in q.includefields and "00080201" in q.includefields
+    (m,) = q.matches
+    assert (m.attribute.keyword, m.values) == ("_StudyDateTimeUTC", ("20191231230000.000000", "20200101225959.999999"))
+    (m,) = p("instance", AcquisitionDateTime="20200101120000+0100-").matches
+    assert (m.attribute.keyword, m.values) == ("_AcquisitionDateTimeUTC", ("20200101110000.000000", None))
+    # unchanged: a date alone, a single date with a time, a time alone, without an offset
+    assert [m.attribute.keyword for m in p(StudyDate="20200101", StudyTime="10-").matches] == ["StudyDate", "StudyTime"]
+    assert [m.attribute.keyword for m in p(StudyTime="10", TimezoneOffsetFromUTC="+0100").matches] == ["StudyTime"]
+    for bad in ("0100", "+2500", "UTC"):
+        with pytest.raises(QueryError, match="TimezoneOffsetFromUTC"):
+            p(TimezoneOffsetFromUTC=bad)

@@ -283,3 +283,52 @@ def test_get_and_move_bad_level(move_dimse, store_scp):
         assert (final.Status, final.NumberOfCompletedSuboperations) == (S.QR_IDENTIFIER_MISMATCH, 0), final
         assert final.ErrorComment.startswith("QueryRetrieveLevel")
     assert store_scp[1] == []
+
+
+def test_find_matches_a_sequence_item(dimse):
+    """A sequence with one item in the identifier matches the series having an item that
+    matches all its keys (PS3.4 C.2.2.2.6); an empty sequence is only returned."""
+    def item(**kw):
+        ds = Dataset()
+        for k, v in kw.items():
+            setattr(ds, k, v)
+        return ds
+
+    a = make_dataset(PatientID="SQF", RequestAttributesSequence=[
+        item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="S1"), item(RequestedProcedureID="ABC")])
+    b = make_dataset(PatientID="SQF", RequestAttributesSequence=[item(RequestedProcedureID="QQQ")])
+    assert dimse.store([a, b]) == [S.SUCCESS] * 2
+    model = StudyRootQueryRetrieveInformationModelFind
+    keys = {"QueryRetrieveLevel": "SERIES", "PatientID": "SQF", "SeriesInstanceUID": "",
+            "RequestAttributesSequence": [item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="")]}
+    (answer,) = _find(dimse, model, keys)
+    assert answer.SeriesInstanceUID == a.SeriesInstanceUID
+    assert [i.RequestedProcedureID for i in answer.RequestAttributesSequence] == ["XYZ", "ABC"]
+    keys["RequestAttributesSequence"] = [item(RequestedProcedureID="ABC", ScheduledProcedureStepID="S1")]
+    assert _find(dimse, model, keys) == []  # two keys, two different items
+    keys["RequestAttributesSequence"] = []
+    assert {x.SeriesInstanceUID for x in _find(dimse, model, keys)} == {a.SeriesInstanceUID, b.SeriesInstanceUID}
+    ident = Dataset()
+    ident.QueryRetrieveLevel, ident.PatientID = "SERIES", "SQF"
+    ident.RequestAttributesSequence = [item(RequestedProcedureID="XYZ"), item(RequestedProcedureID="ABC")]
+    assoc = dimse.associate([build_context(model)])
+    try:  # a sequence matching key holds one item: 0xA900 (identifier does not match the model)
+        assert [s.Status for s, _ in assoc.send_c_find(ident, model)] == [S.QR_IDENTIFIER_MISMATCH]
+    finally:
+        assoc.release()
+
+
+def test_find_with_a_timezone_offset(dimse):
+    """Timezone Offset From UTC in the identifier: its date and time values are in that
+    offset (PS3.4 C.4.1.1.3.1), each instance's in its own; a date range with a time range is
+    one date-time range (C.2.2.2.5.1)."""
+    a = make_dataset(PatientID="TZF", StudyDate="20200102", StudyTime="003000", TimezoneOffsetFromUTC="+0100")
+    b = make_dataset(PatientID="TZF", StudyDate="20200102", StudyTime="120000", TimezoneOffsetFromUTC="+0100")
+    assert dimse.store([a, b]) == [S.SUCCESS] * 2
+    model = StudyRootQueryRetrieveInformationModelFind
+    keys = {"QueryRetrieveLevel": "STUDY", "PatientID": "TZF", "StudyInstanceUID": "", "StudyDate": "20200101",
+            "TimezoneOffsetFromUTC": "-0100"}
+    assert [x.StudyInstanceUID for x in _find(dimse, model, keys)] == [a.StudyInstanceUID]  # 22:30 at -0100
+    keys = {"QueryRetrieveLevel": "STUDY", "PatientID": "TZF", "StudyInstanceUID": "",
+            "StudyDate": "20200101-20200102", "StudyTime": "2300-0100"}
+    assert [x.StudyInstanceUID for x in _find(dimse, model, keys)] == [a.StudyInstanceUID]

@@ -251,3 +251,58 @@ def test_server_maximum_limit(tmp_path):
             assert len(c.get("/studies", params={"limit": 100}).json()) == 2
     finally:
         srv.stop()
+
+
+# --- sequence matching: an attribute path (PS3.18 §8.3.4.1, PS3.4 C.2.2.2.6) ------------------
+
+
+def _item(**kw):
+    from pydicom.dataset import Dataset
+
+    ds = Dataset()
+    for k, v in kw.items():
+        setattr(ds, k, v)
+    return ds
+
+
+def test_sequence_matching_by_attribute_path(http):
+    a = make_dataset(PatientID="SQ1", RequestAttributesSequence=[
+        _item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="S1"), _item(RequestedProcedureID="ABC")])
+    b = make_dataset(PatientID="SQ1", RequestAttributesSequence=[_item(RequestedProcedureID="XYZ9")])
+    store(http, [a, b])
+    for key in ("RequestAttributesSequence.RequestedProcedureID", "00400275.00401001", "00400275.RequestedProcedureID"):
+        r = http.get("/series", params={key: "XYZ", "PatientID": "SQ1"})
+        assert r.status_code == 200, r.text
+        (hit,) = r.json()
+        assert hit["0020000E"]["Value"] == [a.SeriesInstanceUID]
+        assert [i["00401001"]["Value"][0] for i in hit["00400275"]["Value"]] == ["XYZ", "ABC"]  # returned whole
+    r = http.get("/series", params={"RequestAttributesSequence.RequestedProcedureID": "XYZ",
+                                    "RequestAttributesSequence.ScheduledProcedureStepID": "S1"})
+    assert [x["0020000E"]["Value"][0] for x in r.json()] == [a.SeriesInstanceUID]
+    r = http.get("/series", params={"RequestAttributesSequence.RequestedProcedureID": "ABC",
+                                    "RequestAttributesSequence.ScheduledProcedureStepID": "S1"})
+    assert r.status_code == 200 and r.json() == []  # the two keys are in two different items
+    for bad in ({"RequestAttributesSequence": "XYZ"}, {"StudyDate.PatientID": "1"},
+                {"RequestAttributesSequence.PatientName": "X"}, {"RequestAttributesSequence.A.B": "1"}):
+        r = http.get("/series", params=bad)
+        assert r.status_code == 400, (bad, r.text)
+    r = http.get("/studies", params={"RequestAttributesSequence.RequestedProcedureID": "XYZ"})
+    assert r.status_code == 400 and "series-level" in r.text
+
+
+def test_timezone_offset_in_the_query(http):
+    """``TimezoneOffsetFromUTC=-0100``: the query's dates are at -0100 (PS3.18 §8.3.4.1, PS3.4
+    C.4.1.1.3.1); each stored instance is at its own offset. 2020-01-02 00:30 at +0100 is
+    2020-01-01 22:30 at -0100; 2020-01-01 23:30 without an offset is taken as stored (UTC)."""
+    a = make_dataset(PatientID="TZQ", StudyDate="20200102", StudyTime="003000", TimezoneOffsetFromUTC="+0100")
+    b = make_dataset(PatientID="TZQ", StudyDate="20200101", StudyTime="233000")
+    c = make_dataset(PatientID="TZQ", StudyDate="20200101", StudyTime="003000", TimezoneOffsetFromUTC="+0100")
+    store(http, [a, b, c])
+    r = http.get("/studies", params={"PatientID": "TZQ", "StudyDate": "20200101", "TimezoneOffsetFromUTC": "-0100"})
+    assert study_uids(r) == {a.StudyInstanceUID, b.StudyInstanceUID}
+    assert {x["00080201"]["Value"][0] for x in r.json() if "00080201" in x} == {"+0100"}  # returned as stored
+    r = http.get("/studies", params={"PatientID": "TZQ", "StudyDate": "20200101"})  # no offset: as stored
+    assert study_uids(r) == {b.StudyInstanceUID, c.StudyInstanceUID}
+    r = http.get("/studies", params={"PatientID": "TZQ", "StudyDate": "20200101-20200102", "StudyTime": "2300-0100"})
+    assert study_uids(r) == {a.StudyInstanceUID, b.StudyInstanceUID}  # across midnight (PS3.4 C.2.2.2.5.1)
+    assert http.get("/studies", params={"TimezoneOffsetFromUTC": "+25"}).status_code == 400

@@ -1,6 +1,7 @@
 """The indexes answer alike: the same random data (conflicting UIDs, odd names,
 dates and modalities included) stored in a memory, a SQLite and a PostgreSQL index, the same random
-queries (wildcards, fuzzy names, ranges, UID lists, person-name case) before and after
+queries (wildcards, fuzzy names, ranges, UID lists, person-name case, sequence items,
+combined date-time ranges, query and instance time-zone offsets) before and after
 a random DELETE; every answer must be equal, down to the study/series JSON returned."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from pydicom.dataset import Dataset
 from pydicom.uid import generate_uid
 
 from dicomweb_server.dicom.instance import describe_instance
@@ -33,6 +35,18 @@ TIMES = st.sampled_from(["101010", "1010", "10", "235959.5", "9:30", "", "25"])
 MODALITIES = st.sampled_from(["CT", "MR", "CT\\PT", "", "ct", "SR"])
 INTS = st.sampled_from(["1", "2", "-3", "007", "99999999999", "", "+2"])
 
+def _request_attributes(items: tuple[tuple[str, str], ...]) -> list[Dataset]:
+    out = []
+    for rp, sps in items:
+        ds = Dataset()
+        ds.RequestedProcedureID, ds.ScheduledProcedureStepID = rp, sps
+        out.append(ds)
+    return out
+
+
+REQUEST_ITEMS = st.lists(st.tuples(st.sampled_from(["XYZ", "ABC", "", "x*"]), st.sampled_from(["S1", "S2", ""])),
+                         max_size=3).map(lambda items: _request_attributes(tuple(items)))
+
 INSTANCE = st.fixed_dictionaries({
     "study": st.sampled_from(STUDIES), "series": st.sampled_from(SERIES), "sop": st.sampled_from(SOPS),
     "modality": MODALITIES, "sop_class": st.sampled_from([MR_IMAGE_STORAGE, "1.2.840.10008.5.1.4.1.1.2"]),
@@ -40,6 +54,8 @@ INSTANCE = st.fixed_dictionaries({
     "StudyDate": DATES, "StudyTime": TIMES, "StudyDescription": TEXT, "SeriesDescription": TEXT,
     "SeriesNumber": INTS, "InstanceNumber": INTS, "AcquisitionDateTime": st.sampled_from(
         ["20200101101010", "2020", "20200101101010.5+0100", "", "x"]),
+    "TimezoneOffsetFromUTC": st.sampled_from(["+0100", "-0500", "+0000", "", "x"]),
+    "RequestAttributesSequence": REQUEST_ITEMS,
 })
 
 KEYS = {
@@ -60,11 +76,14 @@ KEYS = {
     "NumberOfStudyRelatedInstances": st.sampled_from(["1", "2", "3"]),
     "NumberOfSeriesRelatedInstances": st.sampled_from(["1", "2"]),
     "SOPClassesInStudy": st.just(MR_IMAGE_STORAGE),
+    "TimezoneOffsetFromUTC": st.sampled_from(["+0100", "-0100", "+0000"]),
+    "RequestAttributesSequence.RequestedProcedureID": st.sampled_from(["XYZ", "X*", "ABC", "x?"]),
+    "RequestAttributesSequence.ScheduledProcedureStepID": st.sampled_from(["S1", "S*"]),
 }
 
 QUERY = st.tuples(
     st.sampled_from(["study", "series", "instance"]),
-    st.dictionaries(st.sampled_from(sorted(KEYS)), st.none(), max_size=2).flatmap(
+    st.dictionaries(st.sampled_from(sorted(KEYS)), st.none(), max_size=3).flatmap(
         lambda keys: st.fixed_dictionaries({k: KEYS[k] for k in keys})),
     st.booleans(),  # fuzzymatching
     st.sampled_from([None, 0, 1]),  # index of a study to scope to (path parameter)

@@ -484,3 +484,183 @@ def test_two_worker_processes_cannot_both_win(conflict, tmp_path):
         idx = SQLiteIndex(db)
         only_the_winner_is_stored(idx, recs, winner)
         idx.close()
+
+
+# --- sequence matching (PS3.4 C.2.2.2.6) -----------------------------------------------------
+
+
+def _items(*items: dict) -> list:
+    from pydicom.dataset import Dataset
+
+    out = []
+    for kw in items:
+        ds = Dataset()
+        for k, v in kw.items():
+            setattr(ds, k, v)
+        out.append(ds)
+    return out
+
+
+@pytest.fixture
+def with_sequences(index, tmp_path):
+    s1, s2, se1, se2, se3 = (generate_uid() for _ in range(5))
+    ref = generate_uid()
+    recs = [
+        record(tmp_path, study=s1, series=se1, ProcedureCodeSequence=_items(
+                   {"CodeValue": "CTCHEST", "CodingSchemeDesignator": "LOCAL", "CodeMeaning": "CT chest"}),
+               ReferencedStudySequence=_items({"ReferencedSOPClassUID": "1.2.840.10008.3.1.2.3.1",
+                                               "ReferencedSOPInstanceUID": ref}),
+               RequestAttributesSequence=_items({"RequestedProcedureID": "XYZ", "ScheduledProcedureStepID": "S1"},
+                                                {"RequestedProcedureID": "ABC", "ScheduledProcedureStepID": "S2"})),
+        record(tmp_path, study=s1, series=se1, RequestAttributesSequence=_items({"RequestedProcedureID": "QQQ"}),
+               ReferencedImageSequence=_items({"ReferencedSOPClassUID": CT_IMAGE_STORAGE,
+                                               "ReferencedSOPInstanceUID": "1.2.3.4"})),
+        record(tmp_path, study=s1, series=se2, RequestAttributesSequence=_items({"RequestedProcedureID": "XYZ2"})),
+        record(tmp_path, study=s2, series=se3, PatientID="B"),
+    ]
+    assert index.add(recs) == [True] * 4
+    return index, recs, ref
+
+
+@pytest.mark.parametrize("level, params, want", [
+    ("series", {"RequestAttributesSequence.RequestedProcedureID": "XYZ"}, {0}),
+    ("series", {"00400275.00401001": "XY*"}, {0, 2}),
+    # keys of one request item must hold in one stored item (XYZ and S2 are in two items)
+    ("series", {"RequestAttributesSequence.RequestedProcedureID": "XYZ",
+                "RequestAttributesSequence.ScheduledProcedureStepID": "S2"}, set()),
+    ("series", {"RequestAttributesSequence.RequestedProcedureID": "XYZ",
+                "RequestAttributesSequence.ScheduledProcedureStepID": "S1"}, {0}),
+    ("series", {"RequestAttributesSequence.RequestedProcedureID": "QQQ"}, set()),  # not the series' record
+    ("series", {"RequestAttributesSequence": ""}, {0, 2, 3}),  # universal: every series
+    ("series", {"RequestAttributesSequence.RequestedProcedureID": ""}, {0, 2, 3}),
+    ("instance", {"RequestAttributesSequence.ScheduledProcedureStepID": "S2"}, {0, 1}),
+    ("study", {"ProcedureCodeSequence.CodeValue": "CTCHEST", "ProcedureCodeSequence.CodingSchemeDesignator": "LOCAL"},
+     {0}),
+    ("study", {"ProcedureCodeSequence.CodeMeaning": "CT*", "PatientID": "B"}, set()),
+    ("series", {"ProcedureCodeSequence.CodeMeaning": "*chest", "Modality": "CT"}, {0, 2}),
+    ("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4"}, {1}),  # an instance-level sequence
+    ("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4,1.2.3.5",
+                  "RequestAttributesSequence.RequestedProcedureID": "XYZ"}, {1}),
+])
+def test_sequence_matching(with_sequences, level, params, want):
+    index, recs, _ = with_sequences
+    key = {"study": lambda r: r.study_uid, "series": lambda r: r.series_uid, "instance": lambda r: r.sop_uid}[level]
+    got = [{"study": h.study_uid, "series": h.series_uid, "instance": h.sop_uid}[level]
+           for h in index.search(q(level, params))]
+    assert got == list(dict.fromkeys(key(recs[i]) for i in sorted(want)))
+
+
+def test_sequence_uid_list_matching(with_sequences):
+    index, recs, ref = with_sequences
+    hits = index.search(q("study", {"ReferencedStudySequence.ReferencedSOPInstanceUID": f"1.2.3,{ref}"}))
+    assert [h.study_uid for h in hits] == [recs[0].study_uid]
+    assert index.search(q("study", {"00081110.00081155": "1.2.3"})) == []
+
+
+def test_sequence_matching_follows_the_record_after_a_delete(with_sequences):
+    """The series record is that of its earliest instance still stored: deleting it makes
+    the next one's items the series' (QQQ), and the deleted items match nothing."""
+    index, recs, _ = with_sequences
+    index.delete(recs[0].study_uid, recs[0].series_uid, recs[0].sop_uid)
+    assert index.search(q("series", {"RequestAttributesSequence.RequestedProcedureID": "XYZ"})) == []
+    hits = index.search(q("series", {"RequestAttributesSequence.RequestedProcedureID": "QQQ"}))
+    assert [h.series_uid for h in hits] == [recs[0].series_uid]
+    hits = index.search(q("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4"}))
+    assert [h.sop_uid for h in hits] == [recs[1].sop_uid]
+    index.delete(recs[0].study_uid, recs[0].series_uid, recs[1].sop_uid)
+    assert index.search(q("instance", {"ReferencedImageSequence.ReferencedSOPInstanceUID": "1.2.3.4"})) == []
+    index.delete(recs[0].study_uid)
+    assert index.search(q("series", {"RequestAttributesSequence.RequestedProcedureID": "?*"})) == []
+    assert index.search(q("study", {"ProcedureCodeSequence.CodeValue": "CTCHEST"})) == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_an_index_without_sequence_items_is_migrated(kind, request, tmp_path):
+    """An index made before sequence matching (no sequence_item table) and time-zone matching
+    (no derived date-time columns) gets them, for its rows, when opened (SQLite: on open;
+    PostgreSQL: schema versions 4 and 5)."""
+    idx = open_index(kind, request, tmp_path)
+    s1 = generate_uid()
+    recs = [record(tmp_path, study=s1, ProcedureCodeSequence=_items({"CodeValue": "C1"}),
+                   RequestAttributesSequence=_items({"RequestedProcedureID": "R1"}), StudyDate="20200102",
+                   StudyTime="003000", TimezoneOffsetFromUTC="+0100", AcquisitionDateTime="20200101120000-0500"),
+            record(tmp_path, study=s1, RequestAttributesSequence=_items({"RequestedProcedureID": "R2"}),
+                   ReferencedImageSequence=_items({"ReferencedSOPInstanceUID": "1.2.3.4"}))]
+    assert idx.add(recs) == [True, True]
+    idx.close()
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "index.sqlite") as con:
+            con.execute("DROP TABLE sequence_item")
+            _drop_derived(con)
+    else:
+        import psycopg
+
+        with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as con:
+            con.execute("DROP TABLE sequence_item")
+            _drop_derived(con)
+            con.execute("DELETE FROM schema_version WHERE version >= 6")
+    idx = open_index(kind, request, tmp_path)
+    try:
+        assert [h.series_uid for h in idx.search(q("series", {"RequestAttributesSequence.RequestedProcedureID":
+                                                              "R*"}))] == [recs[0].series_uid, recs[1].series_uid]
+        assert [h.study_uid for h in idx.search(q("study", {"ProcedureCodeSequence.CodeValue": "C1"}))] == [s1]
+        assert [h.sop_uid for h in idx.search(q("instance", {"00081140.00081155": "1.2.3.4"}))] == [recs[1].sop_uid]
+        assert [h.study_uid for h in idx.search(q("study", {"StudyDate": "20200101-", "StudyTime": "2300-",
+                                                            "TimezoneOffsetFromUTC": "+0000"}))] == [s1]
+        assert [h.sop_uid for h in idx.search(q("instance", {"AcquisitionDateTime": "20200101170000+0000"}))] \
+            == [recs[0].sop_uid]
+        assert [h.study_uid for h in idx.search(q("study", {"StudyDate": "20200101-20200102",
+                                                            "StudyTime": "2300-0100"}))] == [s1]
+    finally:
+        idx.close()
+
+
+def _drop_derived(con) -> None:
+    """What an index made before the derived date-time columns lacks."""
+    from dicomweb_server.store.sql import derived_columns
+
+    con.execute("DROP INDEX study_datetime")
+    con.execute("DROP INDEX study_datetime_utc")
+    for level, attributes in derived_columns().items():
+        for a in attributes:
+            con.execute(f"ALTER TABLE {level} DROP COLUMN {a.keyword}")
+
+
+# --- combined date-time and time-zone matching (PS3.4 C.2.2.2.5.1, C.4.1.1.3.1) ---------------
+
+
+@pytest.fixture
+def timed(index, tmp_path):
+    recs = [
+        record(tmp_path, PatientID="T", StudyDate="20200101", StudyTime="230000"),  # no offset: as stored
+        record(tmp_path, PatientID="T", StudyDate="20200102", StudyTime="010000"),
+        record(tmp_path, PatientID="T", StudyDate="20200102", StudyTime="120000"),
+        record(tmp_path, PatientID="T", StudyDate="20200102", StudyTime="003000", TimezoneOffsetFromUTC="+0100"),
+        record(tmp_path, PatientID="T", StudyDate="20200103", AcquisitionDateTime="20200101120000-0500",
+               TimezoneOffsetFromUTC="+0900"),  # the DT's own offset wins: 17:00 UTC
+    ]
+    assert index.add(recs) == [True] * 5
+    return index, recs
+
+
+@pytest.mark.parametrize("level, params, want", [
+    # across midnight: 2020-01-01 22:00 to 2020-01-02 02:00, not "22:00 to 02:00 of either day"
+    ("study", {"StudyDate": "20200101-20200102", "StudyTime": "2200-0200"}, {0, 1, 3}),
+    ("study", {"StudyDate": "20200102-", "StudyTime": "0100-"}, {1, 2, 4}),  # a date without time: 00:00
+    ("study", {"StudyDate": "20200101"}, {0}),  # no offset in the query: the values as stored
+    # the day 2020-01-01 at -0100 is 01:00 UTC that day to 00:59:59 UTC the next
+    ("study", {"StudyDate": "20200101", "TimezoneOffsetFromUTC": "-0100"}, {0, 3}),
+    ("study", {"StudyDate": "20200101", "StudyTime": "2300-2359", "TimezoneOffsetFromUTC": "+0000"}, {0, 3}),
+    ("study", {"StudyDate": "20200102", "StudyTime": "0000-0100", "00080201": "+0100"}, {0, 3}),
+    ("instance", {"AcquisitionDateTime": "20200101170000+0000"}, {4}),
+    ("instance", {"AcquisitionDateTime": "20200101180000", "TimezoneOffsetFromUTC": "+0100"}, {4}),
+    ("instance", {"AcquisitionDateTime": "20200101170000"}, set()),  # no offset: as stored (12:00)
+    ("instance", {"AcquisitionDateTime": "20200101120000"}, {4}),
+    ("instance", {"AcquisitionDateTime": "20200101110000-0600-20200101113000-0600"}, {4}),
+])
+def test_date_time_ranges_across_midnight_and_offsets(timed, level, params, want):
+    index, recs = timed
+    key = {"study": lambda r: r.study_uid, "instance": lambda r: r.sop_uid}[level]
+    got = [h.study_uid if level == "study" else h.sop_uid
+           for h in index.search(q(level, {**params, "PatientID": "T"}))]
+    assert got == [key(recs[i]) for i in sorted(want)]
