@@ -350,7 +350,6 @@ def _import(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", module="pydicom")
     logging.getLogger("pydicom").setLevel(logging.ERROR)
 
-    from .archive import Archive
     from .dicom.multipart import SpooledPart
     from .dicom.status import FailureReason
 
@@ -364,7 +363,7 @@ def _import(args: argparse.Namespace) -> int:
     if not paths:
         print("dicomweb-server import: no files given (PATH... or --samples)", file=sys.stderr)
         return 2
-    archive = Archive.open(settings)
+    archive = _open_archive(settings, "import")
     stored = dup = 0
     failed: dict[str, int] = {}
     not_stored: list[str] = []  # "path<TAB>REASON (0xNNNN): message", one per file not stored
@@ -425,11 +424,10 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .archive import Archive
     from .check import reconcile
 
     settings = _settings(args)
-    archive = Archive.open(settings)
+    archive = _open_archive(settings, "check")
     try:
         report = reconcile(archive, repair=args.repair, grace=args.grace)
     finally:
@@ -472,20 +470,25 @@ def _queue(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
+def _open_archive(settings, command: str):
+    """Archive.open for a command; a bad routes file exits 2 with its line, not a traceback."""
     from .archive import Archive
     from .routing import RoutesError
 
+    try:
+        return Archive.open(settings)
+    except RoutesError as e:
+        print(f"dicomweb-server {command}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.routes_file is None:
         print("dicomweb-server export: --routes FILE (or DICOMWEB_ROUTES_FILE) names the destinations",
               file=sys.stderr)
         return 2
-    try:
-        archive = Archive.open(settings)
-    except RoutesError as e:
-        print(f"dicomweb-server export: {e}", file=sys.stderr)
-        return 2
+    archive = _open_archive(settings, "export")
     try:
         routing = archive.routing
         assert routing is not None
@@ -558,12 +561,16 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("--quiet", action="store_true", help="no progress bar")
     imp.add_argument("--verbose", action="store_true", help="print each file not stored, and why, to stderr")
     imp.add_argument("--report", metavar="FILE", help="write each file not stored, and why, to FILE (path TAB reason)")
+    imp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE): the "
+                     "instances imported owe their forwards, as if stored by the server")
     _add_settings_args(imp)
     imp.set_defaults(func=_import)
 
     chk = sub.add_parser("check", help="reconcile the index with the stored files or objects; names each problem")
     chk.add_argument("--repair", action="store_true",
                      help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
+    chk.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE): the "
+                     "instances re-indexed owe their forwards, as if stored by the server")
     _add_settings_args(chk)
     chk.add_argument("--grace", type=float, default=900.0, metavar="SECONDS",
                      help="object storage: leave unindexed objects younger than this alone (a store may be "

@@ -96,11 +96,13 @@ class Routes:
             if rule.matches(record):
                 for d in rule.destinations:
                     out.setdefault(d, rule.name)
+                if len(out) == len(self.destinations):  # later rules cannot add anything
+                    break
         return list(out.items())
 
 
 def _match(m: Match, record: InstanceRecord) -> bool:
-    values = {"study": record.study, "series": record.series, "instance": record.instance}[m.attribute.level]
+    values = getattr(record, m.attribute.level)  # record.study, .series or .instance
     return match_value(m, values.get(m.attribute.keyword))
 
 

@@ -126,3 +126,28 @@ def test_dimse_destination_shape(tmp_path):
                  '[[rules]]\ndestinations = ["pacs"]\n')
     d = load_routes(Path(f)).destinations["pacs"]
     assert (d.stow_url, d.dimse.ae_title, d.dimse.port, d.dimse.calling_ae_title) == (None, "PACS", 11112, "DICOMWEB")
+
+
+def test_rules_are_matched_outside_the_index_writer_lock(tmp_path, monkeypatch):
+    """5,000 rules took their matching time per store under the writer lock every
+    process's commits wait for: the rules are matched before the commit (issue 25)."""
+    from dicomweb_server.routing.rules import Routes
+
+    routes = tmp_path / "routes.toml"
+    routes.write_text(HEAD + '[[rules]]\nmatch = { Modality = "CT" }\ndestinations = ["pacs"]\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=routes))
+    held: list[bool] = []
+    real = Routes.destinations_for
+    monkeypatch.setattr(Routes, "destinations_for",
+                        lambda self, record: held.append(archive.committer._lock.locked()) or real(self, record))
+    try:
+        path = archive.blobs.spool / "a.dcm"
+        ds = make_dataset(modality="CT")
+        ds.save_as(path, enforce_file_format=True)
+        assert len(archive.store([SpooledPart(headers={}, path=path, size=os.path.getsize(path),
+                                              complete=True)]).stored) == 1
+        assert held == [False]  # matched once, without the lock
+        assert [(r["destination"], r["SOPInstanceUID"]) for r in archive.routing.outbox.rows()] == [
+            ("pacs", ds.SOPInstanceUID)]
+    finally:
+        archive.close()
