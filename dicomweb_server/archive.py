@@ -236,7 +236,8 @@ class Archive:
         return n
 
     def _add_rebuilt(self, batch: list[InstanceRecord]) -> int:
-        results = self.index.add(batch)
+        with self.committer.writer():  # the outbox's writes (routing's hook) assume it is held
+            results = self.index.add(batch)
         for rec, res in zip(batch, results):
             if isinstance(res, Refused):
                 log.warning("not indexed: %s: %s", rec.path, res.message)
