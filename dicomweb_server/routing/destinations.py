@@ -131,19 +131,27 @@ def _shown(body: bytes) -> str:
     return repr(text + ("..." if len(body) > ANSWER_SHOWN else "")) if body else "an empty body"
 
 
+#: Content-Types of a Store Instances Response read as DICOM JSON: the standard's
+#: (PS3.18 Annex F, the DICOM JSON Model) and ``application/json``, which some servers
+#: send for the same body (what counts is the ReferencedSOPSequence inside, not the label)
+STORE_RESPONSE_TYPES = ("application/dicom+json", "application/json")
+
+
 def stow_verdicts(status: int, body: bytes, sops: list[str], warning: str = "", content_type: str = ""
                   ) -> list[tuple[Verdict, str | None]]:
     """Per-instance verdicts from a Store Instances Response (PS3.18 §10.5.3, Table
-    10.5.3-1), which must be ``application/dicom+json``: an instance is delivered
-    only when an item of ReferencedSOPSequence (0008,1199) names it
-    (ReferencedSOPInstanceUID 0008,1155). FailedSOPSequence (0008,1198) items name
+    10.5.3-1), DICOM JSON (PS3.18 Annex F) labelled ``application/dicom+json`` or, as
+    some servers label it, ``application/json`` (:data:`STORE_RESPONSE_TYPES`): an
+    instance is delivered only when an item of ReferencedSOPSequence (0008,1199) names
+    it (ReferencedSOPInstanceUID 0008,1155). FailedSOPSequence (0008,1198) items name
     the instances that failed and why (FailureReason 0008,1197). A 200 or 202 that
-    names neither (an empty body, an HTML page of a login portal, ``{}``) is retried,
-    and in the end dead-lettered, with the start of the answer as the error."""
+    names neither (an empty body, an HTML page of a login portal, ``{}``, whatever its
+    Content-Type) is retried, and in the end dead-lettered, with the start of the
+    answer as the error."""
     failed: dict[str, int] = {}
     stored: set[str] = set()
     doc = None
-    if content_type.split(";")[0].strip().lower() == "application/dicom+json":
+    if content_type.split(";")[0].strip().lower() in STORE_RESPONSE_TYPES:
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -165,7 +173,7 @@ def stow_verdicts(status: int, body: bytes, sops: list[str], warning: str = "", 
     if status in (200, 202) or (status == 409 and failed):
         if doc is None:
             why = (f"{detail}; the answer is {content_type or 'without a Content-Type'}, not a Store Instances "
-                   f"Response (application/dicom+json): {_shown(body)}")
+                   f"Response (DICOM JSON: application/dicom+json or application/json): {_shown(body)}")
         else:
             why = f"{detail}; not named in ReferencedSOPSequence (0008,1199): {_shown(body)}"
         out = []

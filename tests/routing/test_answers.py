@@ -1,8 +1,9 @@
 """Delivered means the destination stored it (issue 25): a STOW-RS answer counts only
-when it is a Store Instances Response (application/dicom+json) whose
-ReferencedSOPSequence names the instance (PS3.18 §10.5.3, Table 10.5.3-1); an empty
-200, an HTML page (a login portal) or a 202 ``{}`` is retried and then dead-lettered
-with the start of the answer. An answer is read bounded."""
+when it is a Store Instances Response (DICOM JSON, labelled application/dicom+json or,
+as some servers do, application/json) whose ReferencedSOPSequence names the instance
+(PS3.18 §10.5.3, Table 10.5.3-1); an empty 200, an HTML page (a login portal) or a 202
+``{}`` is retried and then dead-lettered with the start of the answer. An answer is
+read bounded."""
 
 from __future__ import annotations
 
@@ -37,12 +38,29 @@ def test_only_instances_named_in_the_referenced_sop_sequence_are_delivered():
     assert stow_verdicts(200, _response(sops), sops, content_type=JSON) == [(Verdict.DELIVERED, None)] * 3
 
 
+def test_dicom_json_labelled_application_json_is_read_as_a_store_response():
+    """Some servers send the Store Instances Response as ``application/json``: what
+    counts is the DICOM JSON inside (ReferencedSOPSequence, FailedSOPSequence)."""
+    sops = ["1.2.1", "1.2.2", "1.2.3"]
+    got = stow_verdicts(200, _response(["1.2.1"], {"1.2.2": 0xC000}), sops,
+                        content_type="application/json; charset=utf-8")
+    assert [v for v, _ in got] == [Verdict.DELIVERED, Verdict.FAILED, Verdict.RETRY]
+    assert got[1][1] == "HTTP 200; FailureReason 0xC000"
+    assert stow_verdicts(200, _response(sops), sops, content_type="Application/JSON") == [(Verdict.DELIVERED, None)] * 3
+    # a label other than the two JSON ones is not read, whatever the body
+    assert stow_verdicts(200, _response(sops), sops, content_type="text/plain")[0][0] is Verdict.RETRY
+
+
 @pytest.mark.parametrize("status, body, ctype, shown", [
     (200, b"", "", "an empty body"),
     (200, b"<html><body>Sign in to continue</body></html>", "text/html", "<html><body>Sign in"),
     (202, b"{}", JSON, "'{}'"),
-    (200, _response(["1.2.9"]), "application/json", "00081199"),  # not application/dicom+json
     (200, b"not json", JSON, "not json"),
+    # labelled application/json (as some servers label DICOM JSON): still nothing named
+    (200, b"", "application/json", "an empty body"),
+    (202, b"{}", "application/json; charset=utf-8", "'{}'"),
+    (200, b"<html><body>Sign in to continue</body></html>", "application/json", "<html><body>Sign in"),
+    (200, _response(["1.2.8"]), "application/json", "00081199"),  # another instance named
 ])
 def test_an_answer_that_names_nothing_is_retried_with_its_start(status, body, ctype, shown):
     ((verdict, error),) = stow_verdicts(status, body, ["1.2.9"], content_type=ctype)
@@ -121,6 +139,21 @@ def test_an_answer_that_is_not_a_store_response_is_a_dead_letter_in_the_end(tmp_
             assert q["last_error"].startswith(f"gave up after 2 attempt(s)")
             assert f"HTTP {status}; " in q["last_error"]
             assert (chunks[0][:30].decode() if chunks[0] else "an empty body") in q["last_error"]
+        finally:
+            srv.stop()
+
+
+def test_a_store_response_labelled_application_json_is_delivered(tmp_path):
+    """End to end: a destination answering its Store Instances Response as
+    ``application/json`` (chunked, over a socket) gets the instance delivered once."""
+    ds = make_dataset()
+    with FakeDestination(lambda: (200, "application/json", [_response([str(ds.SOPInstanceUID)])])) as dest:
+        srv = LiveServer(tmp_path / "data", "sqlite", routes_file=_routes(tmp_path, dest.url, 2)).start()
+        try:
+            store(srv.url, [ds])
+            q = wait_for(lambda: (lambda d: d if d["delivered"] == 1 else None)(queue(srv.url)["dest"]),
+                         what="a delivery")
+            assert (q["pending"], q["in_flight"], q["failed"], dest.requests) == (0, 0, 0, 1)
         finally:
             srv.stop()
 
