@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +101,7 @@ class Archive:
         self._busy = threading.Condition()
         self._in_flight = 0  # store() and delete() calls running (worker threads)
         self.routing: Routing | None = None  # set by open() when a routes file is configured
+        self._unrouted_ledger = False  # an in-memory archive opened without routes (_disarm_ledger)
 
     @classmethod
     def open(cls, settings: Settings) -> Archive:
@@ -141,28 +142,45 @@ class Archive:
         if n:
             log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
         log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
-        routes = load_routes(settings.routes_file) if settings.routes_file is not None else None
-        if settings.index == "memory":
-            # webhooks hear of the changes the start-up finds (files never committed, files gone);
-            # the rules see only what is stored after it: a restart owes no forwards again
-            routing = archive.attach_routing(routes, rules=False) if routes is not None else None
-            archive.rebuild()
-            gone = index.reconcile_changes()  # type: ignore[attr-defined]
-            if gone:
-                log.warning("%d instance(s) in the change log are no longer stored: logged as deleted", gone)
-            if routing is not None:
-                index.add_write_hook(routing._on_add)
-        elif routes is not None:
-            archive.attach_routing(routes)
+        try:
+            if settings.routes_file is not None:
+                # before the in-memory index's rebuild: what a crash left unrouted is owed (its
+                # ledger decides, routing/__init__.py: nothing stored before is owed again), and
+                # the webhooks hear of the changes the start-up finds (files never committed)
+                archive.attach_routing(load_routes(settings.routes_file))
+            elif settings.index == "memory":  # its first store disarms the ledger (if one was armed)
+                archive._unrouted_ledger = True
+            if settings.index == "memory":
+                archive.rebuild()
+                gone = index.reconcile_changes()  # type: ignore[attr-defined]
+                if gone:  # (files gone while the archive was down: webhooks hear these too)
+                    log.warning("%d instance(s) in the change log are no longer stored: logged as deleted", gone)
+        except BaseException:
+            archive.close()
+            raise
         return archive
 
-    def attach_routing(self, routes: Routes, rules: bool = True) -> Routing:
+    def attach_routing(self, routes: Routes) -> Routing:
         """Match every instance indexed from now on against ``routes`` and owe its
         forwards in the same commit, and owe the webhooks every change (routing/).
         Raises RoutesError for a bad file."""
         outbox = open_outbox(self.settings, self.committer.writer)
-        self.routing = Routing.attach(routes, self.index, outbox, rules)
+        self.routing = Routing.attach(routes, self.index, outbox, ledger=self.settings.index == "memory")
         return self.routing
+
+    def _disarm_ledger(self) -> None:
+        """An in-memory archive that routed before stores without routes: its routing
+        ledger no longer covers every stored instance; the next start with routes fills
+        it again instead of owing what this process stored (no routes in force)."""
+        self._unrouted_ledger = False
+        from .routing import SQLiteOutbox
+
+        outbox = SQLiteOutbox(outbox_path(Path(self.settings.data_dir), "memory"), self.committer.writer,
+                              ledger=True)
+        try:
+            outbox.arm(False)
+        finally:
+            outbox.close()
 
     def close(self, timeout: float | None = None) -> None:
         """Wait (at most ``timeout`` seconds, default ``settings.shutdown_timeout``)
@@ -196,6 +214,10 @@ class Archive:
     def rebuild(self) -> int:
         """Index every file under ``blobs/`` (start-up of the in-memory index), in
         the order the files were written, so that search order survives restarts."""
+        with self.routing.rebuilding() if self.routing is not None else nullcontext():
+            return self._rebuild()
+
+    def _rebuild(self) -> int:
         batch: list[InstanceRecord] = []
         n = 0
         files = sorted((obj.modified, obj.path) for obj in self.blobs.listing())
@@ -220,7 +242,8 @@ class Archive:
         return n
 
     def _add_rebuilt(self, batch: list[InstanceRecord]) -> int:
-        results = self.index.add(batch)
+        with self.committer.writer():  # the outbox's writes (routing's hook) assume it is held
+            results = self.index.add(batch)
         for rec, res in zip(batch, results):
             if isinstance(res, Refused):
                 log.warning("not indexed: %s: %s", rec.path, res.message)
@@ -241,6 +264,8 @@ class Archive:
 
     def _store(self, parts: list[SpooledPart], expected_study_uid: str | None) -> StoreOutcome:
         outcome = StoreOutcome()
+        if self._unrouted_ledger:
+            self._disarm_ledger()
         faults.point("spooled")
         with self.committer.expecting() as announced:
             return self._store_parts(parts, expected_study_uid, outcome, announced)
@@ -331,6 +356,7 @@ class Archive:
                          announced: Expected | None = None) -> None:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
+        duplicates: list[InstanceRecord] = []
         dirs: set[Path] = set()
         down: StorageUnavailable | None = None
         for rec, part in described:
@@ -348,6 +374,7 @@ class Archive:
                     same = self.blobs.same(spooled, rec.path)
                     if self.index.locate(rec.sop_uid) is not None:
                         if same or self._same_data_set(spooled, rec.path):
+                            duplicates.append(rec)
                             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
                                                          rec.series_uid, duplicate=True))
                         else:
@@ -369,9 +396,13 @@ class Archive:
                                              rec.sop_class_uid, rec.sop_uid))
                 continue
             pending.append(rec)
+        if duplicates:
+            self._acknowledge_duplicates(duplicates, outcome)
         if not pending:
             return
         faults.point("placed")
+        if self.routing is not None:  # the rules are matched here, outside the index writer lock
+            self.routing.plan(pending)
         try:
             added = self.committer.commit(pending, dirs, announced)
         except Exception as e:  # disk full, I/O error or database gone: nothing of it is visible
@@ -384,6 +415,9 @@ class Archive:
                     log.error("could not remove %s after the failed commit: %s", rec.path, err)
                 outcome.failed.append(Failed(reason, f"cannot commit the index: {e}", rec.sop_class_uid, rec.sop_uid))
             return
+        finally:
+            if self.routing is not None:
+                self.routing.forget(pending)
         faults.point("indexed")
         metrics.STORED.inc(sum(1 for new in added if new))  # (Index.add may answer objects, not bools)
         if self.routing is not None:
@@ -398,6 +432,23 @@ class Archive:
                 continue
             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
                                          duplicate=not new))
+
+    def _acknowledge_duplicates(self, records: list[InstanceRecord], outcome: StoreOutcome) -> None:
+        """Identical duplicates are a success once every forward their rules name is
+        owed (routing: a forward never written, e.g. of an orphan that ``check
+        --repair`` indexed without the routes, is owed now); else they fail."""
+        if self.routing is None:
+            return
+        try:
+            self.routing.owe_missing(records)
+        except Exception as e:  # the outbox cannot be written: not acknowledged
+            log.error("duplicate store: the outbox cannot be written: %s", e)
+            sops = {r.sop_uid for r in records}
+            outcome.stored = [x for x in outcome.stored if not (x.duplicate and x.sop_instance_uid in sops)]
+            outcome.failed += [Failed(FailureReason.PROCESSING_FAILURE, f"cannot record the instance's forwards: {e}",
+                                      rec.sop_class_uid, rec.sop_uid) for rec in records]
+            return
+        self.routing.committed()
 
     # --- DELETE -------------------------------------------------------------------------
 

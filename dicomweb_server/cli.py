@@ -371,8 +371,6 @@ def _import(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", module="pydicom")
     logging.getLogger("pydicom").setLevel(logging.ERROR)
 
-    from .archive import Archive
-
     settings = _settings(args)
     problems = importer.bad_paths(args.paths)
     for line in problems:
@@ -386,7 +384,7 @@ def _import(args: argparse.Namespace) -> int:
         return 2
     if not _routes_ok(settings, "import") or not _usable_data_dir(settings, "import"):
         return 2
-    archive = Archive.open(settings)
+    archive = _open_archive(settings, "import")
     run = importer.ImportRun(verbose=args.verbose, expected=set(samples))
     try:
         importer.run_import(archive, paths + samples, broken, run, quiet=args.quiet)
@@ -495,13 +493,12 @@ def _routes_ok(settings, command: str) -> bool:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .archive import Archive
     from .check import reconcile
 
     settings = _settings(args)
     if not _existing_archive(settings, "check"):
         return 2
-    archive = Archive.open(settings)
+    archive = _open_archive(settings, "check")
     try:
         report = reconcile(archive, repair=args.repair, grace=args.grace)
     finally:
@@ -546,10 +543,19 @@ def _queue(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
+def _open_archive(settings, command: str):
+    """Archive.open for a command; a bad routes file exits 2 with its line, not a traceback."""
     from .archive import Archive
     from .routing import RoutesError
 
+    try:
+        return Archive.open(settings)
+    except RoutesError as e:
+        print(f"dicomweb-server {command}: --routes: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not _existing_archive(settings, "export"):
         return 2
@@ -557,11 +563,7 @@ def _export(args: argparse.Namespace) -> int:
         print("dicomweb-server export: --routes FILE (or DICOMWEB_ROUTES_FILE) names the destinations",
               file=sys.stderr)
         return 2
-    try:
-        archive = Archive.open(settings)
-    except RoutesError as e:
-        print(f"dicomweb-server export: {e}", file=sys.stderr)
-        return 2
+    archive = _open_archive(settings, "export")
     try:
         routing = archive.routing
         assert routing is not None
@@ -650,6 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check", help="reconcile the index with the stored files or objects; names each problem")
     chk.add_argument("--repair", action="store_true",
                      help="fix each problem (re-index, refile, drop rows without files; unreadable -> lost+found/)")
+    chk.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE): the "
+                     "instances re-indexed owe their forwards, as if stored by the server")
     _add_settings_args(chk)
     chk.add_argument("--grace", type=float, default=900.0, metavar="SECONDS",
                      help="object storage: leave unindexed objects younger than this alone (a store may be "

@@ -7,17 +7,32 @@
 - :mod:`.webhook`: webhooks, told of every change of the change log (store/changes.py)
   through the same outbox.
 
-The archive is the one write path (:meth:`archive.Archive.store`, used by STOW-RS,
-``import`` and the DIMSE front door): :class:`Routing` registers an index write hook,
-so every newly indexed instance is matched against the rules inside the commit that
-indexes it, whichever front door received it.
+Rows are owed when an instance first becomes indexed while routes are in force,
+whatever indexes it: :class:`Routing` registers an index write hook, so the store path
+(:meth:`archive.Archive.store`: STOW-RS, ``import``, the DIMSE front door), ``check
+--repair`` and the in-memory index's start-up rebuild all write the forwards of every
+instance they add in the commit that adds it. The rules are matched *before* that
+commit (:meth:`Routing.plan`, outside the index writer lock); the hook only writes
+the rows. Two more cases close the gaps a crash leaves:
+
+- the in-memory index is rebuilt from the files at every start, so "first indexed"
+  is kept in a ledger (table ``routed`` of ``outbox.sqlite``, written with the rows):
+  a file that the ledger does not name was placed but never committed (a crash
+  between the two) and owes its forwards when the rebuild indexes it. A new ledger
+  (or one a process without the routes stored past) is first filled from the files
+  without owing anything: those were stored while no routes were in force.
+- a duplicate store (an acknowledged success, nothing indexed) owes each forward its
+  rules name that has no row at all for the instance (:meth:`Routing.owe_missing`):
+  the orphan indexed by a ``check --repair`` run without the routes, then sent again
+  by its client, is forwarded. (A delivered row removed after ``keep_delivered`` is
+  also "no row": that instance is sent again, at least once, never lost.)
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
@@ -44,29 +59,35 @@ def open_outbox(settings, writer: Callable[[], AbstractContextManager] | None = 
         from .outbox_pg import PostgreSQLOutbox
 
         return PostgreSQLOutbox(settings.database_url)
-    return SQLiteOutbox(outbox_path(Path(settings.data_dir), settings.index), writer)
+    return SQLiteOutbox(outbox_path(Path(settings.data_dir), settings.index), writer,
+                        ledger=settings.index == "memory")
 
 
 class Routing:
-    """Rules + outbox of one archive process; the forwarder wakes on :meth:`committed`."""
+    """Rules + outbox of one archive process; the forwarder wakes on :meth:`committed`.
 
-    def __init__(self, routes: Routes, outbox: Outbox) -> None:
+    ``ledger``: keep the ledger of decided instances (the in-memory index: module
+    docstring)."""
+
+    def __init__(self, routes: Routes, outbox: Outbox, ledger: bool = False) -> None:
         self.routes = routes
         self.outbox = outbox
+        self.ledger = ledger
         self._wake: Callable[[set[str]], None] | None = None
         self._owed: set[str] = set()
+        self._planned: dict[str, list[tuple[str, str]]] = {}
+        self._rebuilding: str | None = None  # "seed" or "rebuild" while the in-memory index is rebuilt
         self._lock = threading.Lock()
         self.index: Index | None = None  # where webhooks read the changes they carry
         self.webhooks = [name for name, d in routes.destinations.items() if d.webhook is not None]
 
     @classmethod
-    def attach(cls, routes: Routes, index: Index, outbox: Outbox, rules: bool = True) -> "Routing":
-        """Hook ``routes`` into ``index``: the rules (unless ``rules`` is False: the
-        caller adds ``_on_add`` later) and the webhooks."""
-        routing = cls(routes, outbox)
+    def attach(cls, routes: Routes, index: Index, outbox: Outbox, ledger: bool = False) -> "Routing":
+        """Hook ``routes`` into ``index``: the rules (a write hook) and the webhooks (a
+        change hook). ``ledger``: the in-memory index's (class docstring)."""
+        routing = cls(routes, outbox, ledger)
         routing.index = index
-        if rules:
-            index.add_write_hook(routing._on_add)
+        index.add_write_hook(routing._on_add)
         if routing.webhooks:
             index.add_change_hook(routing._on_change)
         return routing
@@ -95,16 +116,75 @@ class Routing:
         assert self.index is not None
         return len(self.index.instances(study_uid))
 
+    # --- matching, before the index transaction ------------------------------------------
+
+    def plan(self, records: list[InstanceRecord]) -> None:
+        """Match ``records`` against the rules now, before the commit that indexes
+        them: the write hook, inside the index transaction (under the writer lock of
+        every process), then only writes the rows. (Instances being stored are locked
+        by their SOP Instance UID until their commit: one plan per UID at a time.)"""
+        matched = {r.sop_uid: self.routes.destinations_for(r) for r in records}
+        with self._lock:
+            self._planned.update(matched)
+
+    def forget(self, records: list[InstanceRecord]) -> None:
+        """Drop the plans the commit did not use (duplicates, refusals, failures)."""
+        with self._lock:
+            for r in records:
+                self._planned.pop(r.sop_uid, None)
+
+    def _destinations(self, record: InstanceRecord) -> list[tuple[str, str]]:
+        with self._lock:
+            planned = self._planned.pop(record.sop_uid, None)
+        # not planned: indexed by check --repair or the rebuild (no lock contention there)
+        return planned if planned is not None else self.routes.destinations_for(record)
+
+    def _entries(self, records: Iterable[InstanceRecord]) -> list[Entry]:
+        return [Entry(dest, r.study_uid, r.series_uid, r.sop_uid, r.path, rule)
+                for r in records for dest, rule in self._destinations(r)]
+
+    # --- owing ---------------------------------------------------------------------------
+
     def _on_add(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
         """Index write hook: owe the forwards of the newly added records, in the
         index's transaction ``con`` (SQLite, PostgreSQL) or before the index
         changes (memory: ``con`` is None)."""
-        entries = [Entry(dest, r.study_uid, r.series_uid, r.sop_uid, r.path, rule)
-                   for r, new in zip(records, added) if new for dest, rule in self.routes.destinations_for(r)]
+        new = [r for r, a in zip(records, added) if a]
+        decided = [r.sop_uid for r in new] if self.ledger else []
+        if self._rebuilding == "seed":  # stored while no routes were in force: owe nothing
+            new = []
+        elif self._rebuilding == "rebuild":  # owe only what a crash left undecided
+            undecided = self.outbox.undecided(decided)
+            new = [r for r in new if r.sop_uid in undecided]
+        entries = self._entries(new)
+        if entries or decided:
+            self.outbox.insert(entries, con, decided)
         if entries:
-            self.outbox.insert(entries, con)
             with self._lock:
                 self._owed.update(e.destination for e in entries)
+
+    def owe_missing(self, records: list[InstanceRecord]) -> None:
+        """A duplicate store of ``records`` (already indexed): owe the forwards their
+        rules name that have no row for the instance (module docstring). Durable on
+        return; raises when the outbox cannot be written."""
+        entries = self._entries(records)
+        if entries and self.outbox.insert_missing(entries):
+            with self._lock:
+                self._owed.update(e.destination for e in entries)
+
+    @contextmanager
+    def rebuilding(self) -> Iterator[None]:
+        """The in-memory index's start-up rebuild runs inside: instances the ledger
+        does not name owe their forwards; a ledger not armed is filled (owing
+        nothing) and armed once the rebuild is done."""
+        seed = not self.outbox.armed()
+        self._rebuilding = "seed" if seed else "rebuild"
+        try:
+            yield
+        finally:
+            self._rebuilding = None
+        if seed:
+            self.outbox.arm(True)
 
     def committed(self) -> None:
         """Called by the archive after a commit: wake the forwarder of this process

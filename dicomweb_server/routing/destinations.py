@@ -2,7 +2,9 @@
 with httpx, or C-STORE (PS3.4 Annex B, PS3.7 §9.1.1) with pynetdicom's SCU.
 
 Each sender answers, per instance, one :class:`Verdict`:
-``DELIVERED``; ``RETRY`` (the destination or the network may get better: 5xx, 408,
+``DELIVERED`` (only when the destination said it stored that instance: named in the
+ReferencedSOPSequence of a STOW-RS response, or a C-STORE Success or Warning status);
+``RETRY`` (the destination or the network may get better: 5xx, 408,
 429, timeouts, refused connections, out-of-resources statuses, or a configuration
 the operator may fix such as 401/403/404); ``FAILED`` (the destination refused this
 instance for good: a FailureReason or C-STORE status other than out of resources,
@@ -28,6 +30,11 @@ import orjson
 from .rules import Destination
 
 CHUNK = 1 << 20
+#: the most of a destination's answer that is read (a Store Instances Response for a
+#: batch is a few KiB): a longer answer is a failed delivery, the rest never read
+MAX_ANSWER = 1 << 20
+#: how much of an answer that is not a Store Instances Response the error keeps
+ANSWER_SHOWN = 200
 
 
 class Verdict(str, Enum):
@@ -89,42 +96,96 @@ class StowSender:
                    "Content-Length": str(length), "Accept": "application/dicom+json"}
         try:
             async with asyncio.timeout(within):
-                r = await self.client.post(self.url, content=body(), headers=headers)
+                async with self.client.stream("POST", self.url, content=body(), headers=headers) as r:
+                    answer = await read_bounded(r, MAX_ANSWER)
         except TimeoutError:
             return [(Verdict.RETRY, f"the request took longer than {within:g} s (half the lease)")] * len(items)
         except (httpx.HTTPError, OSError) as e:
             return [(Verdict.RETRY, f"{type(e).__name__}: {e}")] * len(items)
-        return stow_verdicts(r.status_code, r.content, [it.sop_uid for it in items],
-                             r.headers.get("warning", ""))
+        if answer is None:
+            return [(Verdict.RETRY, f"HTTP {r.status_code}: the answer is longer than {MAX_ANSWER} bytes "
+                                    "(not a Store Instances Response; the rest was not read)")] * len(items)
+        return stow_verdicts(r.status_code, answer, [it.sop_uid for it in items],
+                             r.headers.get("warning", ""), r.headers.get("content-type", ""))
 
 
-def stow_verdicts(status: int, body: bytes, sops: list[str], warning: str = ""
+async def read_bounded(response: httpx.Response, limit: int) -> bytes | None:
+    """The body of a streamed ``response``, or None as soon as it is longer than
+    ``limit`` bytes (announced or read; decoded, so a compressed answer counts at its
+    inflated size): what is left is never read (leaving the stream closes it)."""
+    announced = response.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _shown(body: bytes) -> str:
+    """The start of an answer, for the error a row keeps."""
+    text = body[:ANSWER_SHOWN].decode("utf-8", "replace")
+    return repr(text + ("..." if len(body) > ANSWER_SHOWN else "")) if body else "an empty body"
+
+
+#: Content-Types of a Store Instances Response read as DICOM JSON: the standard's
+#: (PS3.18 Annex F, the DICOM JSON Model) and ``application/json``, which some servers
+#: send for the same body (what counts is the ReferencedSOPSequence inside, not the label)
+STORE_RESPONSE_TYPES = ("application/dicom+json", "application/json")
+
+
+def stow_verdicts(status: int, body: bytes, sops: list[str], warning: str = "", content_type: str = ""
                   ) -> list[tuple[Verdict, str | None]]:
-    """Per-instance verdicts from a Store Instances Response (PS3.18 §10.5.3):
-    FailedSOPSequence (0008,1198) items name the instances that failed and why
-    (FailureReason 0008,1197); those not named were stored when the status is
-    200 or 202."""
+    """Per-instance verdicts from a Store Instances Response (PS3.18 §10.5.3, Table
+    10.5.3-1), DICOM JSON (PS3.18 Annex F) labelled ``application/dicom+json`` or, as
+    some servers label it, ``application/json`` (:data:`STORE_RESPONSE_TYPES`): an
+    instance is delivered only when an item of ReferencedSOPSequence (0008,1199) names
+    it (ReferencedSOPInstanceUID 0008,1155). FailedSOPSequence (0008,1198) items name
+    the instances that failed and why (FailureReason 0008,1197). A 200 or 202 that
+    names neither (an empty body, an HTML page of a login portal, ``{}``, whatever its
+    Content-Type) is retried, and in the end dead-lettered, with the start of the
+    answer as the error."""
     failed: dict[str, int] = {}
-    try:
-        doc = orjson.loads(body) if body else {}
-        for item in (doc.get("00081198") or {}).get("Value", []) if isinstance(doc, dict) else []:
-            sop = item.get("00081155", {}).get("Value", [None])[0]
-            reason = item.get("00081197", {}).get("Value", [0x0110])[0]
-            if sop:
-                failed[sop] = int(reason)
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError, IndexError):
-        failed = {}
+    stored: set[str] = set()
+    doc = None
+    if content_type.split(";")[0].strip().lower() in STORE_RESPONSE_TYPES:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None
+    if isinstance(doc, dict):
+        try:
+            for item in (doc.get("00081198") or {}).get("Value", []):
+                sop = item.get("00081155", {}).get("Value", [None])[0]
+                reason = item.get("00081197", {}).get("Value", [0x0110])[0]
+                if sop:
+                    failed[sop] = int(reason)
+            for item in (doc.get("00081199") or {}).get("Value", []):
+                sop = item.get("00081155", {}).get("Value", [None])[0]
+                if isinstance(sop, str):
+                    stored.add(sop)
+        except (AttributeError, TypeError, ValueError, IndexError):
+            failed, stored, doc = {}, set(), None
     detail = f"HTTP {status}" + (f": {warning[:300]}" if warning else "")
     if status in (200, 202) or (status == 409 and failed):
+        if doc is None:
+            why = (f"{detail}; the answer is {content_type or 'without a Content-Type'}, not a Store Instances "
+                   f"Response (DICOM JSON: application/dicom+json or application/json): {_shown(body)}")
+        else:
+            why = f"{detail}; not named in ReferencedSOPSequence (0008,1199): {_shown(body)}"
         out = []
         for sop in sops:
             code = failed.get(sop)
-            if code is None:
-                out.append((Verdict.DELIVERED, None) if status != 409 else
-                           (Verdict.RETRY, f"{detail}; not named in FailedSOPSequence"))
-            else:
+            if code is not None:
                 v = Verdict.RETRY if retryable_reason(code) else Verdict.FAILED
                 out.append((v, f"{detail}; FailureReason 0x{code:04X}"))
+            elif sop in stored and status != 409:
+                out.append((Verdict.DELIVERED, None))
+            else:
+                out.append((Verdict.RETRY, why))
         return out
     if status in (400, 409, 413):  # the request as a whole refused: find the culprit alone
         return [(Verdict.SOLO if len(sops) > 1 else Verdict.FAILED, detail)] * len(sops)
@@ -194,7 +255,7 @@ class DimseSender:
                 code = getattr(status, "Status", None)
                 if code is None:
                     out.append((Verdict.RETRY, "no C-STORE response (timeout or abort)"))
-                elif code == 0x0000 or 0xB000 <= code <= 0xBFFF:  # success or warning (PS3.4 B.2.3)
+                elif code in (0x0000, 0x0001) or 0xB000 <= code <= 0xBFFF:  # success or warning (PS3.4 B.2.3)
                     out.append((Verdict.DELIVERED, None))
                 else:
                     out.append((Verdict.RETRY if retryable_reason(code) else Verdict.FAILED,

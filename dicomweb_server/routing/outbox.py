@@ -68,6 +68,11 @@ CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(destination, _state, _due);
 CREATE INDEX IF NOT EXISTS outbox_sop ON outbox(SOPInstanceUID, destination);
 CREATE INDEX IF NOT EXISTS outbox_delivered ON outbox(_state, _delivered);
 """
+#: the in-memory index's ledger (outbox.sqlite only): instances whose forwards were decided
+_LEDGER = """
+CREATE TABLE IF NOT EXISTS routed (SOPInstanceUID TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS routing_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,9 @@ _INSERT = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID
            "_enqueued, _due) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE "
            "SOPInstanceUID = ? AND destination = ? AND _state = 'pending' AND "
            "(_lease_until IS NULL OR _lease_until < ?))")
+_INSERT_MISSING = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
+                   "_rule, _enqueued, _due) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM outbox "
+                   "WHERE SOPInstanceUID = ? AND destination = ?)")
 _PENDING = ("FROM outbox WHERE destination = ? AND _state = 'pending' AND "
             "(_lease_until IS NULL OR _lease_until < ?)")
 _ROWS = ("id", "destination", "SOPInstanceUID", "state", "attempts", "enqueued", "delivered", "last_error")
@@ -177,18 +185,22 @@ class Outbox(ABC):
 
     # --- enqueue ------------------------------------------------------------------------
 
-    def insert(self, entries: Iterable[Entry], con=None) -> int:
+    def insert(self, entries: Iterable[Entry], con=None, decided: Iterable[str] = ()) -> int:
         """Owe these forwards. With ``con`` (the index's open transaction, from its
         write hook) the rows commit with it; without, in a durable transaction of
         their own (the caller holds the index writer lock, as the in-memory index's
-        hooks do). An entry equal to a pending row that no worker holds is not repeated."""
-        entries = list(entries)
-        if not entries:
+        hooks do). An entry equal to a pending row that no worker holds is not repeated.
+        ``decided``: SOP Instance UIDs to enter in the ledger (:meth:`undecided`), in
+        the same transaction."""
+        entries, decided = list(entries), list(decided)
+        if not entries and not decided:
             return 0
         if con is None:
             with self._transaction(hooked=True) as own:
-                return self.insert(entries, own)
+                return self.insert(entries, own, decided)
         now = self._now(con)
+        self._many(con, self._sql("INSERT INTO routed (SOPInstanceUID) VALUES (?) ON CONFLICT DO NOTHING"),
+                   [(sop,) for sop in decided])
         return self._many(con, self._sql(_INSERT), [
             (e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now, e.sop_uid,
              e.destination, now) for e in entries])
@@ -223,6 +235,46 @@ class Outbox(ABC):
                     "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
                     "_rule, _enqueued, _due, _change) VALUES (?, ?, '', ?, '', 'stable', ?, ?, 0)"),
                     (destination, study, study, now, now + delay))
+
+    def insert_missing(self, entries: Iterable[Entry]) -> int:
+        """Owe those of these forwards that have no row at all (of any state) for their
+        instance and destination, in a durable transaction of their own: a duplicate
+        store of an instance whose forward was never written (indexed by a process
+        without the routes) owes it now. Returns the rows added."""
+        entries = list(entries)
+        if not entries:
+            return 0
+        with self._transaction() as con:
+            now = self._now(con)
+            return self._many(con, self._sql(_INSERT_MISSING), [
+                (e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now, e.sop_uid,
+                 e.destination) for e in entries])
+
+    # --- the ledger of the in-memory index (outbox.sqlite) -------------------------------
+
+    def undecided(self, sops: list[str]) -> set[str]:
+        """Those of ``sops`` whose forwards were never decided (not in the ledger)."""
+        found: set[str] = set()
+        with self._reading() as con:
+            for i in range(0, len(sops), 500):
+                chunk = sops[i:i + 500]
+                found.update(s for (s,) in con.execute(self._sql(
+                    f"SELECT SOPInstanceUID FROM routed WHERE SOPInstanceUID IN ({','.join('?' * len(chunk))})"),
+                    chunk))
+        return set(sops) - found
+
+    def armed(self) -> bool:
+        """Whether the ledger covers every instance stored since it was started (see
+        :class:`routing.Routing`); False for a new ledger, or after a process stored
+        instances without the routes."""
+        with self._reading() as con:
+            row = con.execute("SELECT value FROM routing_state WHERE key = 'armed'").fetchone()
+        return row is not None and row[0] == "1"
+
+    def arm(self, armed: bool) -> None:
+        with self._transaction() as con:
+            con.execute(self._sql("INSERT INTO routing_state (key, value) VALUES ('armed', ?) "
+                                  "ON CONFLICT (key) DO UPDATE SET value = excluded.value"), ("1" if armed else "0",))
 
     def enqueue(self, entries: Iterable[Entry]) -> int:
         """Owe these forwards (manual export): one durable transaction."""
@@ -394,13 +446,14 @@ class SQLiteOutbox(Outbox):
     transaction (claims included) serial across processes.
     """
 
-    def __init__(self, path: Path, writer: Callable[[], AbstractContextManager] | None = None) -> None:
+    def __init__(self, path: Path, writer: Callable[[], AbstractContextManager] | None = None,
+                 ledger: bool = False) -> None:
         self.path = Path(path)
         self._writer = writer or nullcontext
         self._connections = ThreadConnections(self.path)
         with self._writer():
             con = self._connections.get()
-            con.executescript(_SCHEMA)
+            con.executescript(_SCHEMA + (_LEDGER if ledger else ""))
             if "_change" not in {row[1] for row in con.execute("PRAGMA table_info(outbox)")}:
                 con.execute("ALTER TABLE outbox ADD COLUMN _change INTEGER")  # an outbox from before webhooks
 

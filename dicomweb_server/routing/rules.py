@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 from ..config_values import PORT, Bound, ae_title_problem, header_problem, host_problem, name_problem
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Match, QueryError, match_value, parse_query
+from .matcher import RuleIndex
 
 
 class RoutesError(ValueError):
@@ -120,19 +121,24 @@ class Routes:
     destinations: dict[str, Destination]
     rules: tuple[Rule, ...]
     delivery: Delivery = Delivery()
+    _index: RuleIndex | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", RuleIndex(self.rules))
 
     def destinations_for(self, record: InstanceRecord) -> list[tuple[str, str]]:
-        """(destination, rule name) pairs owed for a newly stored instance, one per destination."""
+        """(destination, rule name) pairs owed for a newly stored instance, one per
+        destination (the first rule that names it); the rules tried are those the
+        index says can match (routing/matcher.py)."""
         out: dict[str, str] = {}
-        for rule in self.rules:
-            if rule.matches(record):
-                for d in rule.destinations:
-                    out.setdefault(d, rule.name)
+        for rule in self._index.matching(record):  # type: ignore[union-attr]
+            for d in rule.destinations:
+                out.setdefault(d, rule.name)
         return list(out.items())
 
 
 def _match(m: Match, record: InstanceRecord) -> bool:
-    values = {"study": record.study, "series": record.series, "instance": record.instance}[m.attribute.level]
+    values = getattr(record, m.attribute.level)  # record.study, .series or .instance
     return match_value(m, values.get(m.attribute.keyword))
 
 

@@ -14,6 +14,19 @@ from tests.routing.conftest import FAST, wait_for
 from tests.routing.test_delivery import queue, store
 
 
+def storage_scp(tmp_path, on_store):
+    """A Storage SCP "PACS" calling ``on_store`` for each C-STORE, and a routes file
+    sending every instance to it. Returns (the running server, the routes file)."""
+    scp = AE(ae_title="PACS")
+    scp.supported_contexts = AllStoragePresentationContexts
+    port = free_port()
+    server = scp.start_server(("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)])
+    routes = tmp_path / "routes.toml"
+    routes.write_text(f'[[destinations]]\nname = "pacs"\ndimse = {{ ae_title = "PACS", host = "127.0.0.1", '
+                      f'port = {port} }}\n[[rules]]\ndestinations = ["pacs"]\n{FAST}')
+    return server, routes
+
+
 def test_c_store_destination(tmp_path, backend):
     received: dict[str, bytes] = {}
     refuse: set[str] = set()
@@ -28,13 +41,7 @@ def test_c_store_destination(tmp_path, backend):
         received[ds.SOPInstanceUID] = buf.getvalue()
         return 0x0000
 
-    scp = AE(ae_title="PACS")
-    scp.supported_contexts = AllStoragePresentationContexts
-    port = free_port()
-    server = scp.start_server(("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)])
-    routes = tmp_path / "routes.toml"
-    routes.write_text(f'[[destinations]]\nname = "pacs"\ndimse = {{ ae_title = "PACS", host = "127.0.0.1", '
-                      f'port = {port} }}\n[[rules]]\ndestinations = ["pacs"]\n{FAST}')
+    server, routes = storage_scp(tmp_path, on_store)
     srv = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings).start()
     try:
         datasets = [make_dataset() for _ in range(3)]
@@ -49,6 +56,27 @@ def test_c_store_destination(tmp_path, backend):
             assert got == pydicom.dcmread(io.BytesIO(to_bytes(ds)))
             assert got.file_meta.TransferSyntaxUID == ds.file_meta.TransferSyntaxUID
         assert httpx.get(srv.url + "/admin/queue").status_code == 200
+    finally:
+        srv.stop()
+        server.shutdown()
+
+
+def test_a_c_store_warning_0001_is_delivered(tmp_path):
+    """PS3.4 B.2.3: a Warning status (0001, Bxxx) means stored (0001 was dead-lettered)."""
+    received: list[str] = []
+
+    def on_store(event):
+        received.append(event.dataset.SOPInstanceUID)
+        return 0x0001
+
+    server, routes = storage_scp(tmp_path, on_store)
+    srv = LiveServer(tmp_path / "data", "sqlite", routes_file=routes).start()
+    try:
+        ds = make_dataset()
+        store(srv.url, [ds])
+        q = wait_for(lambda: (lambda d: d if d["delivered"] == 1 else None)(queue(srv.url)["pacs"]),
+                     what="delivered")
+        assert (q["failed"], q["pending"], received) == (0, 0, [ds.SOPInstanceUID])
     finally:
         srv.stop()
         server.shutdown()

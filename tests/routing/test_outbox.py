@@ -35,7 +35,7 @@ def test_an_outbox_that_cannot_be_written_fails_the_store(tmp_path, monkeypatch,
         assert len(ok.stored) == 2
         assert [(r["destination"], r["state"]) for r in archive.routing.outbox.rows()] == [("pacs", "pending")]
 
-        def disk_full(self, entries, con=None):
+        def disk_full(self, entries, con=None, decided=()):
             if backend.index == "postgresql":
                 import psycopg
 
@@ -48,8 +48,10 @@ def test_an_outbox_that_cannot_be_written_fails_the_store(tmp_path, monkeypatch,
         assert archive.index.count() == 2  # nothing of the failed store is visible
         assert sorted(p.name for p in (tmp_path / "data" / "blobs").rglob("*.dcm")) == sorted(
             f"{s.sop_instance_uid}.dcm" for s in ok.stored)
-        # an instance the rules do not match writes no row, so the outbox is not in its way
-        assert len(archive.store([_part(archive, "d.dcm", modality="MR")]).stored) == 1
+        # an instance the rules do not match writes no row, so the outbox is not in its way; but
+        # the in-memory index enters every instance in its ledger (routing/__init__.py)
+        unmatched = archive.store([_part(archive, "d.dcm", modality="MR")])
+        assert len(unmatched.stored) == (0 if backend.index == "memory" else 1)
     finally:
         archive.close()
 

@@ -126,3 +126,60 @@ def test_dimse_destination_shape(tmp_path):
                  '[[rules]]\ndestinations = ["pacs"]\n')
     d = load_routes(Path(f)).destinations["pacs"]
     assert (d.stow_url, d.dimse.ae_title, d.dimse.port, d.dimse.calling_ae_title) == (None, "PACS", 11112, "DICOMWEB")
+
+
+def test_rules_are_matched_outside_the_index_writer_lock(tmp_path, monkeypatch):
+    """5,000 rules took their matching time per store under the writer lock every
+    process's commits wait for: the rules are matched before the commit (issue 25)."""
+    from dicomweb_server.routing.rules import Routes
+
+    routes = tmp_path / "routes.toml"
+    routes.write_text(HEAD + '[[rules]]\nmatch = { Modality = "CT" }\ndestinations = ["pacs"]\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=routes))
+    held: list[bool] = []
+    real = Routes.destinations_for
+    monkeypatch.setattr(Routes, "destinations_for",
+                        lambda self, record: held.append(archive.committer._lock.locked()) or real(self, record))
+    try:
+        path = archive.blobs.spool / "a.dcm"
+        ds = make_dataset(modality="CT")
+        ds.save_as(path, enforce_file_format=True)
+        assert len(archive.store([SpooledPart(headers={}, path=path, size=os.path.getsize(path),
+                                              complete=True)]).stored) == 1
+        assert held == [False]  # matched once, without the lock
+        assert [(r["destination"], r["SOPInstanceUID"]) for r in archive.routing.outbox.rows()] == [
+            ("pacs", ds.SOPInstanceUID)]
+    finally:
+        archive.close()
+
+
+def test_the_rule_index_answers_as_trying_every_rule(tmp_path, stored):
+    """routing/matcher.py: the rules found through the index are those that trying every
+    rule in order finds, and the first rule per destination is the same."""
+    import random
+
+    _, records = stored
+    pool = [("Modality", ['"CT"', '"MR"', '["CT", "OT"]', '"C*"', '"CT\\\\MR"']),
+            ("PatientID", ['"P"', '"P2"', '"Q1"', '"P?"', '["P1", "Q1"]']),
+            ("StudyDate", ['"20240101-20240131"', '"-20231231"']),
+            ("SeriesNumber", ['"3"', '"1"']), ("AccessionNumber", ['"A1"', '"A10"', '"A*"']),
+            ("PatientName", ['"DOE^JANE"', '"doe*"']), ("SOPClassUID", [f'"{MR_IMAGE_STORAGE}"']),
+            ("StudyDescription", ['"*HEAD*"', '"chest"'])]
+    rng = random.Random(25)
+    text = HEAD + "".join(f'[[destinations]]\nname = "d{i}"\nstow_url = "http://d{i}.example/x"\n' for i in range(3))
+    for i in range(400):
+        keys = rng.sample(pool, rng.choice((0, 1, 1, 2, 2, 3)))
+        match = ", ".join(f"{k} = {rng.choice(vs)}" for k, vs in keys)
+        dests = rng.sample(["pacs", "d0", "d1", "d2"], rng.choice((1, 2)))
+        text += f'[[rules]]\nname = "r{i}"\nmatch = {{ {match} }}\ndestinations = {dests!r}\n'.replace("'", '"')
+    f = tmp_path / "routes.toml"
+    f.write_text(text)
+    routes = load_routes(f)
+    for record in records:
+        every: dict[str, str] = {}
+        for rule in routes.rules:
+            if rule.matches(record):
+                for d in rule.destinations:
+                    every.setdefault(d, rule.name)
+        assert routes.destinations_for(record) == list(every.items())
+        assert every  # (the rules are varied enough to match each record somewhere)
