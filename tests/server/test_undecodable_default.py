@@ -12,11 +12,7 @@ import struct
 
 import pytest
 from pydicom.encaps import encapsulate
-from starlette.testclient import TestClient
 
-from dicomweb_server.app import create_app
-from dicomweb_server.archive import Archive
-from dicomweb_server.settings import Settings
 from tests.helpers import make_dataset, multipart, to_bytes
 
 J2K = "1.2.840.10008.1.2.4.91"
@@ -31,11 +27,8 @@ def _corrupt_j2k_codestream() -> bytes:
 
 
 @pytest.fixture
-def client(tmp_path):
-    archive = Archive.open(Settings(data_dir=tmp_path, index="sqlite"))
-    with TestClient(create_app(archive.settings, archive=archive)) as c:
-        yield c
-    archive.close()
+def client(app_client):  # tests/server/conftest.py
+    return app_client
 
 
 def _parts(r) -> list[tuple[str, bytes]]:
