@@ -105,8 +105,9 @@ class Settings(BaseSettings):
     # the DIMSE front door (dicomweb_server/dimse/): C-ECHO, C-STORE, C-FIND, C-GET, C-MOVE
     dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns DIMSE off")
     ae_title: str = Field("DICOMWEB", description="this archive's AE title")
-    dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port}: the C-MOVE "
-                                                            "destinations")
+    dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port, scopes}: "
+                                                            "the C-MOVE destinations; with authentication, "
+                                                            "the only peers DIMSE serves")
     dimse_allowed_aes: list[str] = Field(default_factory=list, description="calling AE titles accepted; none: any")
     dimse_check_called_ae: bool = Field(False, description="reject associations whose called AE title is not "
                                                            "`ae_title`")
