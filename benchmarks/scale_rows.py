@@ -31,6 +31,7 @@ from pathlib import Path
 
 import orjson
 
+from dicomweb_server.dicom.attributes import DERIVED
 from dicomweb_server.dicom.instance import InstanceRecord, describe_instance, instance_path
 from dicomweb_server.store.sql import cols, join_multi
 
@@ -108,6 +109,9 @@ class Rows:
         values = {"StudyInstanceUID": st.uid, "PatientID": st.patient_id, "PatientName": st.patient_name,
                   "StudyDate": st.study_date, "AccessionNumber": st.accession}
         row = dict(self.t.study, **values)
+        for a in DERIVED:  # the date-time columns of StudyDate (+ the template's StudyTime, no offset)
+            if a.level == "study" and row.get(a.keyword):
+                row[a.keyword] = st.study_date + row[a.keyword][8:]
         return (st.n + 1, *(row[c] for c in self.scols), join_multi(set(st.modalities)),
                 join_multi({self.t.sop_class_uid}), 2, 10, _json_with(self.study_doc, _STUDY_TAGS, values))
 
