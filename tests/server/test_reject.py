@@ -1,0 +1,123 @@
+"""Rejection (lifecycle/reject.py) through the web front door, on every index: a
+rejection note stored by STOW-RS hides what it names from QIDO-RS (every level, the
+computed attributes) and WADO-RS (instance, series, study, metadata, frames, rendered,
+thumbnail: 404 as if absent); dcm4chee's reject endpoint (OHIF's reject button) does the
+same without a note; /admin/rejected lists them, $restore-rejected brings them back, the
+purge removes them after keep_rejected days; the change feed says reject/restore/delete."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from pydicom.uid import generate_uid
+
+from dicomweb_server.lifecycle import reject as lifecycle
+from tests.helpers import LiveServer, make_dataset, multipart, rejection_note, to_bytes
+
+POSTGRESQL = True  # tests/conftest.py: the index_kind fixture covers PostgreSQL too
+
+
+def stow(http, datasets) -> None:
+    body, ctype = multipart([to_bytes(ds) for ds in datasets])
+    r = http.post("/studies", content=body, headers={"Content-Type": ctype})
+    assert r.status_code == 200, r.text
+
+
+def uids(http, path: str, tag: str, **params) -> list[str]:
+    r = http.get(path, params=params)
+    assert r.status_code in (200, 204), r.text
+    return [x[tag]["Value"][0] for x in (r.json() if r.status_code == 200 else [])]
+
+
+@pytest.fixture
+def study(http):
+    st, ct, mr = generate_uid(), generate_uid(), generate_uid()
+    dss = [make_dataset(study=st, series=ct, InstanceNumber=n) for n in (1, 2)]
+    dss.append(make_dataset(study=st, series=mr, modality="MR", sop_class="1.2.840.10008.5.1.4.1.1.4"))
+    stow(http, dss)
+    return dss
+
+
+def url(ds, tail: str = "") -> str:
+    return f"/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}{tail}"
+
+
+def test_a_rejection_note_by_stow_hides_what_it_names(http, study):
+    a, b, mr = study
+    st = str(a.StudyInstanceUID)
+    note = rejection_note([a, mr])
+    stow(http, [note])
+    (found,) = http.get("/studies", params={"StudyInstanceUID": st, "includefield": "ModalitiesInStudy"}).json()
+    # the note's own series (KO) stays: a record of the rejection
+    assert found["00080061"]["Value"] == ["CT", "KO"]
+    assert found["00201208"]["Value"] == [2]
+    assert uids(http, f"/studies/{st}/series", "0020000E") == [a.SeriesInstanceUID, note.SeriesInstanceUID]
+    assert uids(http, f"/studies/{st}/instances", "00080018") == [b.SOPInstanceUID, note.SOPInstanceUID]
+    assert uids(http, "/instances", "00080018", PatientID="P1", limit="100").count(a.SOPInstanceUID) == 0
+    for path in (url(a), url(a, "/metadata"), url(a, "/frames/1"), url(a, "/rendered"), url(a, "/thumbnail"),
+                 f"/studies/{st}/series/{mr.SeriesInstanceUID}", f"/studies/{st}/series/{mr.SeriesInstanceUID}/metadata"):
+        assert http.get(path).status_code == 404, path
+    assert http.get(url(b)).status_code == 200
+    meta = http.get(f"/studies/{st}/metadata").json()
+    assert sorted(m["00080018"]["Value"][0] for m in meta) == sorted([b.SOPInstanceUID, note.SOPInstanceUID])
+
+    listed = http.get("/admin/rejected", params={"study": st}).json()
+    assert sorted((x["SOPInstanceUID"], x["Reason"], x["Stored"]) for x in listed) == sorted(
+        [(a.SOPInstanceUID, "113001^DCM", True), (mr.SOPInstanceUID, "113001^DCM", True)])
+
+    r = http.post(f"/studies/{st}/$restore-rejected")
+    assert r.status_code == 200 and r.json() == {"count": 2}
+    assert http.get(url(a)).status_code == 200
+    assert sorted(uids(http, f"/studies/{st}/instances", "00080018")) == sorted(
+        x.SOPInstanceUID for x in (a, b, mr, note))
+    assert http.post(f"/studies/{st}/$restore-rejected").status_code == 404
+    feed = [(e["Action"], e["State"], e["SopInstanceUid"]) for e in http.get("/changefeed", params={"limit": 100}).json()]
+    assert feed[-4:-2] == [("reject", "rejected", a.SOPInstanceUID), ("reject", "rejected", mr.SOPInstanceUID)]
+    assert sorted(feed[-2:]) == sorted([("restore", "current", a.SOPInstanceUID),
+                                        ("restore", "current", mr.SOPInstanceUID)])
+
+
+def test_the_dcm4chee_endpoint_rejects_a_series_and_a_study(http, study, server):
+    a, b, mr = study
+    st = str(a.StudyInstanceUID)
+    # OHIF's DicomWebDataSource reject.series: POST {wadoRoot}/studies/{st}/series/{se}/reject/113001%5EDCM
+    r = http.post(f"/studies/{st}/series/{a.SeriesInstanceUID}/reject/113001%5EDCM")
+    assert r.status_code == 200 and r.json() == {"count": 2}
+    assert uids(http, f"/studies/{st}/series", "0020000E") == [mr.SeriesInstanceUID]
+    assert http.get(f"/studies/{st}/series/{a.SeriesInstanceUID}").status_code == 404
+    assert http.post(f"/studies/{st}/series/{a.SeriesInstanceUID}/reject/113001%5EDCM").status_code == 404
+    bad = http.post(f"/studies/{st}/reject/999999%5EDCM")
+    assert bad.status_code == 400 and "CID 7011" in bad.text
+    assert http.post(f"/studies/{st}/reject/113039%5EDCM").json() == {"count": 1}
+    assert uids(http, "/studies", "0020000D", StudyInstanceUID=st) == []
+    assert http.get(f"/studies/{st}").status_code == 404
+
+    # purge: nothing before keep_rejected (30 days) is over, then all, files included
+    archive = server.archive
+    files = [r.path for r in archive.index.rejections(st)]
+    assert lifecycle.purge(archive) == 0
+    assert lifecycle.purge(archive, now=time.time() + 31 * 86400) == 3
+    assert archive.index.rejections() == []
+    left = {o.path for o in archive.blobs.listing()}
+    assert len(files) == 3 and not left & set(files)
+    assert http.post(f"/studies/{st}/$restore-rejected").status_code == 404
+    feed = [(e["Action"], e["State"]) for e in http.get("/changefeed", params={"limit": 100}).json()]
+    assert feed[-3:] == [("delete", "deleted")] * 3 and {s for _, s in feed} == {"deleted"}
+
+
+def test_the_endpoints_need_the_write_scope(tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"reader": ["read"], "writer": ["write"]}')
+    srv = LiveServer(tmp_path / "data", api_keys_file=keys).start()
+    try:
+        st, se = generate_uid(), generate_uid()
+        for path, method in ((f"/studies/{st}/series/{se}/reject/113001%5EDCM", "POST"),
+                             (f"/studies/{st}/$restore-rejected", "POST"), ("/admin/rejected", "GET")):
+            r = httpx.request(method, srv.url + path, headers={"Authorization": "Bearer reader"})
+            assert r.status_code == 403, path
+            r = httpx.request(method, srv.url + path, headers={"Authorization": "Bearer writer"})
+            assert r.status_code in (200, 404), path
+    finally:
+        srv.stop()
