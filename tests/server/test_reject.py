@@ -121,3 +121,34 @@ def test_the_endpoints_need_the_write_scope(tmp_path):
             assert r.status_code in (200, 404), path
     finally:
         srv.stop()
+
+
+def test_import_of_a_note_and_the_purge_command(tmp_path, monkeypatch, capsys):
+    """`dicomweb-server import` is a front door too; `dicomweb-server purge` removes what
+    was rejected more than DICOMWEB_KEEP_REJECTED days ago (range-checked: exit 2)."""
+    from dicomweb_server.archive import Archive
+    from dicomweb_server.cli import main
+    from dicomweb_server.settings import Settings
+
+    folder, data = tmp_path / "in", str(tmp_path / "data")
+    folder.mkdir()
+    a, b = make_dataset(), make_dataset()
+    for ds in (a, b, rejection_note([a])):
+        ds.save_as(folder / f"{ds.SOPInstanceUID}.dcm", enforce_file_format=True)
+    assert main(["import", "--quiet", "--data-dir", data, str(folder)]) == 0
+    assert main(["purge", "--data-dir", data]) == 0
+    assert "purged 0 " in capsys.readouterr().out
+    monkeypatch.setenv("DICOMWEB_KEEP_REJECTED", "-1")
+    with pytest.raises(SystemExit) as bad:
+        main(["purge", "--data-dir", data])
+    assert bad.value.code == 2 and "keep_rejected (DICOMWEB_KEEP_REJECTED): -1 is out of range" in capsys.readouterr().err
+    monkeypatch.setenv("DICOMWEB_KEEP_REJECTED", "0")
+    assert main(["purge", "--data-dir", data]) == 0
+    assert "purged 1 " in capsys.readouterr().out
+    archive = Archive.open(Settings(data_dir=data))
+    try:
+        assert archive.index.locate(str(a.SOPInstanceUID)) is None and archive.index.rejections() == []
+        assert archive.index.locate(str(b.SOPInstanceUID)) is not None
+        assert not any(o.path.endswith(f"{a.SOPInstanceUID}.dcm") for o in archive.blobs.listing())
+    finally:
+        archive.close()
