@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..dicom.instance import InstanceRecord, describe_instance
+from ..store.base import Refused
+from ..store.rejections import Rejection
 
 if TYPE_CHECKING:
     from ..archive import Archive
@@ -129,18 +131,26 @@ def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> 
     not stored is just forgotten. Returns the instances shown again."""
     rows = archive.index.rejections(study_uid, series_uid)
     records: list[InstanceRecord] = []
+    restored: list[Rejection] = []
     for row in rows:
-        if row.path is None:
-            continue
-        try:
-            with archive.blobs.local_copy(row.path) as local:
-                records.append(describe_instance(local, bulk_threshold=archive.settings.bulk_threshold))
-        except Exception as e:  # noqa: BLE001 - a file gone or unreadable stays rejected
-            log.error("cannot restore %s: %s", row.path, e)
-            rows = [r for r in rows if r is not row]
+        if row.path is not None:
+            try:
+                with archive.blobs.local_copy(row.path) as local:
+                    records.append(describe_instance(local, bulk_threshold=archive.settings.bulk_threshold))
+            except Exception as e:  # noqa: BLE001 - a file gone or unreadable stays rejected
+                log.error("cannot restore %s: %s", row.path, e)
+                continue
+        restored.append(row)
     with archive._tracked(), archive.committer.writer():
-        archive.index.unreject(rows)
+        archive.index.unreject(restored)
         added = archive.index.add(records, action="restore") if records else []
+        # one that no longer fits its study (another patient's instances came meanwhile,
+        # store/base.py hierarchy_conflict) stays rejected, as it was
+        again = {rec.sop_uid for rec, a in zip(records, added) if isinstance(a, Refused)}
+        for row in restored:
+            if row.sop_uid in again:
+                log.error("cannot restore %s: it contradicts what is stored now", row.sop_uid)
+                archive.index.reject([(row.study_uid, row.series_uid, row.sop_uid)], row.code, row.timestamp)
     if archive.routing is not None:
         archive.routing.committed()
     return sum(a is True for a in added)

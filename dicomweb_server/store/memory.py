@@ -248,6 +248,7 @@ class MemoryIndex(Index):
 
     def purge(self, rows: list[rejections.Rejection]) -> None:
         with self._lock:
+            rows = [r for r in rows if r.sop_uid in self._rejected]
             self._log("delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None],
                       also=lambda x: rejections.drop(x, rows))
             self._rejected.difference_update(r.sop_uid for r in rows)

@@ -426,7 +426,9 @@ class SQLIndex(Index):
         return hidden
 
     def _purge_rows(self, con, rows: list[rejections.Rejection]) -> None:
-        rejections.drop(self._execute(con), rows)
+        rx = self._execute(con)
+        rows = [r for r in rows if rejections.is_rejected(rx, r.sop_uid)]  # (not purged by another process)
+        rejections.drop(rx, rows)
         self._log(con, "delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None])
 
     def rejections(self, study_uid: str | None = None, series_uid: str | None = None,

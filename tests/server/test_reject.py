@@ -57,7 +57,8 @@ def test_a_rejection_note_by_stow_hides_what_it_names(http, study):
     assert uids(http, f"/studies/{st}/instances", "00080018") == [b.SOPInstanceUID, note.SOPInstanceUID]
     assert uids(http, "/instances", "00080018", PatientID="P1", limit="100").count(a.SOPInstanceUID) == 0
     for path in (url(a), url(a, "/metadata"), url(a, "/frames/1"), url(a, "/rendered"), url(a, "/thumbnail"),
-                 f"/studies/{st}/series/{mr.SeriesInstanceUID}", f"/studies/{st}/series/{mr.SeriesInstanceUID}/metadata"):
+                 f"/studies/{st}/series/{mr.SeriesInstanceUID}",
+                 f"/studies/{st}/series/{mr.SeriesInstanceUID}/metadata"):
         assert http.get(path).status_code == 404, path
     assert http.get(url(b)).status_code == 200
     meta = http.get(f"/studies/{st}/metadata").json()
@@ -73,7 +74,8 @@ def test_a_rejection_note_by_stow_hides_what_it_names(http, study):
     assert sorted(uids(http, f"/studies/{st}/instances", "00080018")) == sorted(
         x.SOPInstanceUID for x in (a, b, mr, note))
     assert http.post(f"/studies/{st}/$restore-rejected").status_code == 404
-    feed = [(e["Action"], e["State"], e["SopInstanceUid"]) for e in http.get("/changefeed", params={"limit": 100}).json()]
+    feed = [(e["Action"], e["State"], e["SopInstanceUid"])
+            for e in http.get("/changefeed", params={"limit": 100}).json()]
     assert feed[-4:-2] == [("reject", "rejected", a.SOPInstanceUID), ("reject", "rejected", mr.SOPInstanceUID)]
     assert sorted(feed[-2:]) == sorted([("restore", "current", a.SOPInstanceUID),
                                         ("restore", "current", mr.SOPInstanceUID)])
@@ -141,7 +143,8 @@ def test_import_of_a_note_and_the_purge_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DICOMWEB_KEEP_REJECTED", "-1")
     with pytest.raises(SystemExit) as bad:
         main(["purge", "--data-dir", data])
-    assert bad.value.code == 2 and "keep_rejected (DICOMWEB_KEEP_REJECTED): -1 is out of range" in capsys.readouterr().err
+    assert bad.value.code == 2
+    assert "keep_rejected (DICOMWEB_KEEP_REJECTED): -1 is out of range" in capsys.readouterr().err
     monkeypatch.setenv("DICOMWEB_KEEP_REJECTED", "0")
     assert main(["purge", "--data-dir", data]) == 0
     assert "purged 1 " in capsys.readouterr().out
@@ -152,3 +155,18 @@ def test_import_of_a_note_and_the_purge_command(tmp_path, monkeypatch, capsys):
         assert not any(o.path.endswith(f"{a.SOPInstanceUID}.dcm") for o in archive.blobs.listing())
     finally:
         archive.close()
+
+
+def test_a_restore_that_no_longer_fits_its_study_stays_rejected(http, study):
+    """The whole study rejected, then the same Study Instance UID stored for another
+    patient: the rejected instances cannot come back into it (hierarchy_conflict) and
+    stay rejected, listed, not lost."""
+    a = study[0]
+    st = str(a.StudyInstanceUID)
+    assert http.post(f"/studies/{st}/reject/113038%5EDCM").json() == {"count": 3}
+    stow(http, [make_dataset(study=st, PatientID="OTHER")])
+    assert http.post(f"/studies/{st}/$restore-rejected").status_code == 404
+    listed = http.get("/admin/rejected", params={"study": st}).json()
+    assert sorted(x["SOPInstanceUID"] for x in listed) == sorted(str(d.SOPInstanceUID) for d in study)
+    assert {x["Reason"] for x in listed} == {"113038^DCM"}
+    assert len(uids(http, f"/studies/{st}/instances", "00080018")) == 1

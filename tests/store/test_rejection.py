@@ -76,3 +76,14 @@ def test_purge_forgets_and_logs_a_delete(index, tmp_path):
     assert sorted(p for _, p in index.paths()) == [b.path]
     assert summary(index.changes(limit=100))[-1] == ("delete", "deleted", a.sop_uid, 1)
     assert index.changes(limit=100)[0].state == "deleted"
+
+
+def test_purging_twice_logs_one_delete(index, tmp_path):
+    """Two processes purging at once: the second finds nothing left to purge."""
+    a = record(tmp_path)
+    index.add([a])
+    index.reject([(a.study_uid, a.series_uid, a.sop_uid)], "113001^DCM", 1.0)
+    rows = index.rejections()
+    index.purge(rows)
+    index.purge(rows)
+    assert [c.action for c in index.changes(limit=10)] == ["create", "reject", "delete"]
