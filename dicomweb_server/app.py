@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -15,6 +16,7 @@ from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
 from .archive import Archive
 from .dicom import decode_worker
+from .lifecycle import reject as reject_lifecycle
 from .settings import Settings
 
 
@@ -35,9 +37,13 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             forwarder = Forwarder(app.state.archive.routing, app.state.archive.blobs)
             await forwarder.start()
         dimse = _start_dimse_in_worker(app.state.archive, settings)
+        # the rejected instances past keep_rejected: purged at start and then hourly
+        purging = asyncio.create_task(reject_lifecycle.purge_periodically(app.state.archive), name="purge-rejected")
         try:
             yield
         finally:
+            purging.cancel()
+            await asyncio.gather(purging, return_exceptions=True)
             if dimse is not None:
                 dimse.stop()
             if forwarder is not None:

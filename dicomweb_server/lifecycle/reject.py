@@ -20,6 +20,7 @@ re-indexed from their files, a ``restore`` change-log row each), then purged
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from ..archive import Archive
 
 log = logging.getLogger(__name__)
+
+#: seconds between two purges of the rejected instances past keep_rejected, in the server
+PURGE_EVERY = 3600.0
 
 #: Key Object Selection Document Storage (PS3.4 B.5)
 KOS_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.88.59"
@@ -165,9 +169,24 @@ def purge(archive: Archive, now: float | None = None) -> int:
         return 0
     with archive._tracked():
         with archive.committer.writer():
-            archive.index.purge(rows)
+            rows = archive.index.purge(rows)
         if archive.routing is not None:
             archive.routing.committed()
         archive.remove_files([r.path for r in rows if r.path is not None])
-    log.info("purged %d rejected instance(s)", len(rows))
+    if rows:
+        log.info("purged %d rejected instance(s)", len(rows))
     return len(rows)
+
+
+async def purge_periodically(archive: Archive) -> None:
+    """The server's housekeeping (as the routing forwarder prunes its outbox): a purge at
+    start, then every :data:`PURGE_EVERY` seconds; each worker process runs it, a purge
+    that another already did finds nothing left (Index.purge)."""
+    while True:
+        try:
+            await asyncio.to_thread(purge, archive)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - housekeeping: tried again later
+            log.warning("could not purge rejected instances: %s", e)
+        await asyncio.sleep(PURGE_EVERY)

@@ -197,9 +197,10 @@ class Index(ABC):
         with ``action="restore"``) or removes their files."""
         raise NotImplementedError
 
-    def purge(self, rows: list[Rejection]) -> None:
+    def purge(self, rows: list[Rejection]) -> list[Rejection]:
         """Forget these rejections and append a ``delete`` change-log row for each stored
-        one, in one durable commit (the caller then removes the files)."""
+        one, in one durable commit; returns those still rejected until then (not restored
+        nor purged meanwhile): the caller removes their files."""
         raise NotImplementedError
 
     # --- write hooks (routing's outbox) -------------------------------------------------

@@ -246,12 +246,13 @@ class MemoryIndex(Index):
                 rejections.drop(self._x, rows)
             self._rejected.difference_update(r.sop_uid for r in rows)
 
-    def purge(self, rows: list[rejections.Rejection]) -> None:
+    def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
         with self._lock:
             rows = [r for r in rows if r.sop_uid in self._rejected]
             self._log("delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None],
                       also=lambda x: rejections.drop(x, rows))
             self._rejected.difference_update(r.sop_uid for r in rows)
+            return rows
 
     def _remove(self, study_uid: str, series_uid: str | None, sop_uid: str | None, log: str | None,
                 only: set[str] | None = None, also=None) -> list[str]:

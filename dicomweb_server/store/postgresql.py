@@ -341,9 +341,9 @@ class PostgreSQLIndex(SQLIndex):
         with self._writing([r.sop_uid for r in rows]) as con:
             rejections.drop(self._execute(con), rows)
 
-    def purge(self, rows: list[rejections.Rejection]) -> None:
+    def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
         with self._writing([r.sop_uid for r in rows]) as con:
-            self._purge_rows(con, rows)
+            return self._purge_rows(con, rows)
 
     def rejections(self, study_uid=None, series_uid=None, before=None):
         return self._retried(lambda: SQLIndex.rejections(self, study_uid, series_uid, before))

@@ -425,11 +425,12 @@ class SQLIndex(Index):
             hidden += len(self._delete_rows(con, study, None, None, action="reject", only=sops))
         return hidden
 
-    def _purge_rows(self, con, rows: list[rejections.Rejection]) -> None:
+    def _purge_rows(self, con, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
         rx = self._execute(con)
         rows = [r for r in rows if rejections.is_rejected(rx, r.sop_uid)]  # (not purged by another process)
         rejections.drop(rx, rows)
         self._log(con, "delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None])
+        return rows
 
     def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
                    before: float | None = None) -> list[rejections.Rejection]:

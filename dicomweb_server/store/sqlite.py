@@ -17,7 +17,7 @@ from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from . import rejections
 from .base import Refused
-from .connections import ThreadConnections
+from .connections import ThreadConnections, immediate
 from .sql import (
     SQLITE, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes, sequence_item_schema,
 )
@@ -166,29 +166,17 @@ class SQLiteIndex(SQLIndex):
             raise
         return paths
 
-    @contextmanager
-    def _written(self) -> Iterator[sqlite3.Connection]:
-        con = self._con()
-        con.execute("BEGIN IMMEDIATE")
-        try:
-            yield con
-            con.execute("COMMIT")
-        except BaseException:
-            if con.in_transaction:
-                con.execute("ROLLBACK")
-            raise
-
     def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
-        with self._written() as con:
+        with immediate(self._con()) as con:
             return self._reject_rows(con, refs, code, now)
 
     def unreject(self, rows: list[rejections.Rejection]) -> None:
-        with self._written() as con:
+        with immediate(self._con()) as con:
             rejections.drop(self._execute(con), rows)
 
-    def purge(self, rows: list[rejections.Rejection]) -> None:
-        with self._written() as con:
-            self._purge_rows(con, rows)
+    def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
+        with immediate(self._con()) as con:
+            return self._purge_rows(con, rows)
 
     # --- reads: store/sql.py SQLReads ------------------------------------------------
 

@@ -170,3 +170,24 @@ def test_a_restore_that_no_longer_fits_its_study_stays_rejected(http, study):
     assert sorted(x["SOPInstanceUID"] for x in listed) == sorted(str(d.SOPInstanceUID) for d in study)
     assert {x["Reason"] for x in listed} == {"113038^DCM"}
     assert len(uids(http, f"/studies/{st}/instances", "00080018")) == 1
+
+
+def test_the_server_purges_at_start(tmp_path, index_kind, request):
+    """A server started with keep_rejected 0 purges what was rejected (lifespan task)."""
+    extra = {"database_url": request.getfixturevalue("pg_url")} if index_kind == "postgresql" else {}
+    srv = LiveServer(tmp_path / "data", index_kind, **extra).start()
+    try:
+        a = make_dataset()
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            stow(http, [a])
+            assert http.post(f"/studies/{a.StudyInstanceUID}/reject/113001%5EDCM").json() == {"count": 1}
+        srv.stop()
+        srv.settings = srv.settings.model_copy(update={"keep_rejected": 0.0})
+        srv.start()
+        deadline = time.monotonic() + 10
+        while srv.archive.index.rejections() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.archive.index.rejections() == []
+        assert [c.action for c in srv.archive.index.changes(limit=10)] == ["create", "reject", "delete"]
+    finally:
+        srv.stop()
