@@ -138,6 +138,7 @@ def test_import_of_a_note_and_the_purge_command(tmp_path, monkeypatch, capsys):
     for ds in (a, b, rejection_note([a])):
         ds.save_as(folder / f"{ds.SOPInstanceUID}.dcm", enforce_file_format=True)
     assert main(["import", "--quiet", "--data-dir", data, str(folder)]) == 0
+    assert main(["check", "--data-dir", data]) == 0  # a rejected instance's file is the index's, not an orphan
     assert main(["purge", "--data-dir", data]) == 0
     assert "purged 0 " in capsys.readouterr().out
     monkeypatch.setenv("DICOMWEB_KEEP_REJECTED", "-1")
