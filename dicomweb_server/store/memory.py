@@ -218,13 +218,14 @@ class MemoryIndex(Index):
 
     def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
         with self._lock:
-            located = {sop: (inst.path if (inst := self._instances.get(sop)) is not None else None)
-                       for _st, _se, sop in refs}
-            rows = [(st, se, sop, located[sop]) for st, se, sop in refs]
-            by_study: dict[str, set[str]] = {}
-            for study, _series, sop in refs:
-                if located[sop] is not None:
-                    by_study.setdefault(self._instances[sop].series.study.uid, set()).add(sop)
+            rows, by_study = [], {}
+            for study, series, sop in refs:  # a stored one is filed under the UIDs it has (not the note's)
+                inst = self._instances.get(sop)
+                if inst is None:
+                    rows.append((study, series, sop, None))
+                    continue
+                rows.append((inst.series.study.uid, inst.series.uid, sop, inst.path))
+                by_study.setdefault(inst.series.study.uid, set()).add(sop)
             hidden = 0
             if not by_study:
                 with immediate(self._journal):

@@ -412,15 +412,15 @@ class SQLIndex(Index):
         stored ones leave the searchable tables as a DELETE would have them (action
         ``reject``, files kept)."""
         rx, hidden = self._execute(con), 0
-        located: dict[str, str | None] = {}
-        for _study, _series, sop in refs:
-            row = self._x(con, "SELECT _path FROM instance WHERE SOPInstanceUID = ?", (sop,)).fetchone()
-            located[sop] = row[0] if row else None
-        rejections.record(rx, [(st, se, sop, located[sop]) for st, se, sop in refs], code, now)
-        by_study: dict[str, set[str]] = {}
-        for study, _series, sop in refs:
-            if located[sop] is not None:
-                by_study.setdefault(study, set()).add(sop)
+        rows, by_study = [], {}
+        for study, series, sop in refs:  # a stored one is filed under the UIDs it has (not the note's)
+            row = self._x(con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i._path FROM instance i "
+                          "JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk "
+                          "WHERE i.SOPInstanceUID = ?", (sop,)).fetchone()
+            rows.append((row[0], row[1], sop, row[2]) if row else (study, series, sop, None))
+            if row:
+                by_study.setdefault(row[0], set()).add(sop)
+        rejections.record(rx, rows, code, now)
         for study, sops in by_study.items():
             hidden += len(self._delete_rows(con, study, None, None, action="reject", only=sops))
         return hidden

@@ -87,3 +87,13 @@ def test_purging_twice_logs_one_delete(index, tmp_path):
     index.purge(rows)
     index.purge(rows)
     assert [c.action for c in index.changes(limit=10)] == ["create", "reject", "delete"]
+
+
+def test_a_reference_under_the_wrong_study_still_hides_the_instance(index, tmp_path):
+    """A note's evidence names the instance under other study/series UIDs: the instance
+    is found by its SOP Instance UID and filed under its own UIDs."""
+    a = record(tmp_path)
+    index.add([a])
+    assert index.reject([("1.2.3", "1.2.3.4", a.sop_uid)], "113001^DCM", 1.0) == 1
+    assert index.locate(a.sop_uid) is None and _search(index, "study") == []
+    assert [(r.study_uid, r.series_uid) for r in index.rejections()] == [(a.study_uid, a.series_uid)]
