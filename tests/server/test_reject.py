@@ -192,3 +192,19 @@ def test_the_server_purges_at_start(tmp_path, index_kind, request):
         assert [c.action for c in srv.archive.index.changes(limit=10)] == ["create", "reject", "delete"]
     finally:
         srv.stop()
+
+
+def test_a_note_before_its_instances_hides_them_when_they_arrive(http):
+    """IOCM: the note may arrive first; the instances it names are then stored (200) but
+    never searchable, and restorable like the others."""
+    a = make_dataset()
+    st = str(a.StudyInstanceUID)
+    note = rejection_note([a])
+    stow(http, [note])
+    assert http.get("/admin/rejected", params={"study": st}).json()[0]["Stored"] is False
+    stow(http, [a])
+    assert uids(http, f"/studies/{st}/instances", "00080018") == [note.SOPInstanceUID]
+    assert http.get(url(a)).status_code == 404
+    assert http.get("/admin/rejected", params={"study": st}).json()[0]["Stored"] is True
+    assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 1}
+    assert http.get(url(a)).status_code == 200
