@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -9,12 +10,13 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import admin, changefeed, errors, landing, qido, rendered, stow, wado
+from .api import admin, changefeed, errors, landing, qido, reject, rendered, stow, wado
 from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
 from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
 from .archive import Archive
 from .dicom import decode_worker
+from .lifecycle import reject as reject_lifecycle
 from .settings import Settings
 
 
@@ -35,9 +37,13 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             forwarder = Forwarder(app.state.archive.routing, app.state.archive.blobs)
             await forwarder.start()
         dimse = _start_dimse_in_worker(app.state.archive, settings)
+        # the rejected instances past keep_rejected: purged at start and then hourly
+        purging = asyncio.create_task(reject_lifecycle.purge_periodically(app.state.archive), name="purge-rejected")
         try:
             yield
         finally:
+            purging.cancel()
+            await asyncio.gather(purging, return_exceptions=True)
             if dimse is not None:
                 dimse.stop()
             if forwarder is not None:
@@ -60,8 +66,9 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     errors.install(app)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
-    for module in (qido, stow, wado, rendered, changefeed):
+    for module in (qido, stow, wado, rendered, changefeed, reject):
         app.include_router(module.router, prefix=settings.prefix)
+    app.include_router(reject.admin_router)  # /admin/rejected
     app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix
     if settings.viewer:  # the OHIF viewer at /viewer, same origin (viewer.py)
         from .viewer import mount_viewer

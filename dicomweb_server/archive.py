@@ -34,6 +34,7 @@ from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
+from .lifecycle import reject
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
@@ -82,6 +83,7 @@ def _small_file(part: SpooledPart) -> bytes | None:
 class StoreOutcome:
     stored: list[Stored] = field(default_factory=list)
     failed: list[Failed] = field(default_factory=list)
+    notes: list[InstanceRecord] = field(default_factory=list)  # rejection notes stored (lifecycle/reject.py)
 
 
 def _is_dicom_part(content_type: str) -> bool:
@@ -268,7 +270,10 @@ class Archive:
             self._disarm_ledger()
         faults.point("spooled")
         with self.committer.expecting() as announced:
-            return self._store_parts(parts, expected_study_uid, outcome, announced)
+            self._store_parts(parts, expected_study_uid, outcome, announced)
+        if outcome.notes:  # IOCM: what they reject is hidden before the store is answered
+            reject.apply_notes(self, outcome.notes)
+        return outcome
 
     def _store_parts(self, parts: list[SpooledPart], expected_study_uid: str | None, outcome: StoreOutcome,
                      announced: Expected) -> StoreOutcome:
@@ -432,6 +437,8 @@ class Archive:
                 continue
             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
                                          duplicate=not new))
+            if new is True and rec.sop_class_uid == reject.KOS_SOP_CLASS:
+                outcome.notes.append(rec)
 
     def _acknowledge_duplicates(self, records: list[InstanceRecord], outcome: StoreOutcome) -> None:
         """Identical duplicates are a success once every forward their rules name is
@@ -473,17 +480,22 @@ class Archive:
                         raise
             if self.routing is not None:  # webhooks owed the deletes: wake the forwarder
                 self.routing.committed()
-            uids = {Path(rel).stem: rel for rel in paths}
-            with self.blobs.locked(uids), self.index.locked(uids):
-                for uid, rel in uids.items():
-                    if self.index.locate(uid) is not None:
-                        continue  # stored again since the rows were deleted: keep its file
-                    try:
-                        self.blobs.remove(rel)
-                    except OSError as e:  # left for `check` to collect
-                        log.warning("could not remove %s: %s", rel, e)
+            self.remove_files(paths)
             self.blobs.ensure_reserve()
             return len(paths)
+
+    def remove_files(self, paths: list[str]) -> None:
+        """Remove the files of instances whose rows are gone (DELETE, purge of rejected
+        instances), but not one stored again meanwhile."""
+        uids = {Path(rel).stem: rel for rel in paths}
+        with self.blobs.locked(uids), self.index.locked(uids):
+            for uid, rel in uids.items():
+                if self.index.locate(uid) is not None:
+                    continue  # stored again since the rows were deleted: keep its file
+                try:
+                    self.blobs.remove(rel)
+                except OSError as e:  # left for `check` to collect
+                    log.warning("could not remove %s: %s", rel, e)
 
 
 class DiskFull(Exception):

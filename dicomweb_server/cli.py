@@ -509,6 +509,23 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.clean or (args.repair and not report.refused) else 1
 
 
+def _purge(args: argparse.Namespace) -> int:
+    """Remove the instances rejected more than keep_rejected days ago (lifecycle/reject.py)."""
+    from .archive import Archive
+    from .lifecycle.reject import purge
+
+    settings = _settings(args)
+    if not _existing_archive(settings, "purge"):
+        return 2
+    archive = Archive.open(settings)
+    try:
+        n = purge(archive)
+    finally:
+        archive.close()
+    print(f"purged {n} rejected instance(s) older than {settings.keep_rejected:g} day(s)")
+    return 0
+
+
 def _queue(args: argparse.Namespace) -> int:
     from .routing import open_outbox, outbox_path
     from .store.commit import GroupCommitter
@@ -659,6 +676,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="object storage: leave unindexed objects younger than this alone (a store may be "
                           "between its PUT and its index commit; default 900)")
     chk.set_defaults(func=_check)
+
+    pur = sub.add_parser("purge", help="remove the rejected instances older than keep_rejected days "
+                                       "(DICOMWEB_KEEP_REJECTED, default 30)")
+    _add_settings_args(pur)
+    pur.set_defaults(func=_purge)
 
     que = sub.add_parser("queue", help="routing: forwards owed, delivered and failed per destination")
     que.add_argument("--retry-failed", dest="retry_failed", nargs="?", const="", metavar="DESTINATION",

@@ -97,6 +97,9 @@ class Settings(BaseSettings):
                                                      "association) to this file")
     insecure: bool = Field(False, description="allow a non-loopback `host` without authentication")
     routes_file: Path | None = Field(None, description="TOML routes file: forward stored instances (Routing)")
+    keep_rejected: float = Field(30.0, ge=0, le=36500, description="days the files of rejected instances (IOCM "
+                                 "rejection notes, `POST .../reject/{code}^{scheme}`) are kept, restorable, before "
+                                 "they are purged (lifecycle/reject.py)")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
     viewer: bool = Field(False, description="serve the OHIF viewer at `/viewer/`")
     viewer_dir: Path | None = Field(None, description="the OHIF `dist/` folder (holding `index.html`); default: "

@@ -153,7 +153,7 @@ _CONFIG_TEMPLATE = """\
           wadoRoot: root,
           wadoUriRoot: root,
           qidoSupportsIncludeField: true,
-          supportsReject: false,
+          supportsReject: true,  // POST {wadoRoot}/studies/.../series/.../reject/113001%5EDCM (api/reject.py)
           supportsFuzzyMatching: true,
           supportsWildcard: true,
           staticWado: false,

@@ -181,3 +181,37 @@ def remove_stored(settings, rel: str) -> None:
         client.delete_object(Bucket=bucket, Key=prefix + rel)
     else:
         (Path(settings.data_dir) / "blobs" / rel).unlink()
+
+
+def rejection_note(targets: list[Dataset], code: str = "113001", study: str | None = None,
+                   series: str | None = None) -> Dataset:
+    """An IOCM rejection note (Key Object Selection, PS3.3 A.35.4; title from PS3.16
+    CID 7011) naming ``targets`` in its CurrentRequestedProcedureEvidenceSequence."""
+    ds = make_dataset(study=study or str(targets[0].StudyInstanceUID), series=series,
+                      sop_class="1.2.840.10008.5.1.4.1.1.88.59", modality="KO", pixels=False,
+                      PatientName=str(targets[0].PatientName), PatientID=str(targets[0].PatientID),
+                      StudyDate=str(targets[0].StudyDate))
+    title = Dataset()
+    title.CodeValue, title.CodingSchemeDesignator, title.CodeMeaning = code, "DCM", "Rejected for Quality Reasons"
+    ds.ConceptNameCodeSequence = [title]
+    ds.ValueType = "CONTAINER"
+    by_study: dict[str, dict[str, list[Dataset]]] = {}
+    for t in targets:
+        by_study.setdefault(str(t.StudyInstanceUID), {}).setdefault(str(t.SeriesInstanceUID), []).append(t)
+    evidence = []
+    for st, series_map in by_study.items():
+        item = Dataset()
+        item.StudyInstanceUID = st
+        item.ReferencedSeriesSequence = []
+        for se, insts in series_map.items():
+            s = Dataset()
+            s.SeriesInstanceUID = se
+            s.ReferencedSOPSequence = []
+            for t in insts:
+                r = Dataset()
+                r.ReferencedSOPClassUID, r.ReferencedSOPInstanceUID = t.SOPClassUID, t.SOPInstanceUID
+                s.ReferencedSOPSequence.append(r)
+            item.ReferencedSeriesSequence.append(s)
+        evidence.append(item)
+    ds.CurrentRequestedProcedureEvidenceSequence = evidence
+    return ds

@@ -14,6 +14,7 @@ from ..dicom.matching import Query
 from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
 from .changes import Change
+from .rejections import Rejection
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,32 @@ class Index(ABC):
 
     def close(self) -> None:  # pragma: no cover - default no-op
         """Release resources."""
+
+    # --- rejected instances (store/rejections.py, lifecycle/reject.py) -----------------
+
+    def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        """Hide the instances (study, series, SOP Instance UID) in one durable commit:
+        their rows leave the searchable tables for the rejection table (those not stored
+        yet are remembered), the study/series computed attributes are recomputed, a
+        ``reject`` change-log row is appended per stored instance. Returns how many
+        stored instances were hidden now."""
+        raise NotImplementedError
+
+    def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
+                   before: float | None = None) -> list[Rejection]:
+        """The rejected instances (of a study or series; rejected before ``before``)."""
+        raise NotImplementedError
+
+    def unreject(self, rows: list[Rejection]) -> None:
+        """Forget these rejections (restore or purge): the caller re-adds (:meth:`add`
+        with ``action="restore"``) or removes their files."""
+        raise NotImplementedError
+
+    def purge(self, rows: list[Rejection]) -> list[Rejection]:
+        """Forget these rejections and append a ``delete`` change-log row for each stored
+        one, in one durable commit; returns those still rejected until then (not restored
+        nor purged meanwhile): the caller removes their files."""
+        raise NotImplementedError
 
     # --- write hooks (routing's outbox) -------------------------------------------------
 

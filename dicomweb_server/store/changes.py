@@ -10,8 +10,8 @@ ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``ver
 (1 for an instance's first create; each later create of the same SOP Instance UID, once
 the earlier one was deleted, is the next version; a delete carries the version it
 removed). The field names and meanings are those of the change feed of Microsoft's
-dicom-server (docs/changes.md); update, reject and restore are reserved for the
-instance lifecycle work (issue 27) and written by nobody yet.
+dicom-server (docs/changes.md); reject (state rejected) and restore (state current) are
+written by the rejection of instances (lifecycle/reject.py, issue 27); update is reserved.
 
 Gapless to readers. A reader that has seen Sequence N must never later meet a row with
 a lower Sequence: so sequence numbers are handed out in commit order.
@@ -133,10 +133,15 @@ def append(x: Execute, now: float | None, action: str, instances: Iterable[tuple
         last = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
                  (sop,)).fetchone()
         if action == "create":
-            if last is not None and last[0] == "create" and last[1] == "current":
+            if last is not None and last[0] in ("create", "restore") and last[1] == "current":
                 continue
             version = last[2] + 1 if last is not None else 1
             state = "current"
+        elif action in ("reject", "restore"):  # the same version, hidden or shown again
+            version = last[2] if last is not None else 1
+            state = "rejected" if action == "reject" else "current"
+            if action == "reject":  # (a restore leaves the earlier rows rejected: its own is current)
+                x("UPDATE changelog SET state = 'rejected' WHERE SOPInstanceUID = ? AND state = 'current'", (sop,))
         else:  # delete
             version = last[2] if last is not None else 1
             state = "deleted"
@@ -174,9 +179,11 @@ def latest(x: Execute) -> Change | None:
 
 
 def current(x: Execute) -> list[tuple[str, str, str]]:
-    """(study, series, SOP Instance UID) of every instance whose latest row is a current create."""
+    """(study, series, SOP Instance UID) of every instance whose latest row is a current
+    create (or restore)."""
     return [tuple(r) for r in x("SELECT StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID FROM changelog "
-                                "WHERE state = 'current' AND action = 'create' ORDER BY seq", ()).fetchall()]
+                                "WHERE state = 'current' AND action IN ('create', 'restore') ORDER BY seq",
+                                ()).fetchall()]
 
 
 def backfill(x: Execute, now: float) -> int:

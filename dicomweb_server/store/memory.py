@@ -32,6 +32,7 @@ from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import Query, level_record, match_value
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
+from . import rejections
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 from .connections import immediate
 
@@ -125,7 +126,9 @@ class MemoryIndex(Index):
             self._journal = sqlite3.connect(journal, timeout=30.0, isolation_level=None, check_same_thread=False)
             self._journal.execute("PRAGMA journal_mode=WAL")
             self._journal.execute("PRAGMA synchronous=FULL")
-        self._journal.executescript(changelog.sqlite_schema())
+        self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema())
+        # the rejected instances (store/rejections.py): their rows in the journal, their UIDs here
+        self._rejected = {uid for (uid,) in self._x("SELECT SOPInstanceUID FROM rejection")}
 
     def close(self) -> None:
         self._journal.close()
@@ -133,11 +136,14 @@ class MemoryIndex(Index):
     def _x(self, sql: str, params: list | tuple = ()):
         return self._journal.execute(sql, params)
 
-    def _log(self, action: str, instances: list[tuple[str, str, str]]) -> None:
-        """Append the change-log rows and run the change hooks, in one durable transaction."""
-        if not instances:
+    def _log(self, action: str, instances: list[tuple[str, str, str]], also=None) -> None:
+        """Append the change-log rows and run the change hooks, in one durable transaction
+        (with ``also(execute)``'s statements, when given)."""
+        if not instances and also is None:
             return
         with immediate(self._journal) as con:  # (the caller holds self._lock)
+            if also is not None:
+                also(self._x)
             self._run_change_hooks(con, changelog.append(self._x, changelog.now(), action, instances))
 
     def reconcile_changes(self) -> int:
@@ -158,10 +164,15 @@ class MemoryIndex(Index):
         with self._lock:
             return changelog.latest(self._x)
 
-    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
+    def add(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
         out: list[bool | Refused] = []
         with self._lock:
             for r in records:
+                if action == "create" and r.sop_uid in self._rejected:
+                    # rejected before it arrived (IOCM), or at start-up: filed with its rejection
+                    rejections.arrived(self._x, r.sop_uid, r.path)
+                    out.append(False)
+                    continue
                 old = self._instances.get(r.sop_uid)
                 old_series = self._series.get(r.series_uid)
                 old_study = self._studies.get(r.study_uid)
@@ -191,27 +202,70 @@ class MemoryIndex(Index):
             try:  # routing's outbox and the change log (on disk): durable before the answer, or
                 # nothing of this add stays
                 self._run_write_hooks(None, records, out)
-                self._log("create", [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
-                                     if new is True])
+                self._log(action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
+                                   if new is True])
             except BaseException:
                 for r, new in zip(records, out):
                     if new is True:
-                        self._remove(r.study_uid, r.series_uid, r.sop_uid, log=False)
+                        self._remove(r.study_uid, r.series_uid, r.sop_uid, log=None)
                 raise
         return out
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
-        return self._remove(study_uid, series_uid, sop_uid, log=True)
+        return self._remove(study_uid, series_uid, sop_uid, log="delete")
 
-    def _remove(self, study_uid: str, series_uid: str | None, sop_uid: str | None, log: bool) -> list[str]:
+    # --- rejected instances (store/rejections.py) ---------------------------------------
+
+    def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        with self._lock:
+            rows, by_study = [], {}
+            for study, series, sop in refs:  # a stored one is filed under the UIDs it has (not the note's)
+                inst = self._instances.get(sop)
+                if inst is None:
+                    rows.append((study, series, sop, None))
+                    continue
+                rows.append((inst.series.study.uid, inst.series.uid, sop, inst.path))
+                by_study.setdefault(inst.series.study.uid, set()).add(sop)
+            hidden = 0
+            if not by_study:
+                with immediate(self._journal):
+                    rejections.record(self._x, rows, code, now)
+            for n, (study, sops) in enumerate(by_study.items()):
+                hidden += len(self._remove(study, None, None, log="reject", only=sops,
+                                           also=(lambda x: rejections.record(x, rows, code, now)) if n == 0 else None))
+            self._rejected.update(sop for _st, _se, sop in refs)
+            return hidden
+
+    def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
+                   before: float | None = None) -> list[rejections.Rejection]:
+        with self._lock:
+            return rejections.select(self._x, study_uid, series_uid, before)
+
+    def unreject(self, rows: list[rejections.Rejection]) -> None:
+        with self._lock:
+            with immediate(self._journal):
+                rejections.drop(self._x, rows)
+            self._rejected.difference_update(r.sop_uid for r in rows)
+
+    def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
+        with self._lock:
+            rows = [r for r in rows if r.sop_uid in self._rejected]
+            self._log("delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None],
+                      also=lambda x: rejections.drop(x, rows))
+            self._rejected.difference_update(r.sop_uid for r in rows)
+            return rows
+
+    def _remove(self, study_uid: str, series_uid: str | None, sop_uid: str | None, log: str | None,
+                only: set[str] | None = None, also=None) -> list[str]:
         with self._lock:
             study = self._studies.get(study_uid)
             if study is None:
                 return []
-            victims = [i for i in self._iter_instances(study, series_uid) if sop_uid is None or i.uid == sop_uid]
+            victims = [i for i in self._iter_instances(study, series_uid) if (sop_uid is None or i.uid == sop_uid)
+                       and (only is None or i.uid in only)]
             if log:  # the change log first (durable): then the index changes
-                self._log("delete", sorted(((study_uid, i.series.uid, i.uid) for i in victims),
-                                           key=lambda t: self._instances[t[2]].seq))
+                self._log(log, sorted(((study_uid, i.series.uid, i.uid) for i in victims),
+                                      key=lambda t: self._instances[t[2]].seq), also)
             touched: dict[str, _Series] = {}
             for inst in victims:
                 se = inst.series
@@ -359,5 +413,5 @@ class MemoryIndex(Index):
 
     def paths(self) -> Iterator[tuple[str, str]]:
         with self._lock:
-            items = [(i.uid, i.path) for i in self._instances.values()]
+            items = [(i.uid, i.path) for i in self._instances.values()] + rejections.paths(self._x)
         yield from items

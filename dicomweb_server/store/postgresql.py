@@ -25,7 +25,8 @@ SQLite index (store/sql.py); what differs is here:
   log (store/changes.py; appends serialised by an advisory lock held to the commit,
   so that Sequence numbers commit in order) and the outbox's ``_change`` column,
   version 6 the items of the matchable sequences (store/sql.py sequence_item), version 7
-  the derived date-time columns (local and UTC) of combined and time-zone matching.
+  the derived date-time columns (local and UTC) of combined and time-zone matching,
+  version 8 the rejected instances (store/rejections.py, IOCM).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from contextlib import contextmanager
 
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
+from . import rejections
 from .base import IndexUnavailable, Refused
 from .sql import (
     POSTGRESQL, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes,
@@ -167,9 +169,14 @@ def _v7() -> list:
             lambda con: backfill_derived(POSTGRESQL, con, ["study", "series", "instance"])]
 
 
+def _v8() -> list[str]:
+    """Rejected instances (IHE IOCM; store/rejections.py)."""
+    return rejections.postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -307,13 +314,13 @@ class PostgreSQLIndex(SQLIndex):
         finally:
             self._writer.putconn(con)
 
-    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
+    def add(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
         """Index.add in one transaction, atomic across nodes: the locks of every
         study, series and SOP Instance UID of ``records`` are held from before the
         hierarchy check until the (synchronous) commit."""
         uids = [u for r in records for u in (r.study_uid, r.series_uid, r.sop_uid)]
         with self._writing(uids) as con:
-            added = self._add_rows(con, records)
+            added = self._add_rows(con, records, action)
             # routing's outbox rows (routing/outbox_pg.py): on this connection, in this
             # transaction: the instances and their forwards commit together
             self._run_write_hooks(con, records, added)
@@ -323,6 +330,23 @@ class PostgreSQLIndex(SQLIndex):
         # every add into this study holds its study lock: they serialise with this
         with self._writing([study_uid]) as con:
             return self._delete_rows(con, study_uid, series_uid, sop_uid)
+
+    def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        # the locks an add of these instances takes: a rejected instance arriving meanwhile
+        # is either hidden by this transaction or filed by its rejection row
+        with self._writing([u for ref in refs for u in ref]) as con:
+            return self._reject_rows(con, refs, code, now)
+
+    def unreject(self, rows: list[rejections.Rejection]) -> None:
+        with self._writing([r.sop_uid for r in rows]) as con:
+            rejections.drop(self._execute(con), rows)
+
+    def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
+        with self._writing([r.sop_uid for r in rows]) as con:
+            return self._purge_rows(con, rows)
+
+    def rejections(self, study_uid=None, series_uid=None, before=None):
+        return self._retried(lambda: SQLIndex.rejections(self, study_uid, series_uid, before))
 
     @contextmanager
     def locked(self, sop_uids: Iterable[str]) -> Iterator[None]:

@@ -21,6 +21,7 @@ from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record, level_values
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
+from . import rejections
 from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
 
 ALIAS = {"study": "s", "series": "se", "instance": "i"}
@@ -340,7 +341,7 @@ class SQLIndex(Index):
 
     # --- writes, inside the caller's transaction ----------------------------------------
 
-    def _add_rows(self, con, records: list[InstanceRecord]) -> list[bool | Refused]:
+    def _add_rows(self, con, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
         """Insert instances and update the computed study/series attributes
         incrementally (constant work per instance, whatever the study's size).
         The caller's transaction keeps other writers of these UIDs out, so the
@@ -354,7 +355,13 @@ class SQLIndex(Index):
         series_insert = d.insert_ignore("series", ["study_pk", *secols, "_json"])
         instance_insert = (f"INSERT INTO instance (series_pk, {','.join(icols)}, _transfer_syntax, _path, _size, "
                            f"_pixel, _metadata) VALUES (?, {','.join('?' * (len(icols) + 5))})")
+        rx = self._execute(con)
         for r in records:
+            if action == "create" and rejections.is_rejected(rx, r.sop_uid):
+                # rejected before it arrived (IOCM): filed with its rejection, not searchable
+                rejections.arrived(rx, r.sop_uid, r.path)
+                added.append(False)
+                continue
             old = x(con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID FROM instance i JOIN series se "
                     "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE i.SOPInstanceUID = ?",
                     (r.sop_uid,)).fetchone()
@@ -393,9 +400,42 @@ class SQLIndex(Index):
               "SOPClassesInStudy = ? WHERE pk = ?",
               (1 if new_series else 0, join_multi(mods), join_multi(sops), study_pk))
             added.append(True)
-        self._log(con, "create", [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
-                                  if new is True])
+        self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
+                                if new is True])
         return added
+
+    def _execute(self, con) -> changelog.Execute:
+        return lambda sql, params: self._x(con, sql, params)
+
+    def _reject_rows(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        """Index.reject inside the caller's transaction: the rejection rows, then the
+        stored ones leave the searchable tables as a DELETE would have them (action
+        ``reject``, files kept)."""
+        rx, hidden = self._execute(con), 0
+        rows, by_study = [], {}
+        for study, series, sop in refs:  # a stored one is filed under the UIDs it has (not the note's)
+            row = self._x(con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i._path FROM instance i "
+                          "JOIN series se ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk "
+                          "WHERE i.SOPInstanceUID = ?", (sop,)).fetchone()
+            rows.append((row[0], row[1], sop, row[2]) if row else (study, series, sop, None))
+            if row:
+                by_study.setdefault(row[0], set()).add(sop)
+        rejections.record(rx, rows, code, now)
+        for study, sops in by_study.items():
+            hidden += len(self._delete_rows(con, study, None, None, action="reject", only=sops))
+        return hidden
+
+    def _purge_rows(self, con, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
+        rx = self._execute(con)
+        rows = [r for r in rows if rejections.is_rejected(rx, r.sop_uid)]  # (not purged by another process)
+        rejections.drop(rx, rows)
+        self._log(con, "delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None])
+        return rows
+
+    def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
+                   before: float | None = None) -> list[rejections.Rejection]:
+        with self._reading() as con:
+            return rejections.select(self._execute(con), study_uid, series_uid, before)
 
     def _log(self, con, action: str, instances: list[tuple[str, str, str]]) -> None:
         """Append the change-log rows of this transaction (store/changes.py) and run the
@@ -455,12 +495,16 @@ class SQLIndex(Index):
               "FROM series WHERE study_pk = ?) WHERE pk = ?",
               (join_multi(mods), join_multi(classes), pk, pk, pk))
 
-    def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None) -> list[str]:
-        """Remove a study, series or instance and recompute what is left; returns the paths."""
+    def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None,
+                     action: str = "delete", only: set[str] | None = None) -> list[str]:
+        """Remove a study, series or instance (those of ``only``, when given) and
+        recompute what is left; returns the paths."""
         where, params = scope(study_uid, series_uid, sop_uid)
         rows = self._x(con, "SELECT i.pk, i._path, se.pk, s.pk, s.StudyInstanceUID, se.SeriesInstanceUID, "
                        "i.SOPInstanceUID FROM instance i JOIN series se ON se.pk = i.series_pk "
                        "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY i.pk", params).fetchall()
+        if only is not None:
+            rows = [r for r in rows if r[6] in only]
         con.cursor().executemany(self.dialect.sql("DELETE FROM instance WHERE pk = ?"), [(r[0],) for r in rows])
         self._drop_items(con, "instance", [r[0] for r in rows])
         series_pks = {r[2] for r in rows}
@@ -476,7 +520,7 @@ class SQLIndex(Index):
         con.cursor().executemany(self.dialect.sql("DELETE FROM study WHERE pk = ?"), [(pk,) for pk in gone])
         self._drop_items(con, "study", gone)
         self._recompute(con, set(), study_pks - gone)
-        self._log(con, "delete", [(r[4], r[5], r[6]) for r in rows])
+        self._log(con, action, [(r[4], r[5], r[6]) for r in rows])
         return [r[1] for r in rows]
 
     def _emptied(self, con, pks: set[int], child: str) -> set[int]:
@@ -518,7 +562,9 @@ class SQLIndex(Index):
         return IndexCounts(*self._rows(COUNTS)[0])
 
     def paths(self) -> Iterator[tuple[str, str]]:
+        """(the files of rejected instances are the index's too: kept until purged)"""
         yield from self._rows("SELECT SOPInstanceUID, _path FROM instance ORDER BY pk")
+        yield from self._rows("SELECT SOPInstanceUID, _path FROM rejection WHERE _path IS NOT NULL")
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
                 skip: int = 0) -> list[changelog.Change]:

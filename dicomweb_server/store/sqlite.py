@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
+from . import rejections
 from .base import Refused
-from .connections import ThreadConnections
+from .connections import ThreadConnections, immediate
 from .sql import (
     SQLITE, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes, sequence_item_schema,
 )
@@ -72,7 +73,7 @@ CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+""" + changelog.sqlite_schema() + rejections.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -137,14 +138,14 @@ class SQLiteIndex(SQLIndex):
 
     # --- writes -----------------------------------------------------------------------
 
-    def add(self, records: list[InstanceRecord]) -> list[bool | Refused]:
+    def add(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
         """Index.add, serialised with every other writer by ``BEGIN IMMEDIATE``: the
         hierarchy check runs inside the write transaction, so two workers cannot
         both file one series under two studies, nor one study under two patients."""
         con = self._con()
         con.execute("BEGIN IMMEDIATE")
         try:
-            added = self._add_rows(con, records)
+            added = self._add_rows(con, records, action)
             self._run_write_hooks(con, records, added)  # routing's outbox rows: same transaction
             con.execute("COMMIT")
         except BaseException:
@@ -164,6 +165,18 @@ class SQLiteIndex(SQLIndex):
                 con.execute("ROLLBACK")
             raise
         return paths
+
+    def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        with immediate(self._con()) as con:
+            return self._reject_rows(con, refs, code, now)
+
+    def unreject(self, rows: list[rejections.Rejection]) -> None:
+        with immediate(self._con()) as con:
+            rejections.drop(self._execute(con), rows)
+
+    def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
+        with immediate(self._con()) as con:
+            return self._purge_rows(con, rows)
 
     # --- reads: store/sql.py SQLReads ------------------------------------------------
 

@@ -146,6 +146,7 @@ def test_app_config_points_at_the_archive(tmp_path, dist):
     assert 'var root = "" || (window.location.origin + "");' in text
     for key in ("qidoRoot: root", "wadoRoot: root", "qidoSupportsIncludeField: true",
                 "imageRendering: 'wadors'", "thumbnailRendering: 'thumbnail'", "staticWado: false",
+                "supportsReject: true",
                 "'ohif.tours': { $set: [] }", "investigationalUseDialog: { option: 'never' }"):
         assert key in text, key
     assert "demo.example" not in text

@@ -1,0 +1,72 @@
+"""Rejection endpoints (lifecycle/reject.py): dcm4chee's reject (the URL OHIF's reject
+button calls: ``POST {wadoRoot}/studies/{study}/series/{series}/reject/113001%5EDCM``),
+the restore of rejected instances, and their listing (``/admin/``: ``write`` scope)."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from ..lifecycle import reject as lifecycle
+from .deps import ArchiveDep, SeriesUID, StudyUID, checked_uid
+from .errors import DICOMwebHTTPError
+
+router = APIRouter(tags=["Rejection"])
+admin_router = APIRouter(tags=["Operations"])
+
+
+def _json(doc: object) -> Response:
+    return Response(orjson.dumps(doc), media_type="application/json")
+
+
+async def _reject(archive, study: str, series: str | None, reason: str) -> Response:
+    try:
+        code = lifecycle.parse_reason(reason)
+    except lifecycle.BadReason as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
+    n = await run_in_threadpool(lifecycle.reject_stored, archive, study, series, code)
+    if n == 0:
+        raise DICOMwebHTTPError(404, "no such " + ("series" if series else "study"))
+    return _json({"count": n})
+
+
+@router.post("/studies/{study}/reject/{reason}", summary="Reject a study (dcm4chee, IOCM)")
+async def reject_study(archive: ArchiveDep, study: StudyUID, reason: str) -> Response:
+    """Hides the study's instances from every search and retrieve, as a rejection note
+    titled ``reason`` (``113001^DCM``: PS3.16 CID 7011) would. 200 ``{"count": n}``, 400, 404."""
+    return await _reject(archive, study, None, reason)
+
+
+@router.post("/studies/{study}/series/{series}/reject/{reason}", summary="Reject a series (dcm4chee, IOCM)")
+async def reject_series(archive: ArchiveDep, study: StudyUID, series: SeriesUID, reason: str) -> Response:
+    return await _reject(archive, study, series, reason)
+
+
+async def _restore(archive, study: str, series: str | None) -> Response:
+    n = await run_in_threadpool(lifecycle.restore, archive, study, series)
+    if n == 0:
+        raise DICOMwebHTTPError(404, "no rejected instances stored in this " + ("series" if series else "study"))
+    return _json({"count": n})
+
+
+@router.post("/studies/{study}/$restore-rejected", summary="Restore the rejected instances of a study")
+async def restore_study(archive: ArchiveDep, study: StudyUID) -> Response:
+    """Shows the study's rejected instances again (kept ``keep_rejected`` days). 200 ``{"count": n}``, 404."""
+    return await _restore(archive, study, None)
+
+
+@router.post("/studies/{study}/series/{series}/$restore-rejected", summary="Restore the rejected instances of a series")
+async def restore_series(archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+    return await _restore(archive, study, series)
+
+
+@admin_router.get("/admin/rejected", summary="Rejected instances")
+async def rejected(archive: ArchiveDep, study: str | None = Query(None), series: str | None = Query(None)) -> Response:
+    """The rejected instances (of a study, a series), oldest rejection first: UIDs,
+    ``Reason`` (``code^scheme``), ``Time`` (seconds since the epoch), ``Stored``."""
+    study = checked_uid(study, "study") if study is not None else None
+    series = checked_uid(series, "series") if series is not None else None
+    rows = await run_in_threadpool(archive.index.rejections, study, series)
+    return _json([r.entry() for r in rows])

@@ -1,0 +1,192 @@
+"""Rejection of instances: IHE RAD TF-3 Imaging Object Change Management (IOCM) and
+PS3.4 Annex KK, plus dcm4chee's reject endpoint (the one OHIF's reject button calls).
+
+A rejection note is a Key Object Selection document (SOP Class
+1.2.840.10008.5.1.4.1.1.88.59, PS3.3 A.35.4) whose document title
+(ConceptNameCodeSequence) is one of PS3.16 CID 7011 "Rejected for Quality Reasons"
+and its siblings (:data:`REJECTION_TITLES`). When one is stored, through any front door
+(STOW-RS, C-STORE, import), the instances its CurrentRequestedProcedureEvidenceSequence
+names (> ReferencedSeriesSequence > ReferencedSOPSequence) are hidden from every search
+and retrieve: the index moves their rows out of the searchable tables into its
+rejection table (store/rejections.py) in one commit, appending a ``reject`` row per
+instance to the change log. The note itself stays stored and visible (it is the record
+of who rejected what; a DELETE of it does not restore anything).
+
+The rejected instances' files are kept ``keep_rejected`` days: listable
+(``GET /admin/rejected``), restorable (``POST /studies/{study}/$restore-rejected``:
+re-indexed from their files, a ``restore`` change-log row each), then purged
+(:func:`purge`: the change log says ``delete``, the files are removed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ..dicom.instance import InstanceRecord, describe_instance
+from ..store.base import Refused
+from ..store.rejections import Rejection
+
+if TYPE_CHECKING:
+    from ..archive import Archive
+
+log = logging.getLogger(__name__)
+
+#: seconds between two purges of the rejected instances past keep_rejected, in the server
+PURGE_EVERY = 3600.0
+
+#: Key Object Selection Document Storage (PS3.4 B.5)
+KOS_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.88.59"
+
+#: PS3.16 CID 7011 Rejected for Quality Reasons / ... (code value, scheme) -> meaning
+REJECTION_TITLES = {
+    ("113001", "DCM"): "Rejected for Quality Reasons",
+    ("113037", "DCM"): "Rejected for Patient Safety Reasons",
+    ("113038", "DCM"): "Incorrect Modality Worklist Entry",
+    ("113039", "DCM"): "Data Retention Policy Expired",
+}
+
+_CONCEPT_NAME = "0040A043"
+_EVIDENCE = "0040A375"  # CurrentRequestedProcedureEvidenceSequence
+_REF_SERIES = "00081115"
+_REF_SOP = "00081199"
+_REF_SOP_UID = "00081155"
+_STUDY = "0020000D"
+_SERIES = "0020000E"
+
+
+class BadReason(ValueError):
+    """A ``code^scheme`` that is not a rejection note title of CID 7011."""
+
+
+def parse_reason(text: str) -> str:
+    """``113001^DCM`` (dcm4chee's path segment) checked against CID 7011; returns it."""
+    code, _, scheme = text.partition("^")
+    if (code, scheme) not in REJECTION_TITLES:
+        known = ", ".join(f"{c}^{s}" for c, s in REJECTION_TITLES)
+        raise BadReason(f"{text!r} is not a rejection note title of PS3.16 CID 7011 ({known})")
+    return text
+
+
+def _first(item: dict, tag: str) -> str | None:
+    values = (item.get(tag) or {}).get("Value") or []
+    return values[0] if values and isinstance(values[0], str) else None
+
+
+def rejection_note(rec: InstanceRecord) -> tuple[str, list[tuple[str, str, str]]] | None:
+    """(``code^scheme``, the instances it rejects) when ``rec`` is a rejection note, else None."""
+    if rec.sop_class_uid != KOS_SOP_CLASS:
+        return None
+    meta = orjson.loads(rec.metadata)
+    titles = (meta.get(_CONCEPT_NAME) or {}).get("Value") or []
+    if not titles:
+        return None
+    code, scheme = _first(titles[0], "00080100"), _first(titles[0], "00080102")
+    if (code, scheme) not in REJECTION_TITLES:
+        return None
+    refs: list[tuple[str, str, str]] = []
+    for study in (meta.get(_EVIDENCE) or {}).get("Value") or []:
+        study_uid = _first(study, _STUDY) or rec.study_uid
+        for series in (study.get(_REF_SERIES) or {}).get("Value") or []:
+            series_uid = _first(series, _SERIES)
+            for sop in (series.get(_REF_SOP) or {}).get("Value") or []:
+                sop_uid = _first(sop, _REF_SOP_UID)
+                if series_uid and sop_uid and sop_uid != rec.sop_uid:  # (a note never rejects itself)
+                    refs.append((study_uid, series_uid, sop_uid))
+    return f"{code}^{scheme}", refs
+
+
+def apply_notes(archive: Archive, notes: list[InstanceRecord]) -> int:
+    """Hide what the rejection notes just stored name (after their own commit, before
+    the store is answered). Returns the instances hidden."""
+    n = 0
+    for rec in notes:
+        found = rejection_note(rec)
+        if found is not None and found[1]:
+            n += reject(archive, found[1], found[0])
+    return n
+
+
+def reject(archive: Archive, refs: list[tuple[str, str, str]], code: str, now: float | None = None) -> int:
+    """Hide these instances (study, series, SOP Instance UID) in one index commit."""
+    with archive._tracked(), archive.committer.writer():
+        n = archive.index.reject(refs, code, time.time() if now is None else now)
+    if archive.routing is not None:  # webhooks owed the change rows
+        archive.routing.committed()
+    log.info("rejected %d stored instance(s) (%d named) for %s", n, len(refs), code)
+    return n
+
+
+def reject_stored(archive: Archive, study_uid: str, series_uid: str | None, code: str,
+                  now: float | None = None) -> int:
+    """The stored instances of a study or series, rejected without a note (dcm4chee's
+    ``POST .../reject/{code}^{scheme}``)."""
+    refs = [(loc.study_uid, loc.series_uid, loc.sop_uid) for loc in archive.index.instances(study_uid, series_uid)]
+    return reject(archive, refs, code, now) if refs else 0
+
+
+def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> int:
+    """Show again the rejected instances of a study or series: each is described again
+    from its file and indexed (a ``restore`` change-log row); a rejection of an instance
+    not stored is just forgotten. Returns the instances shown again."""
+    rows = archive.index.rejections(study_uid, series_uid)
+    records: list[InstanceRecord] = []
+    restored: list[Rejection] = []
+    for row in rows:
+        if row.path is not None:
+            try:
+                with archive.blobs.local_copy(row.path) as local:
+                    records.append(describe_instance(local, bulk_threshold=archive.settings.bulk_threshold))
+            except Exception as e:  # noqa: BLE001 - a file gone or unreadable stays rejected
+                log.error("cannot restore %s: %s", row.path, e)
+                continue
+        restored.append(row)
+    with archive._tracked(), archive.committer.writer():
+        archive.index.unreject(restored)
+        added = archive.index.add(records, action="restore") if records else []
+        # one that no longer fits its study (another patient's instances came meanwhile,
+        # store/base.py hierarchy_conflict) stays rejected, as it was
+        again = {rec.sop_uid for rec, a in zip(records, added) if isinstance(a, Refused)}
+        for row in restored:
+            if row.sop_uid in again:
+                log.error("cannot restore %s: it contradicts what is stored now", row.sop_uid)
+                archive.index.reject([(row.study_uid, row.series_uid, row.sop_uid)], row.code, row.timestamp)
+    if archive.routing is not None:
+        archive.routing.committed()
+    return sum(a is True for a in added)
+
+
+def purge(archive: Archive, now: float | None = None) -> int:
+    """Remove the instances rejected more than ``keep_rejected`` days ago: the rows
+    (a ``delete`` change-log row each), then the files, as a DELETE does. Returns how many."""
+    before = (time.time() if now is None else now) - archive.settings.keep_rejected * 86400
+    rows = archive.index.rejections(before=before)
+    if not rows:
+        return 0
+    with archive._tracked():
+        with archive.committer.writer():
+            rows = archive.index.purge(rows)
+        if archive.routing is not None:
+            archive.routing.committed()
+        archive.remove_files([r.path for r in rows if r.path is not None])
+    if rows:
+        log.info("purged %d rejected instance(s)", len(rows))
+    return len(rows)
+
+
+async def purge_periodically(archive: Archive) -> None:
+    """The server's housekeeping (as the routing forwarder prunes its outbox): a purge at
+    start, then every :data:`PURGE_EVERY` seconds; each worker process runs it, a purge
+    that another already did finds nothing left (Index.purge)."""
+    while True:
+        try:
+            await asyncio.to_thread(purge, archive)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - housekeeping: tried again later
+            log.warning("could not purge rejected instances: %s", e)
+        await asyncio.sleep(PURGE_EVERY)
