@@ -10,8 +10,9 @@ ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``ver
 (1 for an instance's first create; each later create of the same SOP Instance UID, once
 the earlier one was deleted, is the next version; a delete carries the version it
 removed). The field names and meanings are those of the change feed of Microsoft's
-dicom-server (docs/changes.md); update, reject and restore are reserved for the
-instance lifecycle work (issue 27) and written by nobody yet.
+dicom-server (docs/changes.md). ``update`` and ``restore`` (lifecycle/update.py) make a new
+version current: the version after the latest logged, the earlier rows of the instance
+marked ``replaced``; ``reject`` is reserved for the rejection work (issue 27).
 
 Gapless to readers. A reader that has seen Sequence N must never later meet a row with
 a lower Sequence: so sequence numbers are handed out in commit order.
@@ -133,10 +134,14 @@ def append(x: Execute, now: float | None, action: str, instances: Iterable[tuple
         last = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
                  (sop,)).fetchone()
         if action == "create":
-            if last is not None and last[0] == "create" and last[1] == "current":
+            if last is not None and last[1] == "current":  # (a create, or an update's version)
                 continue
             version = last[2] + 1 if last is not None else 1
             state = "current"
+        elif action in ("update", "restore"):  # a new version: the earlier ones are replaced
+            version = last[2] + 1 if last is not None else 2
+            state = "current"
+            x("UPDATE changelog SET state = 'replaced' WHERE SOPInstanceUID = ? AND state = 'current'", (sop,))
         else:  # delete
             version = last[2] if last is not None else 1
             state = "deleted"
@@ -174,9 +179,23 @@ def latest(x: Execute) -> Change | None:
 
 
 def current(x: Execute) -> list[tuple[str, str, str]]:
-    """(study, series, SOP Instance UID) of every instance whose latest row is a current create."""
+    """(study, series, SOP Instance UID) of every instance whose latest row is current (a
+    create, or the version an update or restore made)."""
     return [tuple(r) for r in x("SELECT StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID FROM changelog "
-                                "WHERE state = 'current' AND action = 'create' ORDER BY seq", ()).fetchall()]
+                                "WHERE state = 'current' ORDER BY seq", ()).fetchall()]
+
+
+def last(x: Execute, sop_uid: str) -> tuple[str, str, int] | None:
+    """(action, state, version) of the instance's latest row, None when never logged."""
+    row = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
+            (sop_uid,)).fetchone()
+    return (row[0], row[1], row[2]) if row else None
+
+
+def history(x: Execute, sop_uid: str) -> list[Change]:
+    """Every row of one instance, in Sequence order."""
+    return [Change(*r) for r in x(f"SELECT {_COLS} FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq",
+                                  (sop_uid,)).fetchall()]
 
 
 def backfill(x: Execute, now: float) -> int:

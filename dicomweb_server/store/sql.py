@@ -21,7 +21,8 @@ from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record, level_values
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
-from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
+from ..dicom.status import FailureReason
+from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 
 ALIAS = {"study": "s", "series": "se", "instance": "i"}
 
@@ -340,7 +341,7 @@ class SQLIndex(Index):
 
     # --- writes, inside the caller's transaction ----------------------------------------
 
-    def _add_rows(self, con, records: list[InstanceRecord]) -> list[bool | Refused]:
+    def _add_rows(self, con, records: list[InstanceRecord], log: bool = True) -> list[bool | Refused]:
         """Insert instances and update the computed study/series attributes
         incrementally (constant work per instance, whatever the study's size).
         The caller's transaction keeps other writers of these UIDs out, so the
@@ -393,9 +394,26 @@ class SQLIndex(Index):
               "SOPClassesInStudy = ? WHERE pk = ?",
               (1 if new_series else 0, join_multi(mods), join_multi(sops), study_pk))
             added.append(True)
-        self._log(con, "create", [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
-                                  if new is True])
+        if log:
+            self._log(con, "create", [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
+                                      if new is True])
         return added
+
+    def _replace_rows(self, con, records: list[InstanceRecord], study_uid: str, series_uid: str | None,
+                      sop_uid: str | None, action: str) -> None:
+        """Index.replace inside the caller's transaction: the scope's rows removed, the new
+        versions' rows added (the study's patient is then what the new records say), one
+        ``action`` row each in the change log."""
+        self._delete_rows(con, study_uid, series_uid, sop_uid, log=False)
+        for new in self._add_rows(con, records, log=False):
+            if new is not True:
+                raise ReplaceRefused(new if isinstance(new, Refused)
+                                     else Refused(FailureReason.PROCESSING_FAILURE, "instance indexed twice"))
+        self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records])
+
+    def history(self, sop_uid: str) -> list[changelog.Change]:
+        with self._reading() as con:
+            return changelog.history(lambda sql, p: self._x(con, sql, p), sop_uid)
 
     def _log(self, con, action: str, instances: list[tuple[str, str, str]]) -> None:
         """Append the change-log rows of this transaction (store/changes.py) and run the
@@ -455,7 +473,8 @@ class SQLIndex(Index):
               "FROM series WHERE study_pk = ?) WHERE pk = ?",
               (join_multi(mods), join_multi(classes), pk, pk, pk))
 
-    def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None) -> list[str]:
+    def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None,
+                     log: bool = True) -> list[str]:
         """Remove a study, series or instance and recompute what is left; returns the paths."""
         where, params = scope(study_uid, series_uid, sop_uid)
         rows = self._x(con, "SELECT i.pk, i._path, se.pk, s.pk, s.StudyInstanceUID, se.SeriesInstanceUID, "
@@ -476,7 +495,8 @@ class SQLIndex(Index):
         con.cursor().executemany(self.dialect.sql("DELETE FROM study WHERE pk = ?"), [(pk,) for pk in gone])
         self._drop_items(con, "study", gone)
         self._recompute(con, set(), study_pks - gone)
-        self._log(con, "delete", [(r[4], r[5], r[6]) for r in rows])
+        if log:
+            self._log(con, "delete", [(r[4], r[5], r[6]) for r in rows])
         return [r[1] for r in rows]
 
     def _emptied(self, con, pks: set[int], child: str) -> set[int]:
