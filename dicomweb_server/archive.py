@@ -34,6 +34,7 @@ from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
+from .lifecycle.versions import current_file, kept_files, split_version
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
@@ -208,9 +209,14 @@ class Archive:
                 continue
             except FileNotFoundError:  # removed meanwhile (e.g. by `check --repair`)
                 continue
-            if rec.path != rel:
+            base, version = split_version(rel)
+            if base != rec.path:
                 log.warning("not indexed: %s is filed under the wrong name (expected %s)", rel, rec.path)
                 continue
+            last = self.index.last_change(rec.sop_uid)  # type: ignore[attr-defined]
+            if not current_file(rel, last):
+                continue  # a kept earlier version, or the file of an update that never switched
+            rec.path = rel
             batch.append(rec)
             if len(batch) >= 500:
                 n += self._add_rebuilt(batch)
@@ -422,12 +428,16 @@ class Archive:
                         raise
             if self.routing is not None:  # webhooks owed the deletes: wake the forwarder
                 self.routing.committed()
-            uids = {Path(rel).stem: rel for rel in paths}
+            uids = {Path(split_version(rel)[0]).stem: rel for rel in paths}
             with self.blobs.locked(uids), self.index.locked(uids):
                 for uid, rel in uids.items():
                     if self.index.locate(uid) is not None:
                         continue  # stored again since the rows were deleted: keep its file
-                    try:
+                    base = split_version(rel)[0]
+                    try:  # its kept versions (lifecycle/versions.py) go with it
+                        for old in [base] + [v for v, _ in kept_files(self.blobs, base) if v != rel]:
+                            if old != rel:
+                                self.blobs.remove(old)
                         self.blobs.remove(rel)
                     except OSError as e:  # left for `check` to collect
                         log.warning("could not remove %s: %s", rel, e)

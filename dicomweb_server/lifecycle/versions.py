@@ -104,3 +104,25 @@ def _size(blobs, rel: str) -> int:
 
 def expired(modified: float, keep_days: float, now: float | None = None) -> bool:
     return (now if now is not None else time.time()) - modified > keep_days * 86400
+
+
+def kept_files(blobs, base: str) -> list[tuple[str, float]]:
+    """(path, modified) of the version files beside the instance filed at ``base``."""
+    folder, _, name = base.rpartition("/")
+    stem = name[:-4]
+    if getattr(blobs, "sizes", None) is not None:  # objects: the series folder listed
+        return [(o.path, o.modified) for o in blobs.listing(folder + "/")
+                if split_version(o.path)[0] == base and o.path != base]
+    out = []
+    try:
+        entries = list(blobs.resolve(folder).iterdir())
+    except FileNotFoundError:
+        return []
+    for p in entries:
+        rel = f"{folder}/{p.name}"
+        if p.name.startswith(stem + ".v") and split_version(rel) [0] == base and rel != base:
+            try:
+                out.append((rel, p.stat().st_mtime))
+            except FileNotFoundError:
+                pass
+    return out
