@@ -34,6 +34,7 @@ from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
+from .lifecycle.update import UpdateError, replace_version
 from .lifecycle.versions import current_file, kept_files, split_version
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
@@ -337,6 +338,7 @@ class Archive:
                          announced: Expected | None = None) -> None:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
+        replacing: list[tuple[InstanceRecord, Path]] = []  # duplicate_policy "replace"
         dirs: set[Path] = set()
         down: StorageUnavailable | None = None
         for rec, part in described:
@@ -351,17 +353,23 @@ class Archive:
                 if placed is Placed.NEW:
                     part.path = None  # linked into place; its spool name is gone
                 else:
-                    same = self.blobs.same(spooled, rec.path)
-                    if self.index.locate(rec.sop_uid) is not None:
-                        if same or self._same_data_set(spooled, rec.path):
+                    loc = self.index.locate(rec.sop_uid)
+                    if loc is not None:  # compared with its current version (lifecycle/versions.py)
+                        if self.blobs.same(spooled, loc.path) or self._same_data_set(spooled, loc.path):
                             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
                                                          rec.series_uid, duplicate=True))
+                        elif self.settings.duplicate_policy == "keep":  # success, the stored one kept
+                            outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
+                                                         rec.series_uid, duplicate=True))
+                        elif self.settings.duplicate_policy == "replace":  # a new version, as an update
+                            replacing.append((rec, spooled))
                         else:
                             outcome.failed.append(Failed(
                                 FailureReason.DUPLICATE_SOP_INSTANCE,
                                 f"SOP Instance {rec.sop_uid} is already stored with different content",
                                 rec.sop_class_uid, rec.sop_uid))
                         continue
+                    same = self.blobs.same(spooled, rec.path)
                     if not same:  # a crash orphan (we hold the lock): never acknowledged, replace it
                         self.blobs.replace(spooled, rec.path)
                 folder = self.blobs.directory(rec.path)  # None: the object store's PUT was durable
@@ -375,6 +383,17 @@ class Archive:
                                              rec.sop_class_uid, rec.sop_uid))
                 continue
             pending.append(rec)
+        for rec, spooled in replacing:  # (under the instances' locks, as an update's switch)
+            try:
+                replace_version(self, rec, spooled)
+            except UpdateError as e:
+                outcome.failed.append(Failed(FailureReason.DUPLICATE_SOP_INSTANCE, e.message, rec.sop_class_uid,
+                                             rec.sop_uid))
+            except OSError as e:
+                outcome.failed.append(Failed(FailureReason.PROCESSING_FAILURE, f"cannot write the new version: {e}",
+                                             rec.sop_class_uid, rec.sop_uid))
+            else:
+                outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid))
         if not pending:
             return
         faults.point("placed")

@@ -15,7 +15,9 @@ of an index row) with what it is and, with ``repair``, what was done:
 - **versions** (lifecycle/versions.py): ``{sop}.vN.dcm`` files, and the base file of an
   instance whose current file is a version, are kept versions (or the files of an update
   a crash stopped before its index switch): counted, never indexed nor moved; with
-  ``repair`` those older than ``keep_versions`` days are removed. A version file of an
+  ``repair`` those older than ``keep_versions`` days are removed (the base file, the
+  instance as first received, stays while the instance is stored: a store of the same
+  SOP Instance UID finds it there and is compared with the current version). A version file of an
   instance no longer indexed is an orphan version: removed by ``repair``.
 
 Without ``repair`` nothing changes (dry run).
@@ -172,7 +174,7 @@ def _versions(archive: Archive, report: Report, by_path: dict[str, str], unindex
                         modified = blobs.resolve(rel).stat().st_mtime
                     except FileNotFoundError:
                         continue
-                if expired(modified, archive.settings.keep_versions):
+                if n is not None and expired(modified, archive.settings.keep_versions):  # (the original stays)
                     uid = bases[base]
                     with blobs.locked([uid]), index.locked([uid]):
                         loc = index.locate(uid)

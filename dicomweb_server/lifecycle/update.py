@@ -297,6 +297,24 @@ def restore(archive, study_uid: str, series_uid: str, sop_uid: str, version: int
     return Updated(study_uid, 1, time.monotonic() - started, [{"restored": version}])
 
 
+def replace_version(archive, rec: InstanceRecord, spooled: Path) -> None:
+    """``duplicate_policy = "replace"`` (archive.py): other content received under a stored
+    SOP Instance UID becomes its new version, as an update makes one (the caller holds the
+    instance's locks). Raises UpdateError when the index refuses it (another study or
+    series, another patient than its study's): nothing changed."""
+    base = rec.path
+    rec.path = version_path(base, _next_version(archive, rec.sop_uid))
+    if archive.blobs.place(spooled, rec.path, sync_dir=True) is Placed.EXISTS:
+        archive.blobs.replace(spooled, rec.path)  # the file of an update that never switched
+    if spooled.exists():
+        spooled.unlink()
+    try:
+        _switch(archive, [rec], rec.study_uid, rec.series_uid, rec.sop_uid, "update")
+    except UpdateError:
+        archive.blobs.remove(rec.path)  # never current: leave nothing behind
+        raise
+
+
 def restore_study(archive, study_uid: str) -> Updated:
     """Make the previous version of every instance of a study current again, as new
     versions, in one switch (undoes a study update, patient included: a single instance

@@ -179,3 +179,48 @@ def test_body_over_the_limit(server):
     assert r.status_code == 400 and "over 65536 bytes" in r.text
     r = httpx.post(f"{url}/studies/{generate_uid()}/$update", json={"00100020": {"vr": "LO", "Value": ["X"]}})
     assert r.status_code == 404
+
+
+@pytest.mark.parametrize("policy", ["reject", "replace", "keep"])
+def test_duplicate_policy(tmp_path, index_kind, policy, request):
+    """Other content under a stored SOP Instance UID: rejected (0x0111, 409), made a new
+    version, or answered success with the stored one kept; STOW-RS, then import."""
+    from tests.helpers import LiveServer
+
+    index, _, storage = index_kind.partition("+")
+    extra = {"database_url": request.getfixturevalue("pg_url")} if index == "postgresql" else {}
+    if storage == "s3":
+        extra.update(request.getfixturevalue("s3_storage"))
+    srv = LiveServer(tmp_path / "data", index, duplicate_policy=policy, **extra).start()
+    try:
+        url = srv.url
+        st, se = generate_uid(), generate_uid()
+        first = make_dataset(study=st, series=se, PatientID="DUP", StudyDescription="first")
+        stow(url, [first, make_dataset(study=st, series=se, PatientID="DUP", StudyDescription="first")])
+        second = make_dataset(study=st, series=se, sop=first.SOPInstanceUID, PatientID="DUP",
+                              StudyDescription="second")
+        body, ctype = multipart([to_bytes(second)])
+        r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype})
+        assert r.status_code == {"reject": 409, "replace": 200, "keep": 200}[policy], r.text
+        if policy == "reject":
+            assert r.json()["00081198"]["Value"][0]["00081197"]["Value"] == [0x0111]
+        got = retrieved(url, st, se, first.SOPInstanceUID)
+        want = "second" if policy == "replace" else "first"
+        assert got.StudyDescription == want
+        (meta,) = httpx.get(f"{url}/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}/metadata").json()
+        assert meta["00081030"]["Value"] == [want]
+        vs = httpx.get(f"{url}/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}/versions").json()
+        assert len(vs) == (2 if policy == "replace" else 1)
+        # the same content again: a success everywhere, nothing new
+        r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype})
+        assert r.status_code == (409 if policy == "reject" else 200)
+        assert len(httpx.get(f"{url}/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}/versions")
+                   .json()) == len(vs)
+        # another patient than the study's (it has two instances): refused (replace, reject) or the stored kept
+        other = make_dataset(study=st, series=se, sop=first.SOPInstanceUID, PatientID="SOMEONE-ELSE")
+        body, ctype = multipart([to_bytes(other)])
+        r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype})
+        assert r.status_code == (200 if policy == "keep" else 409), r.text
+        assert retrieved(url, st, se, first.SOPInstanceUID).PatientID == "DUP"
+    finally:
+        srv.stop()
