@@ -20,7 +20,7 @@ import pytest
 from pydicom.uid import generate_uid
 
 from tests.helpers import make_dataset, multipart, to_bytes
-from tests.reliability.test_crash import Server
+from tests.reliability.test_crash import Server, _database
 
 N = 500
 
@@ -52,8 +52,9 @@ def _check(data: Path, index: str) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory"])
-def test_sigkill_during_a_500_instance_update(tmp_path, index):
+@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql", "sqlite+s3"])
+def test_sigkill_during_a_500_instance_update(tmp_path, index, request, monkeypatch):
+    index = _database(request, monkeypatch, index)  # (PostgreSQL, S3: set in the environment)
     data = tmp_path / "data"
     st, se = generate_uid(), generate_uid()
     srv = Server(data, index)
