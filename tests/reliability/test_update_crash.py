@@ -127,5 +127,25 @@ def test_update_on_the_command_line(tmp_path):
         bad = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "update", st, "--set", "Rows=4",
                               "--data-dir", str(data), "--index", "sqlite"], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "study-level" in bad.stderr
+        # keep_versions: check --repair removes earlier versions older than that (the original stays)
+        sop = httpx.get(f"{srv.url}/studies/{st}/instances").json()[0]["00080018"]["Value"][0]
+        assert httpx.post(f"{srv.url}/studies/{st}/$update",
+                          json={"00081030": {"vr": "LO", "Value": ["third"]}}).status_code == 200
+        blobs = data / "blobs" / st / se
+        assert (blobs / f"{sop}.v2.dcm").exists() and (blobs / f"{sop}.v3.dcm").exists()
+        out = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "check", "--repair", "--data-dir", str(data),
+                              "--index", "sqlite"], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "DICOMWEB_KEEP_VERSIONS": "0"})
+        assert out.returncode == 0 and "4 earlier version(s) of updated instances kept, 2 older than keep_versions " \
+            "removed" in out.stdout, out.stdout
+        assert (blobs / f"{sop}.dcm").exists() and not (blobs / f"{sop}.v2.dcm").exists()
+        vs = httpx.get(f"{srv.url}/studies/{st}/series/{se}/instances/{sop}/versions").json()
+        assert [(v["version"], v["size"] is not None, v["current"]) for v in vs] == [
+            (1, True, False), (2, False, False), (3, True, True)]
+        assert httpx.post(f"{srv.url}/studies/{st}/series/{se}/instances/{sop}/$restore",
+                          params={"version": 2}).status_code == 404
+        # a DELETE removes the instance's versions with it
+        assert httpx.delete(f"{srv.url}/studies/{st}").status_code == 204
+        assert not (data / "blobs" / st).exists()
     finally:
         srv.kill()
