@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from pydicom.dataset import Dataset
 from pydicom.uid import generate_uid
 from pynetdicom.sop_class import PatientRootQueryRetrieveInformationModelFind
 
