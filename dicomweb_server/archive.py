@@ -35,6 +35,8 @@ from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from .dicom.reading import same_data_set
 from .dicom.status import FailureReason, InstanceError
 from .lifecycle import reject
+from .lifecycle.update import UpdateError, replace_version
+from .lifecycle.versions import current_file, kept_files, split_version
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
@@ -232,9 +234,14 @@ class Archive:
                 continue
             except FileNotFoundError:  # removed meanwhile (e.g. by `check --repair`)
                 continue
-            if rec.path != rel:
+            base, version = split_version(rel)
+            if base != rec.path:
                 log.warning("not indexed: %s is filed under the wrong name (expected %s)", rel, rec.path)
                 continue
+            last = self.index.last_change(rec.sop_uid)  # type: ignore[attr-defined]
+            if not current_file(rel, last):
+                continue  # a kept earlier version, or the file of an update that never switched
+            rec.path = rel
             batch.append(rec)
             if len(batch) >= 500:
                 n += self._add_rebuilt(batch)
@@ -362,6 +369,7 @@ class Archive:
         """Steps 2 and 3 of the module docstring, under the instances' write locks."""
         pending: list[InstanceRecord] = []
         duplicates: list[InstanceRecord] = []
+        replacing: list[tuple[InstanceRecord, Path]] = []  # duplicate_policy "replace"
         dirs: set[Path] = set()
         down: StorageUnavailable | None = None
         for rec, part in described:
@@ -376,18 +384,24 @@ class Archive:
                 if placed is Placed.NEW:
                     part.path = None  # linked into place; its spool name is gone
                 else:
-                    same = self.blobs.same(spooled, rec.path)
-                    if self.index.locate(rec.sop_uid) is not None:
-                        if same or self._same_data_set(spooled, rec.path):
+                    loc = self.index.locate(rec.sop_uid)
+                    if loc is not None:  # compared with its current version (lifecycle/versions.py)
+                        if self.blobs.same(spooled, loc.path) or self._same_data_set(spooled, loc.path):
                             duplicates.append(rec)
                             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
                                                          rec.series_uid, duplicate=True))
+                        elif self.settings.duplicate_policy == "keep":  # success, the stored one kept
+                            outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid,
+                                                         rec.series_uid, duplicate=True))
+                        elif self.settings.duplicate_policy == "replace":  # a new version, as an update
+                            replacing.append((rec, spooled))
                         else:
                             outcome.failed.append(Failed(
                                 FailureReason.DUPLICATE_SOP_INSTANCE,
                                 f"SOP Instance {rec.sop_uid} is already stored with different content",
                                 rec.sop_class_uid, rec.sop_uid))
                         continue
+                    same = self.blobs.same(spooled, rec.path)
                     if not same:  # a crash orphan (we hold the lock): never acknowledged, replace it
                         self.blobs.replace(spooled, rec.path)
                 folder = self.blobs.directory(rec.path)  # None: the object store's PUT was durable
@@ -403,6 +417,17 @@ class Archive:
             pending.append(rec)
         if duplicates:
             self._acknowledge_duplicates(duplicates, outcome)
+        for rec, spooled in replacing:  # (under the instances' locks, as an update's switch)
+            try:
+                replace_version(self, rec, spooled)
+            except UpdateError as e:
+                outcome.failed.append(Failed(FailureReason.DUPLICATE_SOP_INSTANCE, e.message, rec.sop_class_uid,
+                                             rec.sop_uid))
+            except OSError as e:
+                outcome.failed.append(Failed(FailureReason.PROCESSING_FAILURE, f"cannot write the new version: {e}",
+                                             rec.sop_class_uid, rec.sop_uid))
+            else:
+                outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid))
         if not pending:
             return
         faults.point("placed")
@@ -486,13 +511,18 @@ class Archive:
 
     def remove_files(self, paths: list[str]) -> None:
         """Remove the files of instances whose rows are gone (DELETE, purge of rejected
-        instances), but not one stored again meanwhile."""
-        uids = {Path(rel).stem: rel for rel in paths}
+        instances), with the instance's kept versions (lifecycle/versions.py), but not one
+        stored again meanwhile."""
+        uids = {Path(split_version(rel)[0]).stem: rel for rel in paths}
         with self.blobs.locked(uids), self.index.locked(uids):
             for uid, rel in uids.items():
                 if self.index.locate(uid) is not None:
                     continue  # stored again since the rows were deleted: keep its file
-                try:
+                base = split_version(rel)[0]
+                try:  # its kept versions go with it
+                    for old in [base] + [v for v, _ in kept_files(self.blobs, base) if v != rel]:
+                        if old != rel:
+                            self.blobs.remove(old)
                     self.blobs.remove(rel)
                 except OSError as e:  # left for `check` to collect
                     log.warning("could not remove %s: %s", rel, e)

@@ -12,6 +12,13 @@ of an index row) with what it is and, with ``repair``, what was done:
 - **unreadable**: not a DICOM file with valid Study/Series/SOP Instance UIDs: moved to
   ``lost+found/`` (in the data folder, never deleted) with the reason.
 - **missing file**: an index row whose file is gone: the row is dropped.
+- **versions** (lifecycle/versions.py): ``{sop}.vN.dcm`` files, and the base file of an
+  instance whose current file is a version, are kept versions (or the files of an update
+  a crash stopped before its index switch): counted, never indexed nor moved; with
+  ``repair`` those older than ``keep_versions`` days are removed (the base file, the
+  instance as first received, stays while the instance is stored: a store of the same
+  SOP Instance UID finds it there and is compared with the current version). A version file of an
+  instance no longer indexed is an orphan version: removed by ``repair``.
 
 Without ``repair`` nothing changes (dry run).
 
@@ -42,6 +49,7 @@ from .archive import Archive
 from .dicom.instance import describe_instance
 from .dicom.status import InstanceError
 from .store.base import Refused
+from .lifecycle.versions import expired, split_version
 from .store.blobs import fsync_dir
 
 log = logging.getLogger("dicomweb_server.check")
@@ -66,6 +74,8 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     repaired: bool = False
     young: int = 0  # unindexed objects younger than the grace period (not examined)
+    versions: int = 0  # kept versions of indexed instances (lifecycle/versions.py)
+    purged: int = 0  # of which removed (older than keep_versions days)
     refused: bool = False  # repair asked, nothing done: the index and the storage are unrelated
 
     @property
@@ -81,6 +91,9 @@ class Report:
     def summary(self) -> str:
         lines = [f"{self.indexed} indexed instance(s), {self.files} file(s) on disk, "
                  f"{len(self.problems)} problem(s)"]
+        if self.versions:
+            lines.append(f"  {self.versions} earlier version(s) of updated instances kept"
+                         + (f", {self.purged} older than keep_versions removed" if self.purged else ""))
         if self.young:
             lines.append(f"  {self.young} unindexed object(s) younger than the grace period: left alone "
                          "(a store may be in flight; --grace SECONDS)")
@@ -119,7 +132,8 @@ def reconcile_files(archive: Archive, repair: bool = False) -> Report:
     report.indexed, report.files = len(rows), len(files)
     unrelated = _unrelated(by_path, files)
     report.refused = repair and unrelated
-    for rel in sorted(files - set(by_path)):
+    rest = _versions(archive, report, by_path, {rel: None for rel in files - set(by_path)}, repair and not unrelated)
+    for rel in sorted(rest):
         report.problems.append(_file_problem(archive, rel, repair))
     for rel, uid in sorted(by_path.items()):
         if rel not in files:
@@ -139,6 +153,49 @@ def reconcile_files(archive: Archive, repair: bool = False) -> Report:
 
 #: the action of every repair refused by :func:`_unrelated`
 UNRELATED = "not repaired: the index and the storage share no instance (the wrong --storage or database?)"
+
+
+def _versions(archive: Archive, report: Report, by_path: dict[str, str], unindexed: dict[str, float | None],
+              repair: bool) -> list[str]:
+    """Take the versions out of the unindexed files (module docstring); returns the rest.
+    With ``repair``, versions older than ``keep_versions`` days and version files of
+    instances no longer indexed are removed (under the instance's locks: an update in
+    flight is not undone)."""
+    bases = {split_version(p)[0]: uid for p, uid in by_path.items()}
+    rest: list[str] = []
+    blobs, index = archive.blobs, archive.index
+    for rel, modified in unindexed.items():
+        base, n = split_version(rel)
+        if base in bases:
+            report.versions += 1
+            if repair:
+                if modified is None:
+                    try:
+                        modified = blobs.resolve(rel).stat().st_mtime
+                    except FileNotFoundError:
+                        continue
+                if n is not None and expired(modified, archive.settings.keep_versions):  # (the original stays)
+                    uid = bases[base]
+                    with blobs.locked([uid]), index.locked([uid]):
+                        loc = index.locate(uid)
+                        if loc is not None and loc.path != rel:
+                            blobs.remove(rel)
+                            report.purged += 1
+        elif n is not None:
+            problem = Problem("orphan version", rel, "a version file of an instance no longer indexed")
+            if repair:
+                uid = PurePosixPath(base).stem
+                with blobs.locked([uid]), index.locked([uid]):
+                    loc = index.locate(uid)
+                    if loc is None or split_version(loc.path)[0] != base:
+                        blobs.remove(rel)
+                        problem.action = "removed"
+                    else:
+                        problem.action = "its instance was stored meanwhile: kept"
+            report.problems.append(problem)
+        else:
+            rest.append(rel)
+    return rest
 
 
 def _unrelated(by_path: dict[str, str], stored: set[str]) -> bool:
@@ -231,7 +288,9 @@ def reconcile_objects(archive: Archive, repair: bool = False, grace: float = GRA
     unrelated = _unrelated(by_path, set(listed))
     report.refused = repair and unrelated
     now = time.time()
-    for rel in sorted(set(listed) - set(by_path)):
+    rest = _versions(archive, report, by_path, {rel: listed[rel].modified for rel in set(listed) - set(by_path)},
+                     repair and not unrelated and bool(by_path))
+    for rel in sorted(rest):
         obj = listed[rel]
         age = now - obj.modified
         if age < grace:

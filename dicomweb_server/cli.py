@@ -23,6 +23,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # glibc returns large buffers to the OS after each request by default; on 0.5-1 MB
@@ -526,6 +527,43 @@ def _purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _update(args: argparse.Namespace) -> int:
+    """``update STUDY --set Keyword=value ... [--series S]``: lifecycle/update.py, as
+    ``POST .../$update``; the audit log (when configured) names the OS user and each change."""
+    import getpass
+
+    import orjson
+
+    from .archive import Archive
+    from .lifecycle.update import UpdateError, changes_from_keywords, update
+
+    settings = _settings(args)
+    if not _existing_archive(settings, "update"):
+        return 2
+    try:
+        changes = changes_from_keywords(args.set, "series" if args.series else "study")
+    except UpdateError as e:
+        print(f"dicomweb-server update: {e.message}", file=sys.stderr)
+        return 2
+    archive = Archive.open(settings)
+    try:
+        done = update(archive, args.study, args.series, changes)
+    except UpdateError as e:
+        print(f"dicomweb-server update: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        archive.close()
+    if settings.audit_log is not None:
+        from .api.auth import audit_log, configure_audit_file
+
+        configure_audit_file(settings.audit_log)
+        audit_log.info(orjson.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "action": "update",
+                                     "user": getpass.getuser(), "auth": "command line", "study": args.study,
+                                     "series": args.series, "changes": done.changes, "outcome": 200}).decode())
+    print(f"{done.instances} instance(s) of study {args.study} updated in {done.seconds:.2f} s")
+    return 0
+
+
 def _queue(args: argparse.Namespace) -> int:
     from .routing import open_outbox, outbox_path
     from .store.commit import GroupCommitter
@@ -681,6 +719,15 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(DICOMWEB_KEEP_REJECTED, default 30)")
     _add_settings_args(pur)
     pur.set_defaults(func=_purge)
+
+    upd = sub.add_parser("update", help="change Patient/Study (or, with --series, Series) attributes of a stored "
+                                        "study: every instance gets a new version (lifecycle/update.py)")
+    upd.add_argument("study")
+    upd.add_argument("--series", help="SeriesInstanceUID: change Series attributes of this series")
+    upd.add_argument("--set", action="append", required=True, metavar="Keyword=value",
+                     help="an attribute and its new value (repeat; PN as Family^Given; multiple values split by \\)")
+    _add_settings_args(upd)
+    upd.set_defaults(func=_update)
 
     que = sub.add_parser("queue", help="routing: forwards owed, delivered and failed per destination")
     que.add_argument("--retry-failed", dest="retry_failed", nargs="?", const="", metavar="DESTINATION",

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(65536, ge=1024, le=1024**2, description="request line + headers cap: 414 (request line) "
                                                               "or 431, counted while they arrive; connection closed")
     max_results: int = Field(1000, ge=1, le=100_000, description="QIDO-RS maximum (and default) `limit`")
+    keep_versions: float = Field(30.0, ge=0, le=36500, description="days the earlier versions of an updated "
+                                 "instance are kept (lifecycle/versions.py; removed by `check --repair`)")
+    duplicate_policy: Literal["reject", "replace", "keep"] = Field(
+        "reject", description="another content under a stored SOP Instance UID (STOW-RS, C-STORE, import): reject "
+                              "(0x0111/409), replace (a new version, as an update) or keep (success, the stored one kept)")
     bulk_threshold: int = Field(1024, ge=0, le=2**32 - 2, description="binary values longer than this (bytes) become "
                                                         "BulkDataURIs")
     render_cache_bytes: int = Field(64 * 1024**2, ge=0, le=64 * 1024**3, description="rendered-picture cache per worker (0: off)")

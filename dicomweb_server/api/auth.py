@@ -297,6 +297,8 @@ class AuthAuditMiddleware:
         }
         if state.get("audit_studies"):
             record["studies_stored"] = sorted(state["audit_studies"])
+        if state.get("audit_changes"):  # an update: what changed from what to what (api/lifecycle.py)
+            record["changes"] = state["audit_changes"]
         audit_log.info(orjson.dumps(record).decode())
 
 

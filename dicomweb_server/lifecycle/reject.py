@@ -140,7 +140,9 @@ def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> 
         if row.path is not None:
             try:
                 with archive.blobs.local_copy(row.path) as local:
-                    records.append(describe_instance(local, bulk_threshold=archive.settings.bulk_threshold))
+                    rec = describe_instance(local, bulk_threshold=archive.settings.bulk_threshold)
+                rec.path = row.path  # the version it had when rejected ({sop}.vN.dcm after an update)
+                records.append(rec)
             except Exception as e:  # noqa: BLE001 - a file gone or unreadable stays rejected
                 log.error("cannot restore %s: %s", row.path, e)
                 continue

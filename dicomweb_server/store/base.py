@@ -105,6 +105,14 @@ class SearchHit:
     computed: dict[str, object]
 
 
+class ReplaceRefused(Exception):
+    """Index.replace refused a record (its Refused in ``refused``): nothing changed."""
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(refused.message)
+        self.refused = refused
+
+
 class IndexUnavailable(Exception):
     """The index's database cannot be reached now (a PostgreSQL server down or
     restarting): a temporary condition, answered 503 with Retry-After (a STOW-RS
@@ -153,6 +161,20 @@ class Index(ABC):
                ) -> list[str]:
         """Remove the rows of a study, series or instance in one durable commit;
         returns the relative paths of the files the caller must now remove."""
+
+    def replace(self, records: list[InstanceRecord], study_uid: str, series_uid: str | None = None,
+                sop_uid: str | None = None, action: str = "update") -> None:
+        """Switch the instances of a study, series or instance to new versions in ONE
+        durable transaction (lifecycle/update.py): the rows of the scope are replaced by
+        ``records`` (the same SOP Instance UIDs, new files), the change log gets one
+        ``action`` row (update | restore) per instance, earlier rows ``replaced``. Readers
+        see all old or all new. Raises :class:`ReplaceRefused` (nothing changed) when a
+        record contradicts the hierarchy (a study of another patient's...)."""
+        raise NotImplementedError
+
+    def history(self, sop_uid: str) -> list[Change]:
+        """The change-log rows of one instance, in Sequence order."""
+        raise NotImplementedError
 
     @abstractmethod
     def count(self) -> int:

@@ -10,8 +10,11 @@ ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``ver
 (1 for an instance's first create; each later create of the same SOP Instance UID, once
 the earlier one was deleted, is the next version; a delete carries the version it
 removed). The field names and meanings are those of the change feed of Microsoft's
-dicom-server (docs/changes.md); reject (state rejected) and restore (state current) are
-written by the rejection of instances (lifecycle/reject.py, issue 27); update is reserved.
+dicom-server (docs/changes.md). ``update`` and ``restore`` (lifecycle/update.py) make a new
+version current: the version after the latest logged, the earlier rows of the instance
+marked ``replaced``. ``reject`` (state rejected, the earlier current rows too) hides the
+instance's version (lifecycle/reject.py, issue 27); a ``restore`` right after a reject
+shows that same version again (state current; the earlier rows stay rejected).
 
 Gapless to readers. A reader that has seen Sequence N must never later meet a row with
 a lower Sequence: so sequence numbers are handed out in commit order.
@@ -133,15 +136,20 @@ def append(x: Execute, now: float | None, action: str, instances: Iterable[tuple
         last = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
                  (sop,)).fetchone()
         if action == "create":
-            if last is not None and last[0] in ("create", "restore") and last[1] == "current":
+            if last is not None and last[1] == "current":  # (a create, or an update's version)
                 continue
             version = last[2] + 1 if last is not None else 1
             state = "current"
-        elif action in ("reject", "restore"):  # the same version, hidden or shown again
+        elif action == "reject" or (action == "restore" and (last is None or last[1] == "rejected")):
+            # the same version, hidden or shown again (lifecycle/reject.py)
             version = last[2] if last is not None else 1
             state = "rejected" if action == "reject" else "current"
             if action == "reject":  # (a restore leaves the earlier rows rejected: its own is current)
                 x("UPDATE changelog SET state = 'rejected' WHERE SOPInstanceUID = ? AND state = 'current'", (sop,))
+        elif action in ("update", "restore"):  # a new version: the earlier ones are replaced
+            version = last[2] + 1 if last is not None else 2
+            state = "current"
+            x("UPDATE changelog SET state = 'replaced' WHERE SOPInstanceUID = ? AND state = 'current'", (sop,))
         else:  # delete
             version = last[2] if last is not None else 1
             state = "deleted"
@@ -179,11 +187,30 @@ def latest(x: Execute) -> Change | None:
 
 
 def current(x: Execute) -> list[tuple[str, str, str]]:
-    """(study, series, SOP Instance UID) of every instance whose latest row is a current
-    create (or restore)."""
+    """(study, series, SOP Instance UID) of every instance whose latest row is current (a
+    create, the version an update or restore made, or a version shown again after its
+    rejection)."""
     return [tuple(r) for r in x("SELECT StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID FROM changelog "
-                                "WHERE state = 'current' AND action IN ('create', 'restore') ORDER BY seq",
-                                ()).fetchall()]
+                                "WHERE state = 'current' ORDER BY seq", ()).fetchall()]
+
+
+def last(x: Execute, sop_uid: str) -> tuple[str, str, int] | None:
+    """(action, state, version) of the instance's latest row, None when never logged;
+    action is that of the row that made the version (create, update or restore), so a
+    reject, or a restore that showed a rejected version again, names the file kept."""
+    row = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
+            (sop_uid,)).fetchone()
+    if row is None:
+        return None
+    made = x("SELECT action FROM changelog WHERE SOPInstanceUID = ? AND version = ? "
+             "AND action IN ('create', 'update', 'restore') ORDER BY seq LIMIT 1", (sop_uid, row[2])).fetchone()
+    return (made[0] if made else row[0], row[1], row[2])
+
+
+def history(x: Execute, sop_uid: str) -> list[Change]:
+    """Every row of one instance, in Sequence order."""
+    return [Change(*r) for r in x(f"SELECT {_COLS} FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq",
+                                  (sop_uid,)).fetchall()]
 
 
 def backfill(x: Execute, now: float) -> int:

@@ -33,7 +33,7 @@ from ..dicom.matching import Query, level_record, match_value
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from . import rejections
-from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
+from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 from .connections import immediate
 
 _STUDY_COLS = tuple(a.keyword for a in STORED["study"])
@@ -164,41 +164,86 @@ class MemoryIndex(Index):
         with self._lock:
             return changelog.latest(self._x)
 
-    def add(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
-        out: list[bool | Refused] = []
+    def history(self, sop_uid: str) -> list[changelog.Change]:
         with self._lock:
-            for r in records:
-                if action == "create" and r.sop_uid in self._rejected:
-                    # rejected before it arrived (IOCM), or at start-up: filed with its rejection
-                    rejections.arrived(self._x, r.sop_uid, r.path)
-                    out.append(False)
-                    continue
-                old = self._instances.get(r.sop_uid)
-                old_series = self._series.get(r.series_uid)
-                old_study = self._studies.get(r.study_uid)
+            return changelog.history(self._x, sop_uid)
+
+    def last_change(self, sop_uid: str) -> tuple[str, str, int] | None:
+        """(action, state, version) of the instance's latest change-log row (start-up:
+        which file of a versioned instance is current, Archive.rebuild)."""
+        with self._lock:
+            return changelog.last(self._x, sop_uid)
+
+    def replace(self, records: list[InstanceRecord], study_uid: str, series_uid: str | None = None,
+                sop_uid: str | None = None, action: str = "update") -> None:
+        """Index.replace: the change log's rows first (durable: they decide at start-up
+        which file of each instance is current), then the switch, under the lock (readers
+        wait for it: they never see a mix)."""
+        with self._lock:
+            study = self._studies.get(study_uid)
+            old_patient = study.patient if study is not None else None
+            old = [i for i in (self._iter_instances(study, series_uid) if study is not None else [])
+                   if sop_uid is None or i.uid == sop_uid]
+            scope = {i.uid for i in old}
+            # a rejected instance (rejected after the update read the study) stays rejected:
+            # its new version's file is left as a kept version, never indexed
+            records = [r for r in records if r.sop_uid not in self._rejected]
+            others = study is not None and any(i.uid not in scope for i in self._iter_instances(study, None))
+            for r in records:  # the hierarchy rule, against what stays outside the scope
+                inst = self._instances.get(r.sop_uid)
+                se = self._series.get(r.series_uid)
                 refused = hierarchy_conflict(
-                    r, (old.series.study.uid, old.series.uid) if old is not None else None,
-                    old_series.study.uid if old_series is not None else None,
-                    old_study.patient if old_study is not None else None)
-                if refused is not None or old is not None:
-                    out.append(refused if refused is not None else False)
-                    continue
-                study = old_study
-                if study is None:
-                    study = self._studies[r.study_uid] = _Study(
-                        r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), _seqs(r.study, "study"), r.study_json,
-                        r.patient)
-                series = self._series.get(r.series_uid)
-                if series is None:
-                    series = self._series[r.series_uid] = _Series(
-                        r.series_uid, study, tuple(r.series[c] for c in _SERIES_COLS), _seqs(r.series, "series"),
-                        r.series_json)
-                    study.series[r.series_uid] = series
-                inst = _Instance(r, series, next(self._seq))
-                series.instances[r.sop_uid] = inst
-                self._instances[r.sop_uid] = inst
-                self._bytes += r.size
-                out.append(True)
+                    r, (inst.series.study.uid, inst.series.uid) if inst is not None and r.sop_uid not in scope
+                    else None, se.study.uid if se is not None else None,
+                    old_patient if others else None)
+                if refused is not None:
+                    raise ReplaceRefused(refused)
+            with immediate(self._journal) as con:
+                self._run_change_hooks(con, changelog.append(
+                    self._x, changelog.now(), action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records]))
+            self._remove(study_uid, series_uid, sop_uid, log=None)
+            self._insert(records, action)
+
+    def _insert(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
+        """The in-memory part of :meth:`add` (under the lock)."""
+        out: list[bool | Refused] = []
+        for r in records:
+            if action == "create" and r.sop_uid in self._rejected:
+                # rejected before it arrived (IOCM), or at start-up: filed with its rejection
+                rejections.arrived(self._x, r.sop_uid, r.path)
+                out.append(False)
+                continue
+            old = self._instances.get(r.sop_uid)
+            old_series = self._series.get(r.series_uid)
+            old_study = self._studies.get(r.study_uid)
+            refused = hierarchy_conflict(
+                r, (old.series.study.uid, old.series.uid) if old is not None else None,
+                old_series.study.uid if old_series is not None else None,
+                old_study.patient if old_study is not None else None)
+            if refused is not None or old is not None:
+                out.append(refused if refused is not None else False)
+                continue
+            study = old_study
+            if study is None:
+                study = self._studies[r.study_uid] = _Study(
+                    r.study_uid, tuple(r.study[c] for c in _STUDY_COLS), _seqs(r.study, "study"), r.study_json,
+                    r.patient)
+            series = self._series.get(r.series_uid)
+            if series is None:
+                series = self._series[r.series_uid] = _Series(
+                    r.series_uid, study, tuple(r.series[c] for c in _SERIES_COLS), _seqs(r.series, "series"),
+                    r.series_json)
+                study.series[r.series_uid] = series
+            inst = _Instance(r, series, next(self._seq))
+            series.instances[r.sop_uid] = inst
+            self._instances[r.sop_uid] = inst
+            self._bytes += r.size
+            out.append(True)
+        return out
+
+    def add(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
+        with self._lock:
+            out = self._insert(records, action)
             try:  # routing's outbox and the change log (on disk): durable before the answer, or
                 # nothing of this add stays
                 self._run_write_hooks(None, records, out)

@@ -348,6 +348,16 @@ class PostgreSQLIndex(SQLIndex):
     def rejections(self, study_uid=None, series_uid=None, before=None):
         return self._retried(lambda: SQLIndex.rejections(self, study_uid, series_uid, before))
 
+    def replace(self, records: list[InstanceRecord], study_uid: str, series_uid: str | None = None,
+                sop_uid: str | None = None, action: str = "update") -> None:
+        # the study lock serialises with every add into the study and every delete of it
+        uids = [study_uid, *(u for r in records for u in (r.series_uid, r.sop_uid))]
+        with self._writing(uids) as con:
+            self._replace_rows(con, records, study_uid, series_uid, sop_uid, action)
+
+    def history(self, sop_uid: str):
+        return self._retried(lambda: SQLIndex.history(self, sop_uid))
+
     @contextmanager
     def locked(self, sop_uids: Iterable[str]) -> Iterator[None]:
         """Exclusive right, across nodes, to place the files of these instances

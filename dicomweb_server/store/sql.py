@@ -21,8 +21,9 @@ from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record, level_values
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
+from ..dicom.status import FailureReason
 from . import rejections
-from .base import Index, IndexCounts, InstanceLocation, Refused, SearchHit, hierarchy_conflict
+from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 
 ALIAS = {"study": "s", "series": "se", "instance": "i"}
 
@@ -341,7 +342,8 @@ class SQLIndex(Index):
 
     # --- writes, inside the caller's transaction ----------------------------------------
 
-    def _add_rows(self, con, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
+    def _add_rows(self, con, records: list[InstanceRecord], action: str = "create",
+                  log: bool = True) -> list[bool | Refused]:
         """Insert instances and update the computed study/series attributes
         incrementally (constant work per instance, whatever the study's size).
         The caller's transaction keeps other writers of these UIDs out, so the
@@ -400,8 +402,9 @@ class SQLIndex(Index):
               "SOPClassesInStudy = ? WHERE pk = ?",
               (1 if new_series else 0, join_multi(mods), join_multi(sops), study_pk))
             added.append(True)
-        self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
-                                if new is True])
+        if log:
+            self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
+                                    if new is True])
         return added
 
     def _execute(self, con) -> changelog.Execute:
@@ -436,6 +439,25 @@ class SQLIndex(Index):
                    before: float | None = None) -> list[rejections.Rejection]:
         with self._reading() as con:
             return rejections.select(self._execute(con), study_uid, series_uid, before)
+
+    def _replace_rows(self, con, records: list[InstanceRecord], study_uid: str, series_uid: str | None,
+                      sop_uid: str | None, action: str) -> None:
+        """Index.replace inside the caller's transaction: the scope's rows removed, the new
+        versions' rows added (the study's patient is then what the new records say), one
+        ``action`` row each in the change log. A rejected instance (rejected after the
+        update read the study) stays rejected: its new file is left as a kept version."""
+        rx = self._execute(con)
+        records = [r for r in records if not rejections.is_rejected(rx, r.sop_uid)]
+        self._delete_rows(con, study_uid, series_uid, sop_uid, log=False)
+        for new in self._add_rows(con, records, action=action, log=False):
+            if new is not True:
+                raise ReplaceRefused(new if isinstance(new, Refused)
+                                     else Refused(FailureReason.PROCESSING_FAILURE, "instance indexed twice"))
+        self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records])
+
+    def history(self, sop_uid: str) -> list[changelog.Change]:
+        with self._reading() as con:
+            return changelog.history(lambda sql, p: self._x(con, sql, p), sop_uid)
 
     def _log(self, con, action: str, instances: list[tuple[str, str, str]]) -> None:
         """Append the change-log rows of this transaction (store/changes.py) and run the
@@ -496,7 +518,7 @@ class SQLIndex(Index):
               (join_multi(mods), join_multi(classes), pk, pk, pk))
 
     def _delete_rows(self, con, study_uid: str, series_uid: str | None, sop_uid: str | None,
-                     action: str = "delete", only: set[str] | None = None) -> list[str]:
+                     action: str = "delete", only: set[str] | None = None, log: bool = True) -> list[str]:
         """Remove a study, series or instance (those of ``only``, when given) and
         recompute what is left; returns the paths."""
         where, params = scope(study_uid, series_uid, sop_uid)
@@ -520,7 +542,8 @@ class SQLIndex(Index):
         con.cursor().executemany(self.dialect.sql("DELETE FROM study WHERE pk = ?"), [(pk,) for pk in gone])
         self._drop_items(con, "study", gone)
         self._recompute(con, set(), study_pks - gone)
-        self._log(con, action, [(r[4], r[5], r[6]) for r in rows])
+        if log:
+            self._log(con, action, [(r[4], r[5], r[6]) for r in rows])
         return [r[1] for r in rows]
 
     def _emptied(self, con, pks: set[int], child: str) -> set[int]:

@@ -64,10 +64,15 @@ CREATE INDEX IF NOT EXISTS instance_series ON instance(series_pk);
 CREATE INDEX IF NOT EXISTS instance_size ON instance(_size);
 -- The hierarchy is a constraint (store/base.py hierarchy_conflict): an instance's file
 -- name is study/series/sop.dcm of its own UIDs, so a row whose series belongs to
--- another study (or that names another series) cannot be written.
-CREATE TRIGGER IF NOT EXISTS instance_in_own_series BEFORE INSERT ON instance
-WHEN NEW._path IS NOT (SELECT s.StudyInstanceUID || '/' || se.SeriesInstanceUID || '/' || NEW.SOPInstanceUID
-                       || '.dcm' FROM series se JOIN study s ON s.pk = se.study_pk WHERE se.pk = NEW.series_pk)
+-- another study (or that names another series) cannot be written. A later version of an
+-- instance is study/series/sop.vN.dcm (lifecycle/versions.py): the trigger is made again
+-- at every start, so that an index created before versions takes them.
+DROP TRIGGER IF EXISTS instance_in_own_series;
+CREATE TRIGGER instance_in_own_series BEFORE INSERT ON instance
+WHEN NOT coalesce((SELECT NEW._path = p || '.dcm' OR (NEW._path GLOB p || '.v[1-9]*.dcm'
+                                                      AND NEW._path NOT GLOB p || '.v*[^0-9]*.dcm')
+                   FROM (SELECT s.StudyInstanceUID || '/' || se.SeriesInstanceUID || '/' || NEW.SOPInstanceUID AS p
+                         FROM series se JOIN study s ON s.pk = se.study_pk WHERE se.pk = NEW.series_pk)), 0)
 BEGIN SELECT RAISE(ABORT, 'instance filed under another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk, _path, SOPInstanceUID ON instance
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
@@ -177,6 +182,11 @@ class SQLiteIndex(SQLIndex):
     def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
         with immediate(self._con()) as con:
             return self._purge_rows(con, rows)
+
+    def replace(self, records: list[InstanceRecord], study_uid: str, series_uid: str | None = None,
+                sop_uid: str | None = None, action: str = "update") -> None:
+        with immediate(self._con()) as con:
+            self._replace_rows(con, records, study_uid, series_uid, sop_uid, action)
 
     # --- reads: store/sql.py SQLReads ------------------------------------------------
 

@@ -7,6 +7,7 @@ purge removes them after keep_rejected days; the change feed says reject/restore
 
 from __future__ import annotations
 
+import io
 import time
 
 import httpx
@@ -208,3 +209,77 @@ def test_a_note_before_its_instances_hides_them_when_they_arrive(http):
     assert http.get("/admin/rejected", params={"study": st}).json()[0]["Stored"] is True
     assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 1}
     assert http.get(url(a)).status_code == 200
+
+
+def test_an_update_leaves_a_rejected_instance_as_it_was_rejected(http, study, server):
+    """lifecycle-update x lifecycle-reject: a study $update while one of its instances is
+    rejected does not touch (nor show) that instance; restoring the rejection brings it
+    back as it was rejected: its version then (here version 2, an earlier update's), not
+    the later update's values (docs/notes/lifecycle-update.md)."""
+    import pydicom
+
+    a, b, mr = study
+    st, mr_se, mr_sop = str(a.StudyInstanceUID), str(mr.SeriesInstanceUID), str(mr.SOPInstanceUID)
+
+    def update(value: str) -> int:
+        r = http.post(f"/studies/{st}/$update", json={"00081030": {"vr": "LO", "Value": [value]}})
+        assert r.status_code == 200, r.text
+        return r.json()["instances"]
+
+    assert update("after") == 3  # every instance at version 2
+    assert http.post(f"/studies/{st}/series/{mr_se}/reject/113001%5EDCM").json() == {"count": 1}
+    assert update("third") == 2  # the rejected instance is not part of it
+    assert http.get(url(mr)).status_code == 404  # not resurrected by the update's switch
+    assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 1}
+    meta = {m["00080018"]["Value"][0]: m["00081030"]["Value"][0] for m in http.get(f"/studies/{st}/metadata").json()}
+    assert meta == {a.SOPInstanceUID: "third", b.SOPInstanceUID: "third", mr_sop: "after"}
+    r = http.get(url(mr), headers={"Accept": "multipart/related; type=application/dicom"})
+    assert r.status_code == 200
+    got = pydicom.dcmread(io.BytesIO(r.content[r.content.index(b"\r\n\r\n") + 4:]), force=True)
+    assert (got.SOPInstanceUID, got.StudyDescription, got.PixelData) == (mr_sop, "after", mr.PixelData)
+    vs = http.get(url(mr, "/versions")).json()
+    assert [(v["version"], v["action"], v["current"]) for v in vs] == [(1, "create", False), (2, "update", True)]
+    feed = [(e["Action"], e["State"]) for e in http.get("/changefeed", params={"limit": 100}).json()
+            if e["SopInstanceUid"] == mr_sop]
+    assert feed == [("create", "replaced"), ("update", "rejected"), ("reject", "rejected"), ("restore", "current")]
+    # rejected again and purged: its kept versions go with it (base file and version 2)
+    assert http.post(f"/studies/{st}/series/{mr_se}/reject/113001%5EDCM").json() == {"count": 1}
+    assert sum(mr_sop in o.path for o in server.archive.blobs.listing()) == 2
+    assert lifecycle.purge(server.archive, now=time.time() + 31 * 86400) == 1
+    assert not any(mr_sop in o.path for o in server.archive.blobs.listing())
+    assert sum(a.SOPInstanceUID in o.path for o in server.archive.blobs.listing()) == 3  # v1, v2, v3 kept
+
+
+def test_a_rejected_updated_instance_survives_a_restart_of_the_memory_index(tmp_path):
+    """The in-memory index re-reads the files at start: a rejected instance whose current
+    file is a version ({sop}.v2.dcm) is filed under its rejection with that file, and a
+    restore after the restart brings back version 2 (not the first file)."""
+    import pydicom
+
+    srv = LiveServer(tmp_path / "data", "memory").start()
+    try:
+        a = make_dataset(StudyDescription="before")
+        st, se, sop = str(a.StudyInstanceUID), str(a.SeriesInstanceUID), str(a.SOPInstanceUID)
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            stow(http, [a])
+            r = http.post(f"/studies/{st}/$update", json={"00081030": {"vr": "LO", "Value": ["after"]}})
+            assert r.status_code == 200, r.text
+            assert http.post(f"/studies/{st}/reject/113001%5EDCM").json() == {"count": 1}
+        srv.stop()
+        srv.start()
+        (row,) = srv.archive.index.rejections()
+        assert row.path.endswith(f"{sop}.v2.dcm")
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            assert http.get(url(a)).status_code == 404
+            assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 1}
+            r = http.get(f"/studies/{st}/series/{se}/instances/{sop}",
+                         headers={"Accept": "multipart/related; type=application/dicom"})
+            got = pydicom.dcmread(io.BytesIO(r.content[r.content.index(b"\r\n\r\n") + 4:]), force=True)
+            assert got.StudyDescription == "after"
+        srv.stop()
+        srv.start()  # shown again: the change log's restore row names version 2 as current
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            meta = http.get(f"/studies/{st}/metadata").json()
+            assert [m["00081030"]["Value"][0] for m in meta] == ["after"]
+    finally:
+        srv.stop()

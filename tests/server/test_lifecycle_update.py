@@ -1,0 +1,226 @@
+"""Study and series $update, patient $merge, versions and $restore (lifecycle/update.py),
+on every index (memory, SQLite, PostgreSQL) and both storages (files, S3): the new values
+via QIDO-RS, WADO-RS metadata, the retrieved file's bytes (pydicom), the change feed;
+bad bodies answered 400 with nothing changed."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import pytest
+from pydicom import dcmread
+from pydicom.uid import generate_uid
+
+from tests.helpers import make_dataset, multipart, to_bytes
+
+POSTGRESQL = True
+S3 = True
+
+
+def stow(url: str, datasets) -> None:
+    body, ctype = multipart([to_bytes(ds) for ds in datasets])
+    r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def retrieved(url: str, study: str, series: str, sop: str):
+    r = httpx.get(f"{url}/studies/{study}/series/{series}/instances/{sop}",
+                  headers={"Accept": 'multipart/related; type="application/dicom"; transfer-syntax=*'}, timeout=30)
+    assert r.status_code == 200, r.text
+    ctype = r.headers["content-type"]
+    boundary = ctype.split("boundary=")[1].split(";")[0].strip('"')
+    part = r.content.split(b"--" + boundary.encode())[1]
+    return dcmread(io.BytesIO(part.split(b"\r\n\r\n", 1)[1].rsplit(b"\r\n", 1)[0]))
+
+
+def found_none(r) -> bool:
+    return r.status_code == 204 or (r.status_code == 200 and r.json() == [])
+
+
+def _study(url: str, patient_id: str = "OLD-1", name: str = "Old^Name", n: int = 3):
+    st, se = generate_uid(), generate_uid()
+    dss = [make_dataset(study=st, series=se, PatientID=patient_id, PatientName=name, InstanceNumber=i,
+                        StudyDescription="before") for i in range(1, n + 1)]
+    stow(url, dss)
+    return st, se, dss
+
+
+def test_study_update_everywhere(server):
+    url = server.url
+    st, se, dss = _study(url)
+    other_st, _, _ = _study(url, "OTHER", "Other^Patient", 1)
+    body = {"00100010": {"vr": "PN", "Value": [{"Alphabetic": "New^Name"}]},
+            "00100020": {"vr": "LO", "Value": ["NEW-1"]},
+            "00081030": {"vr": "LO", "Value": ["after"]}}
+    r = httpx.post(f"{url}/studies/{st}/$update", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["instances"] == 3
+    assert {c["keyword"]: (c["from"], c["to"]) for c in r.json()["changes"]}["PatientID"] == (["OLD-1"], "NEW-1")
+    # QIDO-RS: the new values, the old ones match nothing
+    found = httpx.get(f"{url}/studies", params={"PatientID": "NEW-1"}).json()
+    assert [f["0020000D"]["Value"][0] for f in found] == [st]
+    assert found[0]["00100010"]["Value"] == [{"Alphabetic": "New^Name"}]
+    assert found_none(httpx.get(f"{url}/studies", params={"PatientID": "OLD-1"}))
+    inst = httpx.get(f"{url}/studies/{st}/instances", params={"PatientName": "New*"}).json()
+    assert len(inst) == 3
+    # WADO-RS metadata
+    meta = httpx.get(f"{url}/studies/{st}/metadata").json()
+    assert len(meta) == 3
+    assert {m["00100020"]["Value"][0] for m in meta} == {"NEW-1"}
+    assert {m["00081030"]["Value"][0] for m in meta} == {"after"}
+    # the file: new values, the same SOP Instance UID and pixels
+    for ds in dss:
+        got = retrieved(url, st, se, ds.SOPInstanceUID)
+        assert (str(got.PatientName), got.PatientID, got.StudyDescription) == ("New^Name", "NEW-1", "after")
+        assert got.SOPInstanceUID == ds.SOPInstanceUID and got.PixelData == ds.PixelData
+        assert got.InstanceNumber == ds.InstanceNumber
+    # the other study is untouched
+    assert httpx.get(f"{url}/studies", params={"PatientID": "OTHER"}).json()[0]["0020000D"]["Value"] == [other_st]
+    # the change feed: one update per instance, version 2, the creates replaced
+    feed = httpx.get(f"{url}/changefeed", params={"limit": 100, "includemetadata": "false"}).json()
+    mine = [(e["Action"], e["State"]) for e in feed if e["StudyInstanceUid"] == st]
+    assert mine == [("create", "replaced")] * 3 + [("update", "current")] * 3
+    # a new instance of the patient's study must now carry the new patient (one patient per study)
+    late = make_dataset(study=st, series=se, PatientID="OLD-1", PatientName="Old^Name")
+    body2, ctype = multipart([to_bytes(late)])
+    r = httpx.post(url + "/studies", content=body2, headers={"Content-Type": ctype})
+    assert r.status_code == 409, r.text
+    late_ok = make_dataset(study=st, series=se, PatientID="NEW-1", PatientName="New^Name")
+    stow(url, [late_ok])
+    # versions and restore
+    sop = dss[0].SOPInstanceUID
+    vs = httpx.get(f"{url}/studies/{st}/series/{se}/instances/{sop}/versions").json()
+    assert [(v["version"], v["action"], v["current"]) for v in vs] == [(1, "create", False), (2, "update", True)]
+    assert vs[0]["size"] == len(to_bytes(dss[0]))
+    # one instance cannot go back to another patient than its study's: 409, nothing changed
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/instances/{sop}/$restore", params={"version": 1})
+    assert r.status_code == 409, r.text
+    assert retrieved(url, st, se, sop).PatientID == "NEW-1"
+    # the study's previous versions (the late instance has none: 409, nothing changed)
+    assert httpx.post(f"{url}/studies/{st}/$restore").status_code == 409
+    assert httpx.delete(f"{url}/studies/{st}/series/{se}/instances/{late_ok.SOPInstanceUID}").status_code == 204
+    r = httpx.post(f"{url}/studies/{st}/$restore")
+    assert r.status_code == 200, r.text
+    got = retrieved(url, st, se, sop)
+    assert (got.PatientID, str(got.PatientName), got.StudyDescription) == ("OLD-1", "Old^Name", "before")
+    assert httpx.get(f"{url}/studies", params={"PatientID": "OLD-1"}).json()[0]["0020000D"]["Value"] == [st]
+    vs = httpx.get(f"{url}/studies/{st}/series/{se}/instances/{sop}/versions").json()
+    assert [(v["version"], v["action"], v["current"]) for v in vs] == [
+        (1, "create", False), (2, "update", False), (3, "restore", True)]
+
+
+def test_series_update(server):
+    url = server.url
+    st, se, dss = _study(url)
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/$update",
+                   json={"0008103E": {"vr": "LO", "Value": ["Renamed series"]}, "00200011": {"vr": "IS", "Value": [7]}})
+    assert r.status_code == 200, r.text
+    found = httpx.get(f"{url}/studies/{st}/series", params={"SeriesDescription": "Renamed series"}).json()
+    assert found[0]["0020000E"]["Value"] == [se] and found[0]["00200011"]["Value"] == [7]
+    got = retrieved(url, st, se, dss[1].SOPInstanceUID)
+    assert (got.SeriesDescription, got.SeriesNumber) == ("Renamed series", 7)
+    # an instance's version restored (series-level attributes: no patient in the way)
+    sop = dss[1].SOPInstanceUID
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/instances/{sop}/$restore", params={"version": 1})
+    assert r.status_code == 200, r.text
+    assert retrieved(url, st, se, sop).get("SeriesDescription") is None
+    assert retrieved(url, st, se, dss[0].SOPInstanceUID).SeriesDescription == "Renamed series"
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/instances/{sop}/$restore", params={"version": 9})
+    assert r.status_code == 404
+    # a patient attribute is not a series-level one
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/$update", json={"00100020": {"vr": "LO", "Value": ["X"]}})
+    assert r.status_code == 400 and "series-level" in r.text
+
+
+def test_merge(server):
+    url = server.url
+    a1, _, _ = _study(url, "A", "Patient^A", 2)
+    a2, _, _ = _study(url, "A", "Patient^A", 1)
+    b, _, _ = _study(url, "B", "Patient^B", 1)
+    r = httpx.post(f"{url}/patients/A/$merge", json={"00100020": {"vr": "LO", "Value": ["B"]},
+                                                     "00100010": {"vr": "PN", "Value": [{"Alphabetic": "Patient^B"}]}})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["studies"]) == 2
+    assert found_none(httpx.get(f"{url}/studies", params={"PatientID": "A"}))
+    got = {f["0020000D"]["Value"][0] for f in httpx.get(f"{url}/studies", params={"PatientID": "B"}).json()}
+    assert got == {a1, a2, b}
+    assert httpx.post(f"{url}/patients/NOBODY/$merge", json={"00100020": {"vr": "LO", "Value": ["B"]}}).status_code == 404
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"0020000D": {"vr": "UI", "Value": ["1.2.3"]}}, "cannot be changed"),
+    ({"00080016": {"vr": "UI", "Value": ["1.2.3"]}}, "cannot be changed"),
+    ({"7FE00010": {"vr": "OW", "InlineBinary": "AAAA"}}, "cannot be changed"),
+    ({"00280010": {"vr": "US", "Value": [4]}}, "study-level"),
+    ({"PatientName": {"vr": "PN", "Value": ["X"]}}, "not a tag"),
+    ({"00100020": {"vr": "SH", "Value": ["X"]}}, "dictionary says LO"),
+    ({"00100030": {"vr": "DA", "Value": ["not-a-date"]}}, "00100030"),
+    ({"00100040": {"vr": "CS", "Value": ["lower case?"]}}, "00100040"),
+    ({}, "at least one"),
+    ([1, 2], "one DICOM JSON object"),
+])
+def test_bad_bodies_change_nothing(server, body, reason):
+    url = server.url
+    st, se, dss = _study(url, n=1)
+    before = httpx.get(f"{url}/studies/{st}/metadata").json()
+    r = httpx.post(f"{url}/studies/{st}/$update", json=body)
+    assert r.status_code == 400, r.text
+    assert reason in r.text
+    assert httpx.get(f"{url}/studies/{st}/metadata").json() == before
+    assert retrieved(url, st, se, dss[0].SOPInstanceUID).PatientID == "OLD-1"
+
+
+def test_body_over_the_limit(server):
+    url = server.url
+    st, _, _ = _study(url, n=1)
+    r = httpx.post(f"{url}/studies/{st}/$update", content=b" " * (64 * 1024 + 1),
+                   headers={"Content-Type": "application/dicom+json"})
+    assert r.status_code == 400 and "over 65536 bytes" in r.text
+    r = httpx.post(f"{url}/studies/{generate_uid()}/$update", json={"00100020": {"vr": "LO", "Value": ["X"]}})
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize("policy", ["reject", "replace", "keep"])
+def test_duplicate_policy(tmp_path, index_kind, policy, request):
+    """Other content under a stored SOP Instance UID: rejected (0x0111, 409), made a new
+    version, or answered success with the stored one kept; STOW-RS, then import."""
+    from tests.helpers import LiveServer
+
+    index, _, storage = index_kind.partition("+")
+    extra = {"database_url": request.getfixturevalue("pg_url")} if index == "postgresql" else {}
+    if storage == "s3":
+        extra.update(request.getfixturevalue("s3_storage"))
+    srv = LiveServer(tmp_path / "data", index, duplicate_policy=policy, **extra).start()
+    try:
+        url = srv.url
+        st, se = generate_uid(), generate_uid()
+        first = make_dataset(study=st, series=se, PatientID="DUP", StudyDescription="first")
+        stow(url, [first, make_dataset(study=st, series=se, PatientID="DUP", StudyDescription="first")])
+        second = make_dataset(study=st, series=se, sop=first.SOPInstanceUID, PatientID="DUP",
+                              StudyDescription="second")
+        body, ctype = multipart([to_bytes(second)])
+        r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype})
+        assert r.status_code == {"reject": 409, "replace": 200, "keep": 200}[policy], r.text
+        if policy == "reject":
+            assert r.json()["00081198"]["Value"][0]["00081197"]["Value"] == [0x0111]
+        got = retrieved(url, st, se, first.SOPInstanceUID)
+        want = "second" if policy == "replace" else "first"
+        assert got.StudyDescription == want
+        (meta,) = httpx.get(f"{url}/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}/metadata").json()
+        assert meta["00081030"]["Value"] == [want]
+        vs = httpx.get(f"{url}/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}/versions").json()
+        assert len(vs) == (2 if policy == "replace" else 1)
+        # the same content again: a success everywhere, nothing new
+        r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype})
+        assert r.status_code == (409 if policy == "reject" else 200)
+        assert len(httpx.get(f"{url}/studies/{st}/series/{se}/instances/{first.SOPInstanceUID}/versions")
+                   .json()) == len(vs)
+        # another patient than the study's (it has two instances): refused (replace, reject) or the stored kept
+        other = make_dataset(study=st, series=se, sop=first.SOPInstanceUID, PatientID="SOMEONE-ELSE")
+        body, ctype = multipart([to_bytes(other)])
+        r = httpx.post(url + "/studies", content=body, headers={"Content-Type": ctype})
+        assert r.status_code == (200 if policy == "keep" else 409), r.text
+        assert retrieved(url, st, se, first.SOPInstanceUID).PatientID == "DUP"
+    finally:
+        srv.stop()
