@@ -195,7 +195,7 @@ def derived_value(meta: dict, attribute: Attribute) -> str | None:
     ``YYYYMMDDHHMMSS.ffffff`` (a missing time is the start of the day), or the DT; in
     UTC when ``attribute.utc``, with the DT's own offset, else the instance's Timezone
     Offset From UTC (PS3.3 C.12.1.1.8). Without either, the local time is kept as it is:
-    the standard leaves it unknown, and the archive does not guess (docs/notes/matching.md).
+    the standard leaves it unknown, and the archive does not guess (docs/dicomweb.md, time zones).
     None without a (valid) date."""
     if len(attribute.sources) == 1:
         raw = _first_text(meta, attribute.sources[0])
