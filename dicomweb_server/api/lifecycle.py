@@ -88,7 +88,9 @@ async def restore_study(request: Request, archive: ArchiveDep, study: StudyUID) 
 @router.post("/studies/{study}/series/{series}/instances/{instance}/$restore")
 async def restore(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
                   instance: SOPInstanceUID) -> Response:
-    raw = request.query_params.get("version", "")
+    raw = request.query_params.get("version")
+    if raw is None:
+        raise DICOMwebHTTPError(400, "the version to restore is required: ?version=N (GET .../versions lists them)")
     if not raw.isdigit():
         raise DICOMwebHTTPError(400, f"version: {raw!r} is not a version number")
     done = await _run(request, lifecycle.restore, archive, study, series, instance, int(raw))

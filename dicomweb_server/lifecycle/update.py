@@ -89,8 +89,6 @@ def parse_changes(body: bytes, level: str) -> Dataset:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise UpdateError(400, f"the body is not JSON: {e}") from None
-    if isinstance(doc, list) and len(doc) == 1:
-        doc = doc[0]
     if not isinstance(doc, dict) or not doc:
         raise UpdateError(400, "the body must be one DICOM JSON object naming at least one attribute")
     allowed = ALLOWED[level]
@@ -109,6 +107,9 @@ def parse_changes(body: bytes, level: str) -> Dataset:
             raise UpdateError(400, f"{kw} ({tag}): vr {elem['vr']!r}, the dictionary says {vr}")
         if "BulkDataURI" in elem or "InlineBinary" in elem:
             raise UpdateError(400, f"{kw} ({tag}): binary values cannot be set")
+        if vr == "PN" and not all(v is None or isinstance(v, dict) for v in elem.get("Value", [])):
+            # PS3.18 F.2.2: each PN value is an object of its component groups
+            raise UpdateError(400, f'{kw} ({tag}): a PN value is an object, e.g. {{"Alphabetic": "Doe^Jane"}}')
     try:
         ds = Dataset.from_json(doc)
     except Exception as e:  # noqa: BLE001 - pydicom raises many types on bad values

@@ -159,6 +159,8 @@ def test_merge(server):
     ({"00100040": {"vr": "CS", "Value": ["lower case?"]}}, "00100040"),
     ({}, "at least one"),
     ([1, 2], "one DICOM JSON object"),
+    ([{"00100010": {"vr": "PN", "Value": [{"Alphabetic": "A^B"}]}}], "one DICOM JSON object"),  # an array
+    ({"00100010": {"vr": "PN", "Value": ["Doe^Jane"]}}, "a PN value is an object"),  # PS3.18 F.2.2
 ])
 def test_bad_bodies_change_nothing(server, body, reason):
     url = server.url
@@ -169,6 +171,17 @@ def test_bad_bodies_change_nothing(server, body, reason):
     assert reason in r.text
     assert httpx.get(f"{url}/studies/{st}/metadata").json() == before
     assert retrieved(url, st, se, dss[0].SOPInstanceUID).PatientID == "OLD-1"
+
+
+def test_an_instance_restore_names_its_missing_version(server):
+    """A new user's try: ``$restore`` without ``?version=`` said "version: '' is not a
+    version number"; it says the parameter is required."""
+    url = server.url
+    st, se, dss = _study(url, n=1)
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/instances/{dss[0].SOPInstanceUID}/$restore")
+    assert r.status_code == 400 and "the version to restore is required: ?version=N" in r.text
+    r = httpx.post(f"{url}/studies/{st}/series/{se}/instances/{dss[0].SOPInstanceUID}/$restore?version=x")
+    assert r.status_code == 400 and "'x' is not a version number" in r.text
 
 
 def test_body_over_the_limit(server):
