@@ -1,5 +1,6 @@
 """Study ``$update`` time and change feed read rate, through the real HTTP server
-(``python -m dicomweb_server.cli serve``, SQLite index, local files, default workers).
+(``python -m dicomweb_server.cli serve``, SQLite index or PostgreSQL (tests/postgres.py's
+throw-away server), local files, default workers).
 
 - Builds studies of N small instances (64x64 16-bit MR made with pydicom, STOW-RS in
   batches of 100) in a fresh archive, then times ``POST /studies/{uid}/$update`` of each
@@ -12,7 +13,8 @@
 - The change feed: reads the whole feed with ``/changefeed?offset=&limit=100`` (v1), with
   metadata (the default) and with ``includemetadata=false``; entries/s.
 
-    PYTHONPATH=. python benchmarks/lifecycle.py [--sizes 100,1000,3000] [--output benchmarks/results/lifecycle.md]
+    PYTHONPATH=. python benchmarks/lifecycle.py [--sizes 100,1000,3000] [--index sqlite,postgresql]
+        [--output benchmarks/results/lifecycle.md]
 
 Traffic to 127.0.0.1 only. ``run()`` is the core (tests/benchmarks/test_lifecycle.py runs
 it with N=5)."""
@@ -132,23 +134,29 @@ def _values(doc: list) -> set:
 def readers_during_update(base: str, study: str, n: int, old: tuple, new: tuple) -> dict:
     """One client polls QIDO-RS of the study's instances while the study is updated from
     ``old`` to ``new``; every answer must hold ``n`` instances, all old or all new."""
-    stop = threading.Event()
-    seen = {"old": 0, "new": 0, "mixed": 0, "wrong_count": 0, "errors": 0}
+    done_at: list[float] = []  # when the update's answer came
+    seen = {"old": 0, "new": 0, "mixed": 0, "wrong_count": 0, "errors": 0, "old_after": 0}
     latency: list[float] = []
     url = f"/studies/{study}/instances?includefield=00100010&includefield=00100020&limit={n}"
 
     def poll():
         with httpx.Client(base_url=base, timeout=60) as c:
-            while not stop.is_set():
+            while True:
                 t = time.perf_counter()
+                # the last answer: the first asked 0.2 s after the update was acknowledged
+                last = bool(done_at) and t > done_at[0] + 0.2
                 try:
                     r = c.get(url, headers={"Accept": "application/dicom+json"})
                 except httpx.HTTPError:
                     seen["errors"] += 1
+                    if last:
+                        break
                     continue
                 latency.append(time.perf_counter() - t)
                 if r.status_code != 200:
                     seen["errors"] += 1
+                    if last:
+                        break
                     continue
                 doc = r.json()
                 values = _values(doc)
@@ -160,14 +168,17 @@ def readers_during_update(base: str, study: str, n: int, old: tuple, new: tuple)
                     seen["new"] += 1
                 else:
                     seen["mixed"] += 1
+                if done_at and t > done_at[0] and values != {new}:
+                    seen["old_after"] += 1  # asked after the acknowledgement: must be new
+                if last:
+                    break
 
     reader = threading.Thread(target=poll)
     reader.start()
     time.sleep(0.2)  # the reader's first answers come before the update
     with httpx.Client(base_url=base, timeout=600) as c:
         result = update(c, study, *new)
-    time.sleep(0.2)  # and some after it
-    stop.set()
+    done_at.append(time.perf_counter())
     reader.join()
     return {**result, **seen, "answers": len(latency), "p50": _pct(latency, 0.5), "p99": _pct(latency, 0.99)}
 
@@ -192,10 +203,12 @@ def read_feed(client: httpx.Client, metadata: bool) -> dict:
     return {"metadata": metadata, "entries": entries, "with_metadata": with_metadata, "requests": calls, "seconds": s, "rate": entries / s}
 
 
-def run(sizes: list[int], work: Path) -> dict:
-    """The benchmark: one fresh archive under ``work``; returns the figures."""
-    server = Server(work / "data")
-    out: dict = {"sizes": {}, "file_size": None}
+def run(sizes: list[int], work: Path, database_url: str | None = None) -> dict:
+    """The benchmark: one fresh archive under ``work`` (SQLite index, or PostgreSQL at
+    ``database_url``); returns the figures."""
+    env = {"DICOMWEB_INDEX": "postgresql", "DICOMWEB_DATABASE_URL": database_url} if database_url else {}
+    server = Server(work / "data", env)
+    out: dict = {"index": "postgresql" if database_url else "sqlite", "sizes": {}, "file_size": None}
     try:
         with httpx.Client(base_url=server.base, timeout=600) as client:
             studies = {}
@@ -225,35 +238,48 @@ def facts() -> dict:
             "kernel": m["kernel"]}
 
 
-def report(out: dict, f: dict, load_before, load_after, started: str, total: float) -> str:
+def report(outs: list[dict], f: dict, load_before, load_after, started: str, total: float) -> str:
+    out = outs[0]
     lines = [f"# Study `$update` and change feed read rate, {started}", "",
              f"Machine: {f['cpu']}, {f['cores']} cores (shared with other engineers), Linux {f['kernel']}, "
              f"Python {f['python']}, commit {f['commit']}.",
              f"Load average before: {' '.join(f'{x:.2f}' for x in load_before)}; "
              f"after: {' '.join(f'{x:.2f}' for x in load_after)}. Total run {total:.0f} s.",
              f"Instances: 64x64 16-bit MR made with pydicom, {out['file_size']:,} bytes each, one series per study, "
-             "stored with STOW-RS (100 per request). SQLite index, local files (fsyncs on), server with its "
+             "stored with STOW-RS (100 per request). Local files (fsyncs on); each index its own fresh "
+             "archive (PostgreSQL: tests/postgres.py's throw-away server, fsync on, same machine); server with its "
              "default workers (one per core), one client.", "",
-             "    PYTHONPATH=. python benchmarks/lifecycle.py --output benchmarks/results/lifecycle.md", "",
+             f"    PYTHONPATH=. python benchmarks/lifecycle.py --index {','.join(o['index'] for o in outs)} "
+             "--output benchmarks/results/lifecycle.md", "",
              "## `POST /studies/{uid}/$update` (PatientName + PatientID)", "",
-             "| instances | update, HTTP round trip s | server `seconds` | instances/s | (STOW-RS of the study, s) |",
-             "|---|---|---|---|---|"]
-    for n, r in out["sizes"].items():
-        lines.append(f"| {n:,} | {r['wall']:.2f} | {r['server']:.2f} | {n / r['wall']:.0f} | {r['store']:.1f} |")
+             "| index | instances | update, HTTP round trip s | server `seconds` | instances/s | (STOW-RS of the study, s) |",
+             "|---|---|---|---|---|---|"]
+    for o in outs:
+        for n, r in o["sizes"].items():
+            lines.append(f"| {o['index']} | {n:,} | {r['wall']:.2f} | {r['server']:.2f} | {n / r['wall']:.0f} "
+                         f"| {r['store']:.1f} |")
     rd = out["readers"]
     lines += ["", f"## Readers during an update of the {rd['n']:,}-instance study", "",
               "One client polls `GET /studies/{uid}/instances?includefield=00100010&includefield=00100020` "
-              f"(all {rd['n']:,} instances in one answer) from 0.2 s before the update to 0.2 s after it; "
+              f"(all {rd['n']:,} instances in one answer), one request after the other, from 0.2 s before the "
+              "update until an answer to a request sent 0.2 s after the update's acknowledgement; "
+              "\"old after ack\": answers to requests sent after the acknowledgement that were not all new; "
               "the update (a second one, to other values) shares the 2 cores with it.", "",
-              "| update s (server) | answers | all old | all new | mixed | wrong count | errors | p50 ms | p99 ms |",
-              "|---|---|---|---|---|---|---|---|---|",
-              f"| {rd['wall']:.2f} ({rd['server']:.2f}) | {rd['answers']} | {rd['old']} | {rd['new']} | {rd['mixed']} "
-              f"| {rd['wrong_count']} | {rd['errors']} | {1000 * rd['p50']:.0f} | {1000 * rd['p99']:.0f} |",
-              "", "## Change feed read rate (`/changefeed?offset=&limit=100`, the whole feed)", "",
-              "| includemetadata | entries | of which with Metadata | requests | s | entries/s |", "|---|---|---|---|---|---|"]
-    for fd in out["feed"]:
-        lines.append(f"| {str(fd['metadata']).lower()} | {fd['entries']:,} | {fd['with_metadata']:,} | {fd['requests']} | {fd['seconds']:.2f} "
-                     f"| {fd['rate']:,.0f} |")
+              "| index | update s (server) | answers | all old | all new | mixed | wrong count | errors | old after ack "
+              "| p50 ms | p99 ms |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for o in outs:
+        rd = o["readers"]
+        lines.append(f"| {o['index']} | {rd['wall']:.2f} ({rd['server']:.2f}) | {rd['answers']} | {rd['old']} "
+                     f"| {rd['new']} | {rd['mixed']} | {rd['wrong_count']} | {rd['errors']} | {rd['old_after']} | {1000 * rd['p50']:.0f} "
+                     f"| {1000 * rd['p99']:.0f} |")
+    lines += ["", "## Change feed read rate (`/changefeed?offset=&limit=100`, the whole feed)", "",
+              "| index | includemetadata | entries | of which with Metadata | requests | s | entries/s |",
+              "|---|---|---|---|---|---|---|"]
+    for o in outs:
+        for fd in o["feed"]:
+            lines.append(f"| {o['index']} | {str(fd['metadata']).lower()} | {fd['entries']:,} | {fd['with_metadata']:,} "
+                         f"| {fd['requests']} | {fd['seconds']:.2f} | {fd['rate']:,.0f} |")
     lines += ["", "The feed holds one `create` per stored instance and one `update` per updated instance "
               "(the largest study twice). With metadata, an entry whose instance version is current carries "
               "its DICOM JSON (as WADO-RS metadata gives it); a replaced one has `Metadata: null`."]
@@ -265,17 +291,30 @@ def main() -> int:
     p.add_argument("--sizes", default="100,1000,3000", help="study sizes, comma separated")
     p.add_argument("--dir", default=tempfile.gettempdir(), help="where the archive goes (the disk measured)")
     p.add_argument("--output", type=Path, help="write the markdown report here")
+    p.add_argument("--index", default="sqlite", help="sqlite, postgresql or both (comma separated)")
     args = p.parse_args()
+    indexes = args.index.split(",")
     sizes = [int(x) for x in args.sizes.split(",")]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
     t = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="bench_lifecycle_", dir=args.dir))
+    outs, pg = [], None
     try:
-        out = run(sizes, work)
+        for index in indexes:
+            work = Path(tempfile.mkdtemp(prefix="bench_lifecycle_", dir=args.dir))
+            try:
+                if index == "postgresql":
+                    from tests.postgres import PostgresServer
+                    pg = pg or PostgresServer()
+                    outs.append(run(sizes, work, pg.fresh_url()))
+                else:
+                    outs.append(run(sizes, work))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    text = report(out, facts(), load_before, os.getloadavg(), started, time.perf_counter() - t)
+        if pg:
+            pg.stop()
+    text = report(outs, facts(), load_before, os.getloadavg(), started, time.perf_counter() - t)
     print(text, end="")
     if args.output:
         args.output.write_text(text)
