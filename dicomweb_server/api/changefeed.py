@@ -127,24 +127,10 @@ async def _latest(request: Request, archive, base: str) -> Response:
 
 
 @router.get("/changefeed", summary="Read the change feed (version 1 semantics)")
-async def changefeed(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
-    """Entries after Sequence ``offset``, at most ``limit`` (1-100, default 10)."""
-    return await _feed(request, archive, base, 1)
-
-
-@router.get("/changefeed/latest", summary="The latest change feed entry")
-async def changefeed_latest(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
-    return await _latest(request, archive, base)
-
-
 @router.get("/v1/changefeed", summary="Read the change feed (version 1)")
 async def changefeed_v1(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
+    """Entries after Sequence ``offset``, at most ``limit`` (1-100, default 10)."""
     return await _feed(request, archive, base, 1)
-
-
-@router.get("/v1/changefeed/latest", summary="The latest change feed entry (version 1)")
-async def changefeed_v1_latest(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
-    return await _latest(request, archive, base)
 
 
 @router.get("/v2/changefeed", summary="Read the change feed (version 2: time window)")
@@ -154,6 +140,8 @@ async def changefeed_v2(request: Request, archive: ArchiveDep, base: BaseURL) ->
     return await _feed(request, archive, base, 2)
 
 
+@router.get("/changefeed/latest", summary="The latest change feed entry")
+@router.get("/v1/changefeed/latest", summary="The latest change feed entry (version 1)")
 @router.get("/v2/changefeed/latest", summary="The latest change feed entry (version 2)")
-async def changefeed_v2_latest(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
+async def changefeed_latest(request: Request, archive: ArchiveDep, base: BaseURL) -> Response:
     return await _latest(request, archive, base)
