@@ -106,7 +106,7 @@ def test_stow_corpus(archive, name, ctype, body, status):
     "/studies/{u}", "/studies/{u}/metadata", f"/studies/{S}/series/{{u}}", f"/studies/{S}/series/{{u}}/metadata",
     f"/studies/{S}/series/{SE}/instances/{{u}}", "/studies/{u}/series", f"/studies/{S}/series/{{u}}/instances",
     "/studies/{u}/rendered", INSTANCE + "/bulkdata/{u}", INSTANCE + "/frames/{u}",
-])
+], ids=lambda t: t.replace(I, "{I}").replace(SE, "{SE}").replace(S, "{S}"))  # stable ids: xdist workers compare them
 def test_path_parameters(archive, uid, template):
     srv, c = archive
     before = _snapshot(srv, c)
