@@ -221,7 +221,7 @@ async function renderFind(params) {
     offset > 0 ? el("a", { href: link({ offset: Math.max(0, offset - limit) }) }, "← Previous") : null,
     more ? el("a", { href: link({ offset: offset + limit }) }, "Next →") : null);
   results.replaceChildren(rows.length ? t : el("p", {}, "No study matches."), pager);
-  say(`${rows.length}${more ? "+" : ""} studies found.`);
+  say(`${rows.length}${more ? "+" : ""} ${rows.length === 1 && !more ? "study" : "studies"} found.`);
 }
 
 /* -- Upload: drag and drop or choose files -> STOW-RS (PS3.18 §10.5) ------------------------ */
