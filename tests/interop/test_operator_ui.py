@@ -246,3 +246,47 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         context.close()
     for name in ("operator-find.png", "operator-study.png", "operator-watch.png"):
         shutil.copy(DOCS / name, artifacts / name)
+
+
+def test_operator_page_with_basic_auth_read_only(browser, tmp_path):  # noqa: F811 (browser: the fixture)
+    """Basic credentials (a non-ASCII password: sent as UTF-8) of a user with the ``read``
+    scope only: the page finds and shows the study; what needs ``write`` or ``delete`` is
+    refused by the API, the page says so, and nothing changes."""
+    import hashlib
+    import json
+
+    users = tmp_path / "users.json"
+    users.write_text(json.dumps({"reader": {"password_sha256": hashlib.sha256("pässwörd".encode()).hexdigest(),
+                                            "scopes": ["read"]}}))
+    a = LiveServer(tmp_path / "a", "sqlite", basic_users_file=users,
+                   api_keys={KEY: ["read", "write", "delete"]}).start()
+    study = make_study(slices=1, size=32, patient="Basic^Reader", patient_id="OP-3")
+    uid = str(study[0].StudyInstanceUID)
+    body, ctype = stow_body(study)
+    assert httpx.post(f"{a.url}/studies", content=body, headers={"Content-Type": ctype, **AUTH}).status_code == 200
+    context = browser.new_context(viewport=VIEWPORT)
+    refused = _offline(context, a.url)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    try:
+        page.goto(f"{a.url}/ui/")
+        page.locator("#login summary").click()
+        page.get_by_label("Scheme").select_option("basic")
+        page.get_by_label("User").fill("reader")
+        page.get_by_label("Password").fill("pässwörd")
+        page.get_by_role("button", name="Use these credentials").click()
+        page.locator("#who", has_text="Basic: reader").wait_for()
+        page.get_by_label("Patient ID").fill("OP-3")
+        page.get_by_role("button", name="Search").click()
+        page.get_by_role("link", name="Basic^Reader").click()
+        page.get_by_role("heading", name="Study of Basic^Reader").wait_for()
+        page.locator("#routing", has_text="403").wait_for()  # /admin/: the write scope
+        page.get_by_role("button", name="Delete study").click()
+        _confirm(page, "Delete")
+        page.locator("#status.error", has_text="403").wait_for()
+        assert "lack the scope" in page.locator("#status").inner_text()
+        assert len(_studies(a.url, AUTH, StudyInstanceUID=uid)) == 1
+        assert refused == []
+    finally:
+        context.close()
+        a.stop()
