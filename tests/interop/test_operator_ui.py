@@ -15,6 +15,7 @@ README's pictures) and to the artefacts folder.
 
 from __future__ import annotations
 
+import base64
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -156,6 +157,18 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         assert [s["0020000D"]["Value"][0] for s in _studies(a.url, AUTH, PatientID="OP-2")] == \
             [str(extra.StudyInstanceUID)]
         assert page.get_by_role("link", name=f"Open study {extra.StudyInstanceUID}").count() == 1
+        # ... and a file dropped on the box (a drop event carrying a File, as a drag from the desktop does)
+        dropped = make_dataset(PatientName="Operator^Dropped", PatientID="OP-4", StudyDate="20240317")
+        page.evaluate("""([b64, name]) => {
+            const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+            const dt = new DataTransfer();
+            dt.items.add(new File([bytes], name, { type: "application/dicom" }));
+            document.getElementById("upload").dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+        }""", [base64.b64encode(dataset_bytes(dropped)).decode(), "dropped.dcm"])
+        _confirm(page, "Upload")
+        page.get_by_role("link", name=f"Open study {dropped.StudyInstanceUID}").wait_for()
+        got = _studies(a.url, AUTH, PatientID="OP-4")
+        assert [s["0020000D"]["Value"][0] for s in got] == [str(dropped.StudyInstanceUID)]
 
         # Study page: series with counts and thumbnails, the viewer link, routing state
         page.goto(f"{a.url}/ui/#/study/{uid}")
@@ -223,8 +236,11 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
 
         # Delete, after the confirm step (Cancel first: nothing happens)
         page.goto(f"{a.url}/ui/#/study/{uid}")
-        page.get_by_role("button", name="Delete study").click()
-        page.locator("#confirm-cancel").click()
+        page.get_by_role("button", name="Delete study").focus()
+        page.keyboard.press("Enter")  # by keyboard: the dialog opens on Cancel; Escape closes it
+        page.locator("dialog#confirm").wait_for(state="visible")
+        assert page.evaluate("document.activeElement.id") == "confirm-cancel"
+        page.keyboard.press("Escape")
         page.get_by_text("Cancelled.").wait_for()
         assert len(_studies(a.url, AUTH, StudyInstanceUID=uid)) == 1
         page.get_by_role("button", name="Delete study").click()
