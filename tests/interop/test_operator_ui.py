@@ -181,6 +181,9 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         assert page.get_by_role("link", name="Open in the viewer").get_attribute("href") == \
             f"/viewer/viewer?StudyInstanceUIDs={uid}"
         _routing_row(page, "second").wait_for()
+        page.set_viewport_size({"width": 768, "height": 1024})  # a tablet: nothing wider than the screen
+        assert page.evaluate("document.documentElement.scrollWidth") <= 768
+        page.set_viewport_size(VIEWPORT)
         assert _routing_row(page, "second").locator("td").nth(2).inner_text() == "not sent"
 
         # Send to a destination: the study arrives in the second archive
