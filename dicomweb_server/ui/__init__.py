@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 STATIC = Path(__file__).parent / "static"
 MOUNT = "/ui"
+OAUTH2_REDIRECT = "/docs/oauth2-redirect"
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
@@ -46,9 +47,13 @@ def include(app, settings) -> None:
             swagger_js_url=f"{MOUNT}/static/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{MOUNT}/static/swagger-ui/swagger-ui.css",
             swagger_favicon_url=f"{MOUNT}/static/swagger-ui/favicon-32x32.png",
+            oauth2_redirect_url=OAUTH2_REDIRECT,
             # no call to validator.swagger.io (the default of Swagger UI for a remote spec)
             swagger_ui_parameters={"validatorUrl": None},
         )
+
+    async def oauth2_redirect(request: Request) -> Response:  # as FastAPI's own /docs had it (inline script)
+        return get_swagger_ui_oauth2_redirect_html()
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers=_NO_CACHE)
@@ -58,6 +63,7 @@ def include(app, settings) -> None:
 
     app.router.routes.extend([
         Route("/docs", docs, methods=["GET", "HEAD"], include_in_schema=False),
+        Route(OAUTH2_REDIRECT, oauth2_redirect, methods=["GET", "HEAD"], include_in_schema=False),
         Route(MOUNT, to_index, methods=["GET", "HEAD"], include_in_schema=False),
         Route(f"{MOUNT}/", index, methods=["GET", "HEAD"], include_in_schema=False),
         Mount(f"{MOUNT}/static", app=StaticFiles(directory=STATIC), name="ui-static"),

@@ -39,7 +39,9 @@ def test_docs_names_no_other_origin_and_its_assets_are_served(tmp_path):
         assert c.get("/ui/static/swagger-ui/swagger-ui-bundle.js").headers["content-type"] == \
             "text/javascript; charset=utf-8"
         assert c.get("/ui/static/swagger-ui/swagger-ui.css").headers["content-type"] == "text/css; charset=utf-8"
-        assert c.get("/docs/oauth2-redirect").status_code == 404
+        redirect = c.get("/docs/oauth2-redirect")  # Swagger UI's OAuth2 page, as before: inline, no other origin
+        assert redirect.status_code == 200 and "oauth2" in redirect.text and re.findall(r"https?://", redirect.text) == []
+        assert "oauth2RedirectUrl: window.location.origin + '/docs/oauth2-redirect'" in page.text
         assert c.get("/ui/static/%2e%2e/__init__.py").status_code == 404  # nothing outside static/
 
 
