@@ -22,7 +22,6 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from playwright.sync_api import expect
 
 from tests.helpers import LiveServer, free_port, make_dataset
 from tests.helpers import to_bytes as dataset_bytes
@@ -104,6 +103,8 @@ def archives(tmp_path):
 
 
 def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (browser: the fixture)
+    from playwright.sync_api import expect  # here: without playwright, the browser fixture says what to install
+
     a, second, late = archives
     study = make_study(slices=3, size=64, patient="Operator^Find", patient_id="OP-1")
     uid = str(study[0].StudyInstanceUID)
