@@ -18,6 +18,7 @@ from .archive import Archive
 from .dicom import decode_worker
 from .lifecycle import reject as reject_lifecycle
 from .settings import Settings
+from .ui import include as include_ui
 
 
 def create_app(settings: Settings | None = None, archive: Archive | None = None) -> FastAPI:
@@ -57,7 +58,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         summary="DICOMweb (PS3.18) archive: STOW-RS, QIDO-RS, WADO-RS",
         lifespan=lifespan,
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # ui/: Swagger UI from the package, not a CDN
         redoc_url=None,
     )
     app.state.settings = settings
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         app.state.archive = archive
     errors.install(app)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
+    include_ui(app, settings)  # /docs and the operator's page /ui/, assets from the package (ui/)
     app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
     for module in (qido, stow, wado, rendered, changefeed, reject, lifecycle):
         app.include_router(module.router, prefix=settings.prefix)

@@ -33,6 +33,24 @@ async def queue(archive: ArchiveDep) -> Response:
     return _json({"destinations": await run_in_threadpool(routing.outbox.stats)})
 
 
+@router.get("/admin/queue/studies/{study}", summary="Routing state of one study per destination")
+async def study_queue(archive: ArchiveDep, study: StudyUID) -> Response:
+    """Every configured destination (``kind``: ``stow``, ``dimse`` or ``webhook``) with the
+    study's outbox rows for it: pending, in_flight, delivered, failed (dead letters) and the
+    last error of a row not delivered (zeros when nothing was ever owed). Read only: the
+    operator's page (``/ui/``) shows it; the same ``write`` scope as the rest of ``/admin/``."""
+    routing = _routing(archive)
+    rows = await run_in_threadpool(routing.outbox.study_stats, study)
+    empty = {"pending": 0, "in_flight": 0, "delivered": 0, "failed": 0, "last_error": None}
+    out = {}
+    for name, dest in routing.routes.destinations.items():
+        kind = "webhook" if dest.webhook is not None else "dimse" if dest.dimse is not None else "stow"
+        out[name] = {"kind": kind, **rows.pop(name, empty)}
+    for name, row in rows.items():  # rows of a destination no longer configured
+        out[name] = {"kind": None, **row}
+    return _json({"study": study, "destinations": out})
+
+
 @router.post("/admin/queue/retry-failed", summary="Dead letters back to pending")
 async def retry_failed(archive: ArchiveDep, destination: str | None = Query(None)) -> Response:
     routing = _routing(archive)

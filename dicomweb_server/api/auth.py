@@ -16,7 +16,7 @@
 Missing credentials: 401 "authentication required" with ``WWW-Authenticate: Bearer``;
 credentials sent and not accepted: 401 "invalid credentials" with ``error="invalid_token"``
 (RFC 6750 §3.1); a valid identity
-without the scope: 403. The API description and the viewer's static files need no
+without the scope: 403. The API description, the viewer's and the operator's page's (``/ui``) static files need no
 credentials. ``OPTIONS`` needs them like ``GET`` (the ``write`` scope under
 ``/admin/``): its answer (``204`` with ``Allow``, or ``404``) tells which resources
 exist and what they accept, more than a 401 may tell an unauthenticated client.
@@ -50,7 +50,7 @@ from ..identity import SCOPES, Identity
 from .errors import error_response
 
 _METHOD_SCOPE = {"GET": "read", "HEAD": "read", "POST": "write", "DELETE": "delete"}
-_OPEN_PREFIXES = ("/docs", "/openapi.json", "/viewer")
+_OPEN_PREFIXES = ("/docs", "/openapi.json", "/viewer", "/ui")
 
 audit_log = logging.getLogger("dicomweb_server.audit")
 log = logging.getLogger("dicomweb_server.auth")

@@ -6,7 +6,7 @@ studies, series and instances and the bytes the instances take (counted and summ
 index: no file is read, no row scanned),
 where the instances are kept (the data folder, or the S3 bucket named by ``--storage``),
 the use of the disk holding the data folder (with S3: spool, locks and the index), and links
-to the DICOMweb root, the OpenAPI documentation, the OHIF viewer when it is on and the
+to the DICOMweb root, the OpenAPI documentation, the operator's page (``/ui/``: ui/), the OHIF viewer when it is on and the
 DIMSE port when it is on, and what the last `check` found (missing files: missing_data.py).
 Not part of PS3.18. Under ``--prefix`` the page is also at
 the prefix.
@@ -55,7 +55,7 @@ def describe(request: Request) -> dict:
     disk = shutil.disk_usage(archive.blobs.root)
     root = str(request.base_url).rstrip("/")
     links = {"dicomweb": f"{root}{settings.prefix}/studies", "docs": f"{root}/docs",
-             "openapi": f"{root}/openapi.json"}
+             "openapi": f"{root}/openapi.json", "ui": f"{root}/ui/"}
     if settings.viewer:
         links["viewer"] = f"{root}/viewer/"
     dimse_port = getattr(settings, "dimse_port", None)  # the DIMSE listener, when it is on
@@ -116,6 +116,7 @@ def _html(d: dict) -> str:
         items.append(f'<li><a href="{escape(links["viewer"])}">OHIF viewer</a>: browse and open the studies</li>')
     else:
         items.append("<li>OHIF viewer: off (start the archive with <code>--viewer</code>)</li>")
+    items.append(f'<li><a href="{escape(links["ui"])}">Operator\'s page</a>: find, check, send, fix and watch</li>')
     items.append(f'<li><a href="{escape(links["dicomweb"])}">DICOMweb</a> (QIDO-RS, WADO-RS, STOW-RS): '
                  f'<code>{escape(links["dicomweb"])}</code></li>')
     items.append(f'<li><a href="{escape(links["docs"])}">API documentation</a> (OpenAPI: '

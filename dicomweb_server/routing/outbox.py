@@ -404,6 +404,28 @@ class Outbox(ABC):
                              "last_delivered": last - skew if last is not None else None}
         return out
 
+    def study_stats(self, study: str) -> dict[str, dict]:
+        """Per destination, the rows of one study: pending, in_flight, delivered, failed,
+        and the last error of a row not delivered (the operator's page, api/admin.py)."""
+        sql = self._sql
+        out: dict[str, dict] = {}
+        with self._reading() as con:
+            now = self._now(con)
+            for dest, pending, in_flight, delivered, failed in con.execute(sql(
+                    "SELECT destination, "
+                    "sum(CASE WHEN _state = 'pending' AND (_lease_until IS NULL OR _lease_until < ?) THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN _state = 'pending' AND _lease_until >= ? THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN _state = 'delivered' THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN _state = 'failed' THEN 1 ELSE 0 END) "
+                    "FROM outbox WHERE StudyInstanceUID = ? GROUP BY destination ORDER BY destination"),
+                    (now, now, study)).fetchall():
+                err = con.execute(sql("SELECT _last_error FROM outbox WHERE destination = ? AND StudyInstanceUID = ? "
+                                      "AND _state != 'delivered' AND _last_error IS NOT NULL ORDER BY id DESC LIMIT 1"),
+                                  (dest, study)).fetchone()
+                out[dest] = {"pending": pending, "in_flight": in_flight, "delivered": delivered, "failed": failed,
+                             "last_error": err[0] if err else None}
+        return out
+
     def retry_failed(self, destination: str | None = None) -> int:
         """Dead letters back to pending, due now, attempts reset. Returns how many."""
         with self._transaction() as con:

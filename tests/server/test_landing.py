@@ -44,9 +44,9 @@ def test_json_for_programs_with_counts_and_links(server, http, index_kind):
     assert 0 < d["disk"]["free_bytes"] <= d["disk"]["total_bytes"]
     assert d["storage"] == {"kind": "folder", "url": str(server.settings.data_dir.resolve())}
     assert d["links"] == {"dicomweb": f"{server.url}/studies", "docs": f"{server.url}/docs",
-                          "openapi": f"{server.url}/openapi.json"}
+                          "openapi": f"{server.url}/openapi.json", "ui": f"{server.url}/ui/"}
     assert d["dimse_port"] == getattr(server.settings, "dimse_port", None)
-    for name in ("docs", "openapi", "dicomweb"):
+    for name in ("docs", "openapi", "dicomweb", "ui"):
         assert http.get(d["links"][name]).status_code == 200, name
 
 
@@ -70,6 +70,7 @@ def test_html_for_browsers_with_viewer_link(tmp_path):
                 assert " free of " in page and "used by all its files" in page
                 assert f'<a href="{server.url}/viewer/">OHIF viewer</a>' in page
                 assert f'<a href="{server.url}/docs">API documentation</a>' in page
+                assert f'<a href="{server.url}/ui/">Operator\'s page</a>' in page
                 assert f'<a href="{server.url}/dicomweb/studies">DICOMweb</a>' in page
             assert http.get("/", headers={"Accept": "application/json"}).json()["links"]["viewer"] == \
                 f"{server.url}/viewer/"

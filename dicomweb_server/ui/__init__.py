@@ -1,0 +1,70 @@
+"""The archive's own web pages, served from the package (no CDN: they work offline).
+
+- ``/ui/``: the operator's page (docs/notes/operator-ui.md), a small static JavaScript
+  app (``static/ui/``) that uses only the archive's REST API: QIDO-RS, WADO-RS
+  thumbnails, STOW-RS, DELETE, the lifecycle and rejection routes, the change feed,
+  ``/admin/...`` and ``/metrics``. It holds no data and changes nothing by itself; with
+  auth configured it sends the credentials the operator types in (an API key as
+  ``Authorization: Bearer``, or Basic) with each request, and the API decides.
+- ``/docs``: FastAPI's Swagger UI with its script and style sheet from
+  ``static/swagger-ui/`` (npm ``swagger-ui-dist``, vendored unchanged, see its VERSION
+  file) instead of a CDN.
+
+Static files need no credentials (``/ui`` is open, like ``/docs`` and ``/viewer``:
+api/auth.py); every request the page makes for data does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+STATIC = Path(__file__).parent / "static"
+MOUNT = "/ui"
+OAUTH2_REDIRECT = "/docs/oauth2-redirect"
+_NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def _page(prefix: str) -> bytes:
+    text = (STATIC / "ui" / "index.html").read_text("utf-8")
+    return text.replace("__DICOMWEB_PREFIX__", json.dumps(prefix)[1:-1]).encode("utf-8")
+
+
+def include(app, settings) -> None:
+    """Mount ``/docs``, ``/ui/`` and ``/ui/static/`` on the app (FastAPI's own ``/docs``
+    is off: ``docs_url=None`` in app.py)."""
+    page = _page(settings.prefix)
+
+    async def docs(request: Request) -> Response:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title=f"{app.title} - API documentation",
+            swagger_js_url=f"{MOUNT}/static/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url=f"{MOUNT}/static/swagger-ui/swagger-ui.css",
+            swagger_favicon_url=f"{MOUNT}/static/swagger-ui/favicon-32x32.png",
+            oauth2_redirect_url=OAUTH2_REDIRECT,
+            # no call to validator.swagger.io (the default of Swagger UI for a remote spec)
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    async def oauth2_redirect(request: Request) -> Response:  # as FastAPI's own /docs had it (inline script)
+        return get_swagger_ui_oauth2_redirect_html()
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page, headers=_NO_CACHE)
+
+    async def to_index(request: Request) -> Response:
+        return RedirectResponse(f"{MOUNT}/", status_code=307)
+
+    app.router.routes.extend([
+        Route("/docs", docs, methods=["GET", "HEAD"], include_in_schema=False),
+        Route(OAUTH2_REDIRECT, oauth2_redirect, methods=["GET", "HEAD"], include_in_schema=False),
+        Route(MOUNT, to_index, methods=["GET", "HEAD"], include_in_schema=False),
+        Route(f"{MOUNT}/", index, methods=["GET", "HEAD"], include_in_schema=False),
+        Mount(f"{MOUNT}/static", app=StaticFiles(directory=STATIC), name="ui-static"),
+    ])

@@ -1,0 +1,556 @@
+/* The operator's page of dicomweb-archive (dicomweb_server/ui/, docs/notes/operator-ui.md).
+ * Plain JavaScript, no build step, no library: every read and every change goes through
+ * the archive's own REST API (QIDO-RS, WADO-RS, STOW-RS, DELETE, $update, reject/restore,
+ * the change feed, /admin/..., /metrics), with the credentials typed in the page. */
+"use strict";
+
+const PREFIX = document.querySelector('meta[name="dicomweb-prefix"]').content;
+const view = document.getElementById("view");
+const statusLine = document.getElementById("status");
+
+/* -- credentials: an API key (Bearer) or Basic, kept in sessionStorage (this tab) ------------- */
+
+function authorization() {
+  const scheme = sessionStorage.getItem("auth-scheme");
+  if (scheme === "key") return "Bearer " + sessionStorage.getItem("auth-key");
+  if (scheme === "basic") {
+    const raw = sessionStorage.getItem("auth-user") + ":" + sessionStorage.getItem("auth-password");
+    return "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(raw)));
+  }
+  return null;
+}
+
+function showWho() {
+  const scheme = sessionStorage.getItem("auth-scheme");
+  document.getElementById("who").textContent =
+    scheme === "key" ? "API key" : scheme === "basic" ? "Basic: " + sessionStorage.getItem("auth-user") : "none";
+}
+
+document.getElementById("login-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const f = ev.target.elements;
+  sessionStorage.setItem("auth-scheme", f.scheme.value);
+  sessionStorage.setItem("auth-key", f.key.value);
+  sessionStorage.setItem("auth-user", f.user.value);
+  sessionStorage.setItem("auth-password", f.password.value);
+  showWho();
+  document.getElementById("login").open = false;
+  route();
+});
+
+/* -- the API ------------------------------------------------------------------------------- */
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(path, options = {}) {
+  const headers = new Headers(options.headers || {});
+  const auth = authorization();
+  if (auth) headers.set("Authorization", auth);
+  if (!headers.has("Accept")) headers.set("Accept", "application/json, application/dicom+json");
+  const r = await fetch(path, { ...options, headers });
+  if (!r.ok) {
+    let text = await r.text();
+    try {
+      const doc = JSON.parse(text);
+      text = doc.detail || doc.error || doc.message || text;
+      if (typeof text !== "string") text = JSON.stringify(text);
+    } catch (e) { /* not JSON: the text itself */ }
+    const hint = r.status === 401 ? " (enter credentials above)" : r.status === 403 ? " (these credentials lack the scope)" : "";
+    throw new ApiError(r.status, `${r.status}: ${text}${hint}`);
+  }
+  return r;
+}
+
+async function json(path, options) {
+  const r = await api(path, options);
+  if (r.status === 204) return null;
+  const text = await r.text();
+  return text ? JSON.parse(text) : null;
+}
+
+const dw = (path) => PREFIX + path;  // a DICOMweb resource under --prefix
+
+function say(text, error = false) {
+  statusLine.textContent = text;
+  statusLine.className = error ? "error" : "";
+}
+
+/* DICOM JSON (PS3.18 Annex F) values */
+function value(obj, tag) {
+  const el = obj && obj[tag];
+  if (!el || !el.Value || !el.Value.length) return "";
+  const v = el.Value[0];
+  if (el.vr === "PN") return (v && v.Alphabetic) || "";
+  return v === null ? "" : String(v);
+}
+function values(obj, tag) {
+  const el = obj && obj[tag];
+  return el && el.Value ? el.Value.map(String).join(", ") : "";
+}
+const fmtDate = (d) => (d && d.length === 8 ? `${d.slice(0, 4)}-${d.slice(4, 6)}-${d.slice(6)}` : d || "");
+const dicomDate = (d) => d.replaceAll("-", "");
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "text") e.textContent = v;
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c.nodeType ? c : String(c));
+  return e;
+}
+
+function table(caption, columns, rows) {
+  return el("table", {}, el("caption", { class: "muted", text: caption }),
+    el("thead", {}, el("tr", {}, columns.map((c) => el("th", { scope: "col", class: c.num ? "num" : null }, c.label)))),
+    el("tbody", {}, rows.map((r) => el("tr", {}, columns.map((c) => el("td", { class: c.num ? "num" : null }, c.cell(r)))))));
+}
+
+/* a confirm step for every action that changes data: a modal dialog, keyboard-operable */
+function confirmAction(text, label = "Confirm") {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  document.getElementById("confirm-ok").textContent = label;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.returnValue = "";
+    dialog.showModal();
+    document.getElementById("confirm-cancel").focus();
+  });
+}
+
+async function act(text, label, fn) {
+  if (!(await confirmAction(text, label))) { say("Cancelled."); return false; }
+  try {
+    const out = await fn();
+    say(out || "Done.");
+    return true;
+  } catch (e) {
+    say(e.message, true);
+    return false;
+  }
+}
+
+/* -- Find ------------------------------------------------------------------------------------ */
+
+const FIELDS = [
+  ["PatientName", "Patient name", "text"], ["PatientID", "Patient ID", "text"],
+  ["AccessionNumber", "Accession number", "text"], ["ModalitiesInStudy", "Modality", "text"],
+  ["from", "Study date from", "date"], ["to", "Study date to", "date"],
+];
+const STUDY_FIELDS = "includefield=00081030&includefield=00201206&includefield=00201208&includefield=00080061";
+
+function wild(v) { return /[*?]/.test(v) ? v : `*${v}*`; }
+
+async function renderFind(params) {
+  const limit = Math.max(1, Math.min(200, parseInt(params.get("limit") || "25", 10)));
+  const offset = Math.max(0, parseInt(params.get("offset") || "0", 10));
+  const form = el("form", { class: "search", role: "search", "aria-label": "Find studies" },
+    FIELDS.map(([name, label, type]) => el("label", {}, label,
+      el("input", { name, type, value: params.get(name) || "", placeholder: type === "text" ? (name === "ModalitiesInStudy" ? "CT" : "any") : null }))),
+    el("label", {}, "Per page", el("select", { name: "limit" },
+      [10, 25, 50, 100].map((n) => el("option", { value: n, selected: n === limit }, n)))),
+    el("button", { type: "submit", class: "primary" }, "Search"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k, v] of new FormData(form)) if (v) q.set(k, v);
+    location.hash = "#/find?" + q.toString();
+  });
+
+  const q = new URLSearchParams();
+  for (const key of ["PatientName", "PatientID", "AccessionNumber"]) {
+    const v = params.get(key);
+    if (v) q.set(key, key === "PatientName" ? wild(v) : v);
+  }
+  if (params.get("ModalitiesInStudy")) q.set("ModalitiesInStudy", params.get("ModalitiesInStudy").toUpperCase());
+  if (params.get("from") || params.get("to")) q.set("StudyDate", `${dicomDate(params.get("from") || "")}-${dicomDate(params.get("to") || "")}`);
+  if (q.has("PatientName")) q.set("fuzzymatching", "true");
+  q.set("limit", limit + 1);  // one more than shown: is there a next page?
+  q.set("offset", offset);
+
+  const results = el("div", { id: "results" }, "Searching…");
+  view.replaceChildren(el("h1", {}, "Find studies"), form, results, uploadBox());
+  let found;
+  try {
+    found = await json(dw("/studies?" + q.toString() + "&" + STUDY_FIELDS));
+  } catch (e) {
+    results.replaceChildren(el("p", { class: "bad" }, e.message));
+    return;
+  }
+  found = found || [];
+  const more = found.length > limit;
+  let rows = found.slice(0, limit);
+  const sort = params.get("sort") || "";
+  const columns = [
+    { key: "00100010", label: "Patient name", cell: (r) => el("a", { href: `#/study/${value(r, "0020000D")}` }, value(r, "00100010") || "(no name)") },
+    { key: "00100020", label: "Patient ID", cell: (r) => value(r, "00100020") },
+    { key: "00080020", label: "Date", cell: (r) => fmtDate(value(r, "00080020")) },
+    { key: "00080050", label: "Accession", cell: (r) => value(r, "00080050") },
+    { key: "00080061", label: "Modalities", cell: (r) => values(r, "00080061") },
+    { key: "00081030", label: "Description", cell: (r) => value(r, "00081030") },
+    { key: "00201206", label: "Series", num: true, cell: (r) => value(r, "00201206") },
+    { key: "00201208", label: "Instances", num: true, cell: (r) => value(r, "00201208") },
+  ];
+  if (sort) {
+    const [key, dir] = sort.split(":");
+    const col = columns.find((c) => c.key === key);
+    if (col) rows = [...rows].sort((a, b) => {
+      const x = col.num ? Number(value(a, key)) - Number(value(b, key)) : value(a, key).localeCompare(value(b, key));
+      return dir === "desc" ? -x : x;
+    });
+  }
+  const link = (changes) => {
+    const p = new URLSearchParams(params);
+    for (const [k, v] of Object.entries(changes)) p.set(k, v);
+    return "#/find?" + p.toString();
+  };
+  const [sortKey, sortDir] = sort.split(":");
+  const t = el("table", {}, el("caption", { class: "muted" },
+      `Studies ${rows.length ? offset + 1 : 0}–${offset + rows.length} (sorted within the page by a column's button)`),
+    el("thead", {}, el("tr", {}, columns.map((c) => el("th", {
+        scope: "col", class: c.num ? "num" : null,
+        "aria-sort": sortKey === c.key ? (sortDir === "desc" ? "descending" : "ascending") : null },
+      el("button", { type: "button", onclick: () => { location.hash = link({ sort: `${c.key}:${sortKey === c.key && sortDir !== "desc" ? "desc" : "asc"}` }); } }, c.label))))),
+    el("tbody", {}, rows.map((r) => el("tr", {}, columns.map((c) => el("td", { class: c.num ? "num" : null }, c.cell(r)))))));
+  const pager = el("nav", { class: "pager", "aria-label": "Pages of results" },
+    offset > 0 ? el("a", { href: link({ offset: Math.max(0, offset - limit) }) }, "← Previous") : null,
+    more ? el("a", { href: link({ offset: offset + limit }) }, "Next →") : null);
+  results.replaceChildren(rows.length ? t : el("p", {}, "No study matches."), pager);
+  say(`${rows.length}${more ? "+" : ""} ${rows.length === 1 && !more ? "study" : "studies"} found.`);
+}
+
+/* -- Upload: drag and drop or choose files -> STOW-RS (PS3.18 §10.5) ------------------------ */
+
+function uploadBox() {
+  const input = el("input", { type: "file", id: "upload-files", multiple: true });
+  const box = el("section", { class: "drop", id: "upload" },
+    el("h2", {}, "Upload DICOM files (STOW-RS)"),
+    el("p", {}, "Drop files here, or ", el("label", { for: "upload-files" }, "choose files: "), input));
+  const send = async (files) => {
+    files = [...files];
+    if (!files.length) return;
+    await act(`Store ${files.length} file(s) in the archive (STOW-RS)?`, "Upload", () => stow(files));
+  };
+  input.addEventListener("change", () => send(input.files));
+  box.addEventListener("dragover", (ev) => { ev.preventDefault(); box.classList.add("over"); });
+  box.addEventListener("dragleave", () => box.classList.remove("over"));
+  box.addEventListener("drop", (ev) => { ev.preventDefault(); box.classList.remove("over"); send(ev.dataTransfer.files); });
+  return box;
+}
+
+async function stow(files) {
+  const boundary = "dicomweb-ui-" + Math.random().toString(16).slice(2);
+  const parts = [];
+  for (const f of files) {
+    parts.push(`--${boundary}\r\nContent-Type: application/dicom\r\n\r\n`, f, "\r\n");
+  }
+  parts.push(`--${boundary}--\r\n`);
+  const r = await api(dw("/studies"), {
+    method: "POST", body: new Blob(parts),
+    headers: { "Content-Type": `multipart/related; type="application/dicom"; boundary=${boundary}`, Accept: "application/dicom+json" },
+  });
+  const doc = await r.json();
+  const stored = (doc["00081199"] && doc["00081199"].Value) || [];
+  const failed = (doc["00081198"] && doc["00081198"].Value) || [];
+  const studies = new Set();
+  for (const s of stored) {
+    const url = value(s, "00081190");
+    const m = url.match(/\/studies\/([0-9.]+)/);
+    if (m) studies.add(m[1]);
+  }
+  const box = document.getElementById("upload");
+  if (box) box.append(el("p", { class: "upload-result" }, `Stored ${stored.length}, failed ${failed.length}. `,
+    [...studies].map((s) => el("a", { href: `#/study/${s}` }, `Open study ${s}`))));
+  return `Stored ${stored.length} instance(s), ${failed.length} failed.`;
+}
+
+/* -- Study ----------------------------------------------------------------------------------- */
+
+async function thumbnail(img, path) {
+  try {
+    const r = await api(path, { headers: { Accept: "image/jpeg" } });
+    img.src = URL.createObjectURL(await r.blob());
+  } catch (e) {
+    img.alt = "no thumbnail (" + e.status + ")";
+  }
+}
+
+async function section(id, title, load) {
+  const s = el("section", { id, "aria-labelledby": id + "-h" }, el("h2", { id: id + "-h" }, title), el("p", { class: "muted" }, "Loading…"));
+  (async () => {
+    try {
+      s.replaceChildren(s.firstChild, ...[await load()].flat());
+    } catch (e) {
+      s.replaceChildren(s.firstChild, el("p", { class: e.status === 404 ? "muted" : "bad" }, e.message));
+    }
+  })();
+  return s;
+}
+
+async function renderStudy(uid) {
+  let study;
+  try {
+    study = await json(dw(`/studies?StudyInstanceUID=${uid}&${STUDY_FIELDS}&includefield=00101010&includefield=00100030&includefield=00100040`));
+  } catch (e) {
+    view.replaceChildren(el("h1", {}, "Study"), el("p", { class: "bad" }, e.message));
+    return;
+  }
+  study = study && study[0];
+  const rejected = await json(`/admin/rejected?study=${uid}`).catch(() => null);
+  if (!study && !(rejected && rejected.length)) {
+    view.replaceChildren(el("h1", {}, "Study"), el("p", {}, `No study ${uid} (deleted, or never stored).`),
+      el("p", {}, el("a", { href: "#/find" }, "Find studies")));
+    return;
+  }
+  const name = study ? value(study, "00100010") : "(rejected)";
+  view.replaceChildren(
+    el("h1", {}, `Study of ${name}`),
+    study ? el("dl", { class: "facts" },
+      el("dt", {}, "Patient ID"), el("dd", { id: "fact-patient-id" }, value(study, "00100020")),
+      el("dt", {}, "Study date"), el("dd", {}, fmtDate(value(study, "00080020"))),
+      el("dt", {}, "Accession"), el("dd", {}, value(study, "00080050")),
+      el("dt", {}, "Description"), el("dd", {}, value(study, "00081030")),
+      el("dt", {}, "Series / instances"), el("dd", {}, `${value(study, "00201206")} / ${value(study, "00201208")}`),
+      el("dt", {}, "Study UID"), el("dd", {}, el("code", {}, uid))) : null,
+    el("p", {}, el("a", { href: `/viewer/viewer?StudyInstanceUIDs=${uid}` }, "Open in the viewer"), " (when the archive runs with --viewer)"),
+    await section("series", "Series", () => seriesList(uid)),
+    await section("routing", "Routing: sent to destinations", () => routing(uid)),
+    await section("rejection", "Rejection", () => rejection(uid, rejected)),
+    study ? await section("edit", "Edit patient and study attributes ($update)", () => editForm(uid, study)) : null,
+    await section("versions", "Versions", () => versionList(uid)),
+    await section("history", "Change history (change feed)", () => history(uid)),
+    await section("delete", "Delete", () => deleteBox(uid)),
+  );
+  say("");
+}
+
+async function seriesList(uid) {
+  const series = (await json(dw(`/studies/${uid}/series?includefield=0008103E&includefield=00201209&includefield=00200011&includefield=00080021&includefield=00080031`))) || [];
+  series.sort((a, b) => Number(value(a, "00200011")) - Number(value(b, "00200011")));
+  return table(`${series.length} series`, [
+    { label: "Thumbnail", cell: (s) => { const img = el("img", { class: "thumb", alt: `series ${value(s, "00200011")}` }); thumbnail(img, dw(`/studies/${uid}/series/${value(s, "0020000E")}/thumbnail`)); return img; } },
+    { label: "Number", num: true, cell: (s) => value(s, "00200011") },
+    { label: "Modality", cell: (s) => value(s, "00080060") },
+    { label: "Description", cell: (s) => value(s, "0008103E") },
+    { label: "Instances", num: true, cell: (s) => value(s, "00201209") },
+    { label: "Series date", cell: (s) => fmtDate(value(s, "00080021")) },
+    { label: "Series UID", cell: (s) => el("code", {}, value(s, "0020000E")) },
+  ], series);
+}
+
+async function routing(uid) {
+  const doc = await json(`/admin/queue/studies/${uid}`);
+  const rows = Object.entries(doc.destinations).map(([name, d]) => ({ name, ...d }));
+  const state = (d) => d.failed ? el("span", { class: "bad" }, "dead letter") :
+    d.pending || d.in_flight ? "pending" : d.delivered ? el("span", { class: "ok" }, "delivered") : "not sent";
+  return table("Per destination: this study's instances owed, delivered and given up on", [
+    { label: "Destination", cell: (d) => d.name },
+    { label: "Kind", cell: (d) => d.kind || "(no longer configured)" },
+    { label: "State", cell: state },
+    { label: "Delivered", num: true, cell: (d) => d.delivered },
+    { label: "Pending", num: true, cell: (d) => d.pending + d.in_flight },
+    { label: "Dead letters", num: true, cell: (d) => d.failed },
+    { label: "Last error", cell: (d) => d.last_error || "" },
+    { label: "Actions", cell: (d) => [
+      d.kind === "stow" || d.kind === "dimse" ? el("button", { type: "button", onclick: async () => {
+        if (await act(`Send every instance of this study to ${d.name}?`, "Send",
+          async () => { const r = await json(`/admin/export/${encodeURIComponent(d.name)}/studies/${uid}`, { method: "POST" });
+            return `${r.enqueued} instance(s) queued for ${d.name}.`; })) refreshRouting(uid);
+      } }, `Send to ${d.name}`) : null,
+      d.failed ? el("button", { type: "button", onclick: async () => {
+        if (await act(`Retry the dead letters of ${d.name} (all its dead letters, not only this study's)?`, "Retry",
+          async () => { const r = await json(`/admin/queue/retry-failed?destination=${encodeURIComponent(d.name)}`, { method: "POST" });
+            return `${r.requeued} dead letter(s) back in the queue.`; })) refreshRouting(uid);
+      } }, `Retry dead letters of ${d.name}`) : null,
+    ] },
+  ], rows);
+}
+
+async function refreshRouting(uid, rounds = 0) {
+  const s = document.getElementById("routing");
+  if (!s || location.hash !== `#/study/${uid}`) return;
+  try {
+    const t = await routing(uid);
+    s.replaceChildren(s.firstChild, t, el("p", { class: "muted" }, `updated ${new Date().toLocaleTimeString()}`));
+  } catch (e) {
+    say(e.message, true);
+  }
+  if (rounds < 30) setTimeout(() => refreshRouting(uid, rounds + 1), 1000);  // the forwarder works on
+}
+
+const REASONS = [
+  ["113001^DCM", "Rejected for Quality Reasons"], ["113037^DCM", "Rejected for Patient Safety Reasons"],
+  ["113039^DCM", "Data Retention Policy Expired"], ["113038^DCM", "Incorrect Modality Worklist Entry"],
+];
+
+async function rejection(uid, rows) {
+  rows = rows || [];
+  if (rows.length) {
+    return [el("p", { id: "rejection-state" }, `${rows.length} instance(s) rejected (${[...new Set(rows.map((r) => r.Reason))].join(", ")}), since ${new Date(rows[0].Time * 1000).toLocaleString()}. Hidden from every search and retrieve.`),
+      el("button", { type: "button", onclick: async () => {
+        if (await act("Restore the rejected instances of this study (they show again)?", "Restore",
+          async () => { const r = await json(dw(`/studies/${uid}/$restore-rejected`), { method: "POST" }); return `${r.count} instance(s) restored.`; }))
+          route();
+      } }, "Restore rejected instances")];
+  }
+  const select = el("select", { id: "reject-reason" }, REASONS.map(([code, label]) => el("option", { value: code }, `${label} (${code})`)));
+  return [el("p", { id: "rejection-state" }, "Not rejected."),
+    el("label", { for: "reject-reason" }, "Reason "), select, " ",
+    el("button", { type: "button", onclick: async () => {
+      if (await act(`Reject the whole study (${select.selectedOptions[0].textContent})? It is hidden from every search and retrieve until restored.`, "Reject",
+        async () => { const r = await json(dw(`/studies/${uid}/reject/${encodeURIComponent(select.value)}`), { method: "POST" }); return `${r.count} instance(s) rejected.`; }))
+        route();
+    } }, "Reject study")];
+}
+
+const EDITABLE = [
+  ["00100010", "PN", "Patient name"], ["00100020", "LO", "Patient ID"], ["00100030", "DA", "Birth date (YYYYMMDD)"],
+  ["00100040", "CS", "Sex"], ["00080050", "SH", "Accession number"], ["00081030", "LO", "Study description"],
+];
+
+function editForm(uid, study) {
+  const form = el("form", { class: "edit", "aria-label": "Edit patient and study attributes" },
+    EDITABLE.map(([tag, vr, label]) => el("label", {}, label, el("input", { name: tag, value: value(study, tag), "data-was": value(study, tag) }))),
+    el("button", { type: "submit", class: "primary" }, "Save changes"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const doc = {};
+    for (const [tag, vr] of EDITABLE) {
+      const input = form.elements[tag];
+      if (input.value === input.dataset.was) continue;
+      doc[tag] = { vr, Value: input.value === "" ? undefined : [vr === "PN" ? { Alphabetic: input.value } : input.value] };
+      if (!doc[tag].Value) delete doc[tag].Value;
+    }
+    const names = Object.keys(doc).map((t) => EDITABLE.find((e) => e[0] === t)[2]);
+    if (!names.length) { say("Nothing changed."); return; }
+    if (await act(`Change ${names.join(", ")} of every instance of this study ($update: each instance gets a new version)?`, "Save",
+      async () => { await json(dw(`/studies/${uid}/$update`), { method: "POST", body: JSON.stringify(doc), headers: { "Content-Type": "application/dicom+json" } });
+        return `Updated: ${names.join(", ")}.`; }))
+      route();
+  });
+  return form;
+}
+
+async function versionList(uid) {
+  const inst = (await json(dw(`/studies/${uid}/instances?limit=20&includefield=00200013`))) || [];
+  const rows = await Promise.all(inst.map(async (i) => {
+    const v = await json(dw(`/studies/${uid}/series/${value(i, "0020000E")}/instances/${value(i, "00080018")}/versions`));
+    return { i, v };
+  }));
+  return table(`Versions of the study's first ${rows.length} instance(s)`, [
+    { label: "Instance", cell: (r) => el("code", {}, value(r.i, "00080018")) },
+    { label: "Versions", num: true, cell: (r) => r.v.length },
+    { label: "Current size", num: true, cell: (r) => { const c = r.v.find((x) => x.current); return c ? `${c.size.toLocaleString()} B` : ""; } },
+    { label: "History", cell: (r) => r.v.map((x) => `v${x.version} ${x.action} ${x.time}`).join("; ") },
+  ], rows);
+}
+
+async function history(uid) {
+  const latest = await json(dw("/changefeed/latest?includemetadata=false"));
+  if (!latest) return el("p", {}, "The change log is empty.");
+  const last = latest.Sequence;
+  const entries = [];
+  for (let offset = Math.max(0, last - 300); offset < last; offset += 100) {
+    entries.push(...(await json(dw(`/changefeed?offset=${offset}&limit=100&includemetadata=false`))));
+  }
+  const mine = entries.filter((e) => e.StudyInstanceUid === uid).reverse();
+  return table(`This study's entries among the archive's last ${Math.min(last, 300)} changes, newest first`, [
+    { label: "Sequence", num: true, cell: (e) => e.Sequence },
+    { label: "Time", cell: (e) => e.Timestamp },
+    { label: "Action", cell: (e) => e.Action },
+    { label: "State", cell: (e) => e.State },
+    { label: "Instance", cell: (e) => el("code", {}, e.SopInstanceUid) },
+  ], mine.slice(0, 50));
+}
+
+function deleteBox(uid) {
+  return el("button", { type: "button", class: "danger", onclick: async () => {
+    if (await act("Delete this study and all its instances from the archive? This cannot be undone.", "Delete",
+      async () => { await api(dw(`/studies/${uid}`), { method: "DELETE" }); return `Study ${uid} deleted.`; }))
+      location.hash = "#/find";
+  } }, "Delete study");
+}
+
+/* -- Watch: the numbers /metrics serves, every 2 s ----------------------------------------- */
+
+function parseMetrics(text) {
+  const out = [];
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const m = line.match(/^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/);
+    if (!m) continue;
+    const labels = {};
+    for (const l of (m[2] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2];
+    out.push({ name: m[1], labels, value: Number(m[3]) });
+  }
+  return out;
+}
+const sum = (ms, name, pred = () => true) => ms.filter((m) => m.name === name && pred(m.labels)).reduce((a, m) => a + m.value, 0);
+const bytes = (n) => { for (const u of ["B", "KB", "MB", "GB", "TB"]) { if (n < 1000 || u === "TB") return `${n.toFixed(u === "B" ? 0 : 1)} ${u}`; n /= 1000; } };
+
+let watching = null;
+function renderWatch() {
+  const grid = el("div", { class: "watch", id: "watch-numbers" }, "Loading…");
+  const dests = el("div", { id: "watch-queue" });
+  view.replaceChildren(el("h1", {}, "Watch the archive"),
+    el("p", { class: "muted" }, "From /metrics and the archive's summary (GET /), refreshed every 2 seconds."), grid, el("h2", {}, "Routing queue per destination"), dests);
+  let before = null;
+  const tick = async () => {
+    if (!location.hash.startsWith("#/watch")) { clearInterval(watching); watching = null; return; }
+    try {
+      const [text, summary] = await Promise.all([api("/metrics", { headers: { Accept: "text/plain" } }).then((r) => r.text()), json("/")]);
+      const ms = parseMetrics(text);
+      const now = { t: performance.now() / 1000, in: sum(ms, "dicomweb_instances_stored_total"), out: sum(ms, "dicomweb_forwarded_total") };
+      const rate = (k) => (before && now.t > before.t ? ((now[k] - before[k]) / (now.t - before.t)).toFixed(1) : "…");
+      const cards = [
+        ["Instances in", `${rate("in")}/s`, `${now.in.toLocaleString()} stored since start`],
+        ["Instances out", `${rate("out")}/s`, `${now.out.toLocaleString()} delivered since start`],
+        ["Queue: pending", sum(ms, "dicomweb_outbox_rows", (l) => l.state === "pending" || l.state === "in_flight").toLocaleString(), "owed to destinations"],
+        ["Dead letters", sum(ms, "dicomweb_outbox_rows", (l) => l.state === "failed").toLocaleString(), `${sum(ms, "dicomweb_forward_failed_total").toLocaleString()} given up on since start`],
+        ["Disk free", bytes(summary.disk.free_bytes), `of ${bytes(summary.disk.total_bytes)}; the archive holds ${bytes(summary.stored_bytes)}`],
+        ["Studies", summary.studies.toLocaleString(), `${summary.series.toLocaleString()} series, ${summary.instances.toLocaleString()} instances`],
+        ["Errors: data missing", sum(ms, "dicomweb_instance_data_missing_total").toLocaleString(), "reads that found a stored file gone"],
+        ["DIMSE", summary.dimse_port ? `port ${summary.dimse_port}` : "off", "associations: not in /metrics yet"],
+      ];
+      grid.replaceChildren(...cards.map(([label, big, small]) => el("div", {}, el("span", {}, label), el("strong", {}, big), el("span", { class: "muted" }, small))));
+      const names = [...new Set(ms.filter((m) => m.name === "dicomweb_outbox_rows").map((m) => m.labels.destination))];
+      dests.replaceChildren(names.length ? table("Outbox rows per destination", [
+        { label: "Destination", cell: (d) => d },
+        ...["pending", "in_flight", "delivered", "failed"].map((s) => ({ label: s.replace("_", " "), num: true, cell: (d) => sum(ms, "dicomweb_outbox_rows", (l) => l.destination === d && l.state === s) })),
+        { label: "Oldest pending", num: true, cell: (d) => `${sum(ms, "dicomweb_outbox_oldest_pending_seconds", (l) => l.destination === d).toFixed(1)} s` },
+      ], names) : el("p", { class: "muted" }, "No routing (start the archive with --routes FILE), or nothing owed yet."));
+      before = now;
+      say(`Updated ${new Date().toLocaleTimeString()}.`);
+    } catch (e) {
+      say(e.message, true);
+    }
+  };
+  if (watching) clearInterval(watching);
+  watching = setInterval(tick, 2000);
+  tick();
+}
+
+/* -- the router: #/find?..., #/study/UID, #/watch ------------------------------------------- */
+
+async function route() {
+  const hash = location.hash || "#/find";
+  const [path, query] = hash.slice(1).split("?");
+  const params = new URLSearchParams(query || "");
+  for (const a of document.querySelectorAll("header nav a")) {
+    if (a.getAttribute("href") === "#" + path.split("/").slice(0, 2).join("/")) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  if (path.startsWith("/study/")) await renderStudy(decodeURIComponent(path.slice(7)));
+  else if (path === "/watch") renderWatch();
+  else await renderFind(params);
+  document.title = `dicomweb-archive: ${path.split("/")[1] || "find"}`;
+}
+
+window.addEventListener("hashchange", () => { route(); view.focus(); });
+showWho();
+route();
