@@ -1,6 +1,6 @@
 """The archive's own web pages, served from the package (no CDN: they work offline).
 
-- ``/ui/``: the operator's page (docs/notes/operator-ui.md), a small static JavaScript
+- ``/ui/``: the operator's page (docs/operator.md), a small static JavaScript
   app (``static/ui/``) that uses only the archive's REST API: QIDO-RS, WADO-RS
   thumbnails, STOW-RS, DELETE, the lifecycle and rejection routes, the change feed,
   ``/admin/...`` and ``/metrics``. It holds no data and changes nothing by itself; with

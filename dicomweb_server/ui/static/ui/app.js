@@ -1,4 +1,4 @@
-/* The operator's page of dicomweb-archive (dicomweb_server/ui/, docs/notes/operator-ui.md).
+/* The operator's page of dicomweb-archive (dicomweb_server/ui/, docs/operator.md).
  * Plain JavaScript, no build step, no library: every read and every change goes through
  * the archive's own REST API (QIDO-RS, WADO-RS, STOW-RS, DELETE, $update, reject/restore,
  * the change feed, /admin/..., /metrics), with the credentials typed in the page. */
