@@ -9,13 +9,15 @@ starts archive C there, so its forwards go to the dead letters first). The test 
 study, opens its page, uploads a file, sends the study to B and sees it delivered, sends
 it to ``late``, sees the dead letter and its error, starts C, retries, sees it delivered,
 edits PatientName, rejects and restores, watches the numbers, deletes; each time it checks
-the archives' own answers (QIDO-RS), not only the page. Screenshots go to docs/ (the
-README's pictures) and to the artefacts folder.
+the archives' own answers (QIDO-RS), not only the page. Screenshots go to the artefacts
+folder, and to docs/ (the pictures of docs/operator.md) with DICOMWEB_UPDATE_SCREENSHOTS=1, so a
+test run leaves the checkout as it was.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -103,6 +105,7 @@ def archives(tmp_path):
 
 
 def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (browser: the fixture)
+    shots = DOCS if os.environ.get("DICOMWEB_UPDATE_SCREENSHOTS") == "1" else artifacts
     from playwright.sync_api import expect  # here: without playwright, the browser fixture says what to install
 
     a, second, late = archives
@@ -141,7 +144,7 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         assert row.count() == 1
         cells = row.first.locator("td").all_inner_texts()
         assert cells == ["Operator^Find", "OP-1", "2024-03-15", "ACC-INTEROP", "CT, MR", "Interop CT and MR", "2", "6"]
-        page.screenshot(path=str(DOCS / "operator-find.png"))
+        page.screenshot(path=str(shots / "operator-find.png"))
         # a date range without the study finds nothing
         page.get_by_label("Study date from").fill("2025-01-01")
         page.get_by_label("Study date to").fill("2025-12-31")
@@ -202,7 +205,7 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         dead = _routing_row(page, "late").locator("td").all_inner_texts()
         assert dead[5] == "6" and dead[6] == "gave up after 1 attempt(s), 0 s: ConnectError: All connection attempts failed"  # six dead letters, and why
         page.locator("#routing").scroll_into_view_if_needed()
-        page.screenshot(path=str(DOCS / "operator-study.png"))
+        page.screenshot(path=str(shots / "operator-study.png"))
         late.start()
         page.get_by_role("button", name="Retry dead letters of late").click()
         _confirm(page, "Retry")
@@ -236,7 +239,7 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         page.locator("#watch-queue tbody tr").nth(1).wait_for()
         page.get_by_text("/s").first.wait_for()
         page.wait_for_timeout(2500)  # a second sample: rates
-        page.screenshot(path=str(DOCS / "operator-watch.png"))
+        page.screenshot(path=str(shots / "operator-watch.png"))
 
         # Delete, after the confirm step (Cancel first: nothing happens)
         page.goto(f"{a.url}/ui/#/study/{uid}")
@@ -264,8 +267,9 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         log.save(artifacts / "operator-requests.json")
         page.screenshot(path=str(artifacts / "operator-last.png"))
         context.close()
-    for name in ("operator-find.png", "operator-study.png", "operator-watch.png"):
-        shutil.copy(DOCS / name, artifacts / name)
+    if shots is not artifacts:
+        for name in ("operator-find.png", "operator-study.png", "operator-watch.png"):
+            shutil.copy(shots / name, artifacts / name)
 
 
 def test_operator_page_with_basic_auth_read_only(browser, tmp_path):  # noqa: F811 (browser: the fixture)
