@@ -40,6 +40,7 @@ import fcntl
 import logging
 import os
 import re
+import threading
 import time
 import tomllib
 from contextlib import contextmanager
@@ -442,17 +443,39 @@ def _audit(report: Report, user: str) -> None:
 # --- the hard limit (archive.py's store path) ------------------------------------------------
 
 
-def room(archive: Archive, policy: Policy | None) -> int | None:
-    """Bytes a store may still add under the hard limit (None: no limit)."""
-    if policy is None or policy.quota.hard is None:
-        return None
-    return policy.quota.hard - archive.index.counts().stored_bytes
+#: seconds a process trusts its last reading of the index's stored bytes (plus what it placed
+#: since): the sum is a scan of the size index, ~0.25 s at a million instances (SQLite)
+HARD_LIMIT_REFRESH = 1.0
 
 
-def over_hard_limit_message(policy: Policy, size: int, room_left: int) -> str:
-    hard = policy.quota.hard
-    return (f"the archive's hard storage limit of {hard} bytes would be passed: {hard - room_left} bytes "  # type: ignore[operator]
-            f"stored, this instance is {size} bytes (retention policy [quota] hard)")
+class HardLimit:
+    """The ``[quota] hard`` check of one archive process: the stored bytes as the index
+    counted them at most :data:`HARD_LIMIT_REFRESH` seconds ago, plus the instances this
+    process let through since (deletes elsewhere are seen at the next reading)."""
+
+    def __init__(self, hard: int) -> None:
+        self.hard = hard
+        self._lock = threading.Lock()
+        self._read_at = -HARD_LIMIT_REFRESH
+        self._stored = 0
+
+    def room(self, archive: Archive) -> int:
+        """Bytes a store may still add."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= HARD_LIMIT_REFRESH:
+                self._stored = archive.index.counts().stored_bytes
+                self._read_at = time.monotonic()
+            return self.hard - self._stored
+
+    def take(self, size: int) -> None:
+        """An instance of ``size`` bytes let through (counted until the next reading)."""
+        with self._lock:
+            self._stored += size
+
+    def refused(self, size: int, room_left: int) -> str:
+        return (f"the archive's hard storage limit of {self.hard} bytes would be passed: "
+                f"{self.hard - room_left} bytes stored, this instance is {size} bytes "
+                "(retention policy [quota] hard)")
 
 
 # --- in the server ----------------------------------------------------------------------------

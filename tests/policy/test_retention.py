@@ -17,7 +17,6 @@ from pydicom.uid import generate_uid
 from dicomweb_server.archive import Archive
 from dicomweb_server.dicom.multipart import SpooledPart
 from dicomweb_server.dicom.status import FailureReason
-from dicomweb_server.policy import retention
 from dicomweb_server.policy.retention import PolicyError, load_policy, plan, run
 from dicomweb_server.routing.outbox import Settlement
 from dicomweb_server.settings import Settings
@@ -305,9 +304,11 @@ low = 2700
     assert run(archive, archive.retention).done == []  # below the high watermark now
 
 
-def test_hard_limit_refuses_the_store_with_a700_and_no_file(open_archive, tmp_path):
+def test_hard_limit_refuses_the_store_with_a700_and_no_file(open_archive, monkeypatch):
     archive = open_archive('[quota]\nhard = 3000\n')
-    first = study(archive, n=3)  # ~2,700 bytes
+    first = generate_uid()
+    kept = [make_dataset(study=first) for _ in range(3)]  # ~2,700 bytes
+    assert len(store(archive, kept).stored) == 3
     stored = archive.index.counts().stored_bytes
     assert 2400 < stored <= 3000
     ds = make_dataset(study=first)
@@ -320,10 +321,15 @@ def test_hard_limit_refuses_the_store_with_a700_and_no_file(open_archive, tmp_pa
     assert archive.index.locate(str(ds.SOPInstanceUID)) is None
     assert not archive.blobs.exists(f"{first}/{ds.SeriesInstanceUID}/{ds.SOPInstanceUID}.dcm")
     assert list(archive.blobs.spool.iterdir()) == []
-    # the same instance again (a duplicate adds no bytes) is still a success
-    again = archive.index.instances(first)[0]
-    assert retention.room(archive, archive.retention) == 3000 - stored
-    assert archive.index.locate(again.sop_uid) is not None
+    assert archive.hard_limit.room(archive) == 3000 - stored
+    # an instance already stored, sent again, adds nothing: still a success
+    (again,) = store(archive, [kept[0]]).stored
+    assert again.duplicate
+    # a delete makes room (seen at the next reading of the index's count)
+    monkeypatch.setattr("dicomweb_server.policy.retention.HARD_LIMIT_REFRESH", 0.0)
+    assert archive.delete(first, str(kept[1].SeriesInstanceUID), str(kept[1].SOPInstanceUID)) == 1
+    assert len(store(archive, [ds]).stored) == 1
+    assert archive.index.counts().stored_bytes <= 3000
 
 
 def test_stow_and_c_store_past_the_hard_limit_answer_507_and_a700(tmp_path):

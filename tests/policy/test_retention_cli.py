@@ -30,7 +30,8 @@ def test_dry_run_table_then_the_run(tmp_path, capsys):
     policy.write_text(POLICY)
     data = tmp_path / "data"
     archive = Archive.open(Settings(data_dir=data, index="sqlite"))
-    old = sorted([study(archive, n=2, StudyDate="20000101"), study(archive, StudyDate="20010101")])
+    dates = {study(archive, n=2, StudyDate="20000101"): "20000101", study(archive, StudyDate="20010101"): "20010101"}
+    old = sorted(dates)
     kept = study(archive, modality="MR", StudyDate="20000101")
     sizes = {s: sum(x.size for x in archive.index.instances(s)) for s in old}
     total = archive.index.counts().stored_bytes
@@ -42,8 +43,7 @@ def test_dry_run_table_then_the_run(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["study", "date", "received", "bytes", "action", "rule", "reason"]
     rows = sorted(line.split()[:4] for line in out[1:3])
-    assert [(r[0], r[1], r[3]) for r in rows] == [(s, d, str(sizes[s])) for s, d in
-                                                  sorted(zip(old, ["20000101", "20010101"]))]
+    assert [(r[0], r[1], r[3]) for r in rows] == [(s, dates[s], str(sizes[s])) for s in old]
     assert out[3:] == [f"would remove 2 study(ies), {sum(sizes.values())} bytes ({total} bytes stored)"]
 
     assert main(args + ["--json"]) == 0
