@@ -17,6 +17,7 @@ from .api.methods import HTTPMethods
 from .archive import Archive
 from .dicom import decode_worker
 from .lifecycle import reject as reject_lifecycle
+from .policy import retention
 from .settings import Settings
 from .ui import include as include_ui
 
@@ -40,11 +41,18 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         dimse = _start_dimse_in_worker(app.state.archive, settings)
         # the rejected instances past keep_rejected: purged at start and then hourly
         purging = asyncio.create_task(reject_lifecycle.purge_periodically(app.state.archive), name="purge-rejected")
+        tasks = [purging]
+        policy = app.state.archive.retention
+        if policy is not None and settings.retention_interval > 0:  # policy/retention.py: off by default
+            tasks.append(asyncio.create_task(retention.run_periodically(app.state.archive, policy,
+                                                                        settings.retention_interval),
+                                             name="retention"))
         try:
             yield
         finally:
-            purging.cancel()
-            await asyncio.gather(purging, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if dimse is not None:
                 dimse.stop()
             if forwarder is not None:

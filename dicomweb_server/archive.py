@@ -37,6 +37,7 @@ from .dicom.status import FailureReason, InstanceError
 from .lifecycle import reject
 from .lifecycle.update import UpdateError, replace_version
 from .lifecycle.versions import current_file, kept_files, split_version
+from .policy import retention
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
@@ -106,6 +107,9 @@ class Archive:
         self._in_flight = 0  # store() and delete() calls running (worker threads)
         self.routing: Routing | None = None  # set by open() when a routes file is configured
         self._unrouted_ledger = False  # an in-memory archive opened without routes (_disarm_ledger)
+        # the retention policy (policy/retention.py): its hard limit is checked by every store
+        self.retention: retention.Policy | None = None
+        self.hard_limit: retention.HardLimit | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> Archive:
@@ -147,6 +151,10 @@ class Archive:
             log.info("removed %d spool file(s) of stopped processes (never acknowledged)", n)
         log.debug("spooling into %s", archive.blobs.spool)  # claimed now, not at the first STOW-RS
         try:
+            if settings.retention_file is not None:
+                archive.retention = retention.load_policy(settings.retention_file)
+                if archive.retention.quota.hard is not None:
+                    archive.hard_limit = retention.HardLimit(archive.retention.quota.hard)
             if settings.routes_file is not None:
                 # before the in-memory index's rebuild: what a crash left unrouted is owed (its
                 # ledger decides, routing/__init__.py: nothing stored before is owed again), and
@@ -372,8 +380,17 @@ class Archive:
         replacing: list[tuple[InstanceRecord, Path]] = []  # duplicate_policy "replace"
         dirs: set[Path] = set()
         down: StorageUnavailable | None = None
+        limit = self.hard_limit  # the retention policy's [quota] hard (policy/retention.py)
+        room = limit.room(self) if limit is not None else 0
         for rec, part in described:
             spooled: Path = part.path  # type: ignore[assignment]
+            if limit is not None:  # refused before its file is placed: nothing to undo
+                if rec.size > room and self.index.locate(rec.sop_uid) is None:  # (a duplicate adds nothing)
+                    outcome.failed.append(Failed(FailureReason.OUT_OF_RESOURCES, limit.refused(rec.size, room),
+                                                 rec.sop_class_uid, rec.sop_uid))
+                    continue
+                room -= rec.size
+                limit.take(rec.size)
             if down is not None:  # the storage failed an earlier instance (after its retries): not tried
                 outcome.failed.append(Failed(FailureReason.PROCESSING_FAILURE,
                                              f"not tried: the storage failed an earlier instance: {down.strerror}",

@@ -123,6 +123,14 @@ def _serve(args: argparse.Namespace) -> int:
         except RoutesError as e:
             print(f"dicomweb-server: --routes: {e}", file=sys.stderr)
             return 2
+    if settings.retention_file is not None:  # a bad retention policy too
+        from .policy.retention import PolicyError, load_policy
+
+        try:
+            load_policy(settings.retention_file)
+        except PolicyError as e:
+            print(f"dicomweb-server: --retention: {e}", file=sys.stderr)
+            return 2
     refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
@@ -527,6 +535,16 @@ def _purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retention(args: argparse.Namespace) -> int:
+    """policy/retention_cli.py: one run of the retention policy (--dry-run: the list only)."""
+    from .policy import retention_cli
+
+    settings = _settings(args)
+    if not _existing_archive(settings, "retention"):
+        return 2
+    return retention_cli.main(args, settings, _open_archive)
+
+
 def _update(args: argparse.Namespace) -> int:
     """``update STUDY --set Keyword=value ... [--series S]``: lifecycle/update.py, as
     ``POST .../$update``; the audit log (when configured) names the OS user and each change."""
@@ -601,12 +619,16 @@ def _queue(args: argparse.Namespace) -> int:
 def _open_archive(settings, command: str):
     """Archive.open for a command; a bad routes file exits 2 with its line, not a traceback."""
     from .archive import Archive
+    from .policy.retention import PolicyError
     from .routing import RoutesError
 
     try:
         return Archive.open(settings)
     except RoutesError as e:
         print(f"dicomweb-server {command}: --routes: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except PolicyError as e:
+        print(f"dicomweb-server {command}: --retention: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -672,6 +694,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="allow a non-loopback --host without authentication")
     serve.add_argument("--log-level", dest="log_level")
     serve.add_argument("--routes", dest="routes_file", help="TOML routes file: forward stored instances")
+    serve.add_argument("--retention", dest="retention_file",
+                       help="TOML retention policy: rules and quotas (docs/notes/retention.md)")
+    serve.add_argument("--retention-interval", dest="retention_interval", type=float,
+                       help="seconds between the server's retention runs (default 0: off)")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
     serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off)")
@@ -719,6 +745,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(DICOMWEB_KEEP_REJECTED, default 30)")
     _add_settings_args(pur)
     pur.set_defaults(func=_purge)
+
+    from .policy.retention_cli import add_parser as add_retention_parser
+
+    add_retention_parser(sub, _add_settings_args, _retention)
 
     upd = sub.add_parser("update", help="change Patient/Study (or, with --series, Series) attributes of a stored "
                                         "study: every instance gets a new version (lifecycle/update.py)")

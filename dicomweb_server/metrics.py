@@ -26,6 +26,8 @@ FORWARD_FAILED = Counter("dicomweb_forward_failed", "Instances given up on (dead
 INSTANCE_DATA_MISSING = Counter(
     "dicomweb_instance_data_missing",
     "Reads that found an indexed instance's stored file or object gone or unreadable (missing_data.py)")
+RETENTION_REMOVED = Counter("dicomweb_retention_studies_removed", "Studies removed by the retention policy "
+                            "(policy/retention.py)", ["action", "reason"])
 FORWARD_RETRIES = Counter("dicomweb_forward_retries", "Deliveries of an instance to be tried again", ["destination"])
 DELIVERY_LATENCY = Histogram(
     "dicomweb_delivery_latency_seconds", "From stored (outbox row committed) to delivered", ["destination"],

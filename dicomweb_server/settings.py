@@ -105,6 +105,11 @@ class Settings(BaseSettings):
     keep_rejected: float = Field(30.0, ge=0, le=36500, description="days the files of rejected instances (IOCM "
                                  "rejection notes, `POST .../reject/{code}^{scheme}`) are kept, restorable, before "
                                  "they are purged (lifecycle/reject.py)")
+    retention_file: Path | None = Field(None, description="TOML retention policy: rules that delete or reject old "
+                                        "studies, quota watermarks and a hard limit (policy/retention.py)")
+    retention_interval: float = Field(0.0, ge=0, le=30 * 86400, description="seconds between two retention runs "
+                                      "in the server (each worker, one at a time per node); 0: off (run "
+                                      "`dicomweb-server retention` instead)")
     # the OHIF web viewer at /viewer (dicomweb_server/viewer.py)
     viewer: bool = Field(False, description="serve the OHIF viewer at `/viewer/`")
     viewer_dir: Path | None = Field(None, description="the OHIF `dist/` folder (holding `index.html`); default: "

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from ..archive import DiskFull, StoreOutcome, retrieve_url
 from ..dicom.media_types import DICOM, MULTIPART_RELATED, negotiate_json, parse_accept, parse_media_type
 from ..dicom.multipart import PartSpooler
+from ..dicom.status import FailureReason
 from .deps import (
     ArchiveDep,
     BaseURL,
@@ -62,6 +63,11 @@ def _store_response(outcome: StoreOutcome, base: str, study_uid: str | None) -> 
         status = 200
     elif outcome.stored:
         status = 202
+    elif all(f.reason == FailureReason.OUT_OF_RESOURCES for f in outcome.failed):
+        # nothing stored for lack of room (a full disk, read-only storage, the retention
+        # policy's hard limit): 507 Insufficient Storage (RFC 4918 §11.5), as a DELETE that
+        # cannot be recorded; each instance's FailureReason 0xA700 in the FailedSOPSequence
+        status = 507
     else:
         status = 409
     headers = {}

@@ -448,6 +448,16 @@ class Outbox(ABC):
                 "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE _state = 'delivered' AND "
                 "_delivered < ? ORDER BY _delivered LIMIT ?)"), (cutoff, limit)).rowcount
 
+    def undelivered(self, study_uid: str) -> dict[str, int]:
+        """Destination -> forwards of the study's instances not delivered (pending, in
+        flight or dead letters; a webhook's notifications not counted): retention's
+        "only once delivered" (policy/retention.py)."""
+        with self._reading() as con:
+            cur = con.execute(self._sql(
+                "SELECT destination, count(*) FROM outbox WHERE StudyInstanceUID = ? AND _change IS NULL "
+                "AND _state != 'delivered' GROUP BY destination"), (study_uid,))
+            return {d: int(n) for d, n in cur.fetchall()}
+
     def rows(self, destination: str | None = None) -> list[dict]:
         """Every row (for tests and the load test's reconciliation); times on the
         back end's clock."""

@@ -290,31 +290,41 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
         if destinations[x].webhook is not None:
             raise fail("rules", i, "destinations", f"{x!r} is a webhook: it receives every change, "
                                                    "no rule sends it instances")
-    match = r.get("match", {})
+    try:
+        alternatives = match_alternatives(r.get("match", {}))
+    except ValueError as e:
+        raise fail("rules", i, "match", str(e)) from None
+    return Rule(name, alternatives, tuple(dict.fromkeys(dests)))
+
+
+def match_alternatives(match: object) -> tuple[tuple[Match, ...], ...]:
+    """A rule's ``match`` table as alternatives of QIDO-RS matches (module docstring): a
+    TOML list of values, or values separated by a backslash, expand into alternatives.
+    Raises ValueError saying what is wrong (the routes file's and the retention policy's
+    rules: policy/retention.py)."""
     if not isinstance(match, dict):
-        raise fail("rules", i, "match", "a table of QIDO-RS matching keys is required")
-    # a TOML list of values expands into alternatives (any value matches)
+        raise ValueError("a table of QIDO-RS matching keys is required")
     choices: list[list[tuple[str, str]]] = [[]]
     for key, value in match.items():
         # a TOML list, or DICOM's backslash between values (``"CT\\MR"``), means any of them
         values = value if isinstance(value, list) else value.split("\\") if isinstance(value, str) else [value]
         if not values or not all(isinstance(v, (str, int)) for v in values):
-            raise fail("rules", i, "match", f"{key}: a string, integer or list of them is required")
+            raise ValueError(f"{key}: a string, integer or list of them is required")
         choices = [c + [(key, str(v))] for c in choices for v in values]
         if len(choices) > 256:
-            raise fail("rules", i, "match", "too many combinations of listed values (at most 256)")
+            raise ValueError("too many combinations of listed values (at most 256)")
     alternatives = []
     for params in choices:
         try:
             query = parse_query("instance", params)
         except QueryError as e:
-            raise fail("rules", i, "match", str(e)) from None
+            raise ValueError(str(e)) from None
         for m in query.matches:
             if m.attribute.computed:
-                raise fail("rules", i, "match", f"{m.attribute.keyword} is computed over the whole study or "
-                                                "series; a rule sees one instance (use Modality, SOPClassUID)")
+                raise ValueError(f"{m.attribute.keyword} is computed over the whole study or "
+                                 "series; a rule sees one instance (use Modality, SOPClassUID)")
         alternatives.append(query.matches)
-    return Rule(name, tuple(alternatives), tuple(dict.fromkeys(dests)))
+    return tuple(alternatives)
 
 
 def _url_problem(url: object) -> str | None:

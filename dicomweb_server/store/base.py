@@ -265,6 +265,12 @@ class Index(ABC):
         """The change-log row with the highest Sequence (None when empty)."""
         raise NotImplementedError
 
+    def received(self, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
+        """Study -> (first, latest) arrival of its stored instances' current versions,
+        seconds since the epoch, from the change log (:func:`store.changes.received`);
+        every study, or the one named."""
+        raise NotImplementedError
+
 
 WriteHook = Callable[[object, list[InstanceRecord], list[bool]], None]
 ChangeHook = Callable[[object, list[Change]], None]

@@ -207,6 +207,16 @@ def last(x: Execute, sop_uid: str) -> tuple[str, str, int] | None:
     return (made[0] if made else row[0], row[1], row[2])
 
 
+def received(x: Execute, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
+    """Per study (or one study): when the first and the latest of its current instance
+    versions arrived (the times of their current rows: a create, or the update or restore
+    that made the version). Retention's arrival times (policy/retention.py)."""
+    where, params = ("AND StudyInstanceUID = ? ", (study_uid,)) if study_uid is not None else ("", ())
+    rows = x("SELECT StudyInstanceUID, min(_time), max(_time) FROM changelog WHERE state = 'current' "
+             + where + "GROUP BY StudyInstanceUID", params).fetchall()
+    return {r[0]: (float(r[1]), float(r[2])) for r in rows}
+
+
 def history(x: Execute, sop_uid: str) -> list[Change]:
     """Every row of one instance, in Sequence order."""
     return [Change(*r) for r in x(f"SELECT {_COLS} FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq",

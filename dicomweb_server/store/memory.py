@@ -164,6 +164,10 @@ class MemoryIndex(Index):
         with self._lock:
             return changelog.latest(self._x)
 
+    def received(self, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
+        with self._lock:
+            return changelog.received(self._x, study_uid)
+
     def history(self, sop_uid: str) -> list[changelog.Change]:
         with self._lock:
             return changelog.history(self._x, sop_uid)

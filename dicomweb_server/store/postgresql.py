@@ -302,6 +302,9 @@ class PostgreSQLIndex(SQLIndex):
     def latest_change(self):
         return self._retried(lambda: SQLIndex.latest_change(self))
 
+    def received(self, study_uid=None):
+        return self._retried(lambda: SQLIndex.received(self, study_uid))
+
     @contextmanager
     def _writing(self, uids: Iterable[str]) -> Iterator:
         """A write transaction holding the advisory locks of ``uids`` until it ends."""

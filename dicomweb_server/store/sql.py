@@ -597,3 +597,7 @@ class SQLIndex(Index):
     def latest_change(self) -> changelog.Change | None:
         with self._reading() as con:
             return changelog.latest(lambda sql, p: self._x(con, sql, p))
+
+    def received(self, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
+        with self._reading() as con:
+            return changelog.received(lambda sql, p: self._x(con, sql, p), study_uid)
