@@ -695,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", dest="log_level")
     serve.add_argument("--routes", dest="routes_file", help="TOML routes file: forward stored instances")
     serve.add_argument("--retention", dest="retention_file",
-                       help="TOML retention policy: rules and quotas (docs/notes/retention.md)")
+                       help="TOML retention policy: rules and quotas (docs/retention.md)")
     serve.add_argument("--retention-interval", dest="retention_interval", type=float,
                        help="seconds between the server's retention runs (default 0: off)")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
