@@ -611,8 +611,20 @@ def _open_archive(settings, command: str):
 
 
 def _export(args: argparse.Namespace) -> int:
+    filters = [tuple(t.split("=", 1)) for t in args.targets if "=" in t]
+    uids = [t for t in args.targets if "=" not in t]
+    if len(uids) > 3:
+        print("dicomweb-server export: at most STUDY SERIES SOP", file=sys.stderr)
+        return 2
+    args.study, args.series, args.sop = (uids + [None, None, None])[:3]
     settings = _settings(args)
     if not _existing_archive(settings, "export"):
+        return 2
+    if args.deidentify is not None:
+        return _export_deidentified(args, settings, filters)
+    if filters or args.study is None:
+        print("dicomweb-server export: a destination export takes STUDY [SERIES [SOP]] (QIDO-RS filters only "
+              "with --deidentify)", file=sys.stderr)
         return 2
     if settings.routes_file is None:
         print("dicomweb-server export: --routes FILE (or DICOMWEB_ROUTES_FILE) names the destinations",
@@ -641,10 +653,74 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_deidentified(args: argparse.Namespace, settings, filters: list) -> int:
+    """``export --deidentify PROFILE --project NAME --to DIR [STUDY | KEY=VALUE...]``: the
+    studies (one, or those a QIDO-RS study search with the filters finds) de-identified
+    into the folder DIR (deid/export.py); a progress line on stderr, the JSON report on
+    stdout; exit 0 when every instance was exported, 1 when some were refused or failed."""
+    import orjson
+
+    from .deid import profile
+    from .deid.export import Deidentifier, Spec, export_folder, select_studies
+    from .deid.pseudonyms import PseudonymError, open_pseudonyms
+    from .dicom.matching import QueryError
+
+    try:
+        options = profile.parse(args.deidentify, args.option or [])
+    except ValueError as e:
+        print(f"dicomweb-server export: --deidentify: {e}", file=sys.stderr)
+        return 2
+    if not args.project:
+        print("dicomweb-server export: --deidentify needs --project NAME (its secret and pseudonyms)",
+              file=sys.stderr)
+        return 2
+    to = Path(args.to)
+    if to.exists() and not to.is_dir():
+        print(f"dicomweb-server export: --to {to} is not a folder", file=sys.stderr)
+        return 2
+    settings = settings.model_copy(update={"routes_file": None})  # a folder export routes nothing
+    archive = _open_archive(settings, "export")
+    pseudonyms = open_pseudonyms(settings)
+    try:
+        if args.pseudonyms:
+            try:
+                n = pseudonyms.load_csv(args.project, Path(args.pseudonyms).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, PseudonymError) as e:
+                print(f"dicomweb-server export: --pseudonyms {args.pseudonyms}: {e}", file=sys.stderr)
+                return 2
+            print(f"{n} pseudonym(s) added to project {args.project!r}", file=sys.stderr)
+        if args.study is not None:
+            if filters:
+                print("dicomweb-server export: give a STUDY or KEY=VALUE filters, not both", file=sys.stderr)
+                return 2
+            studies = [args.study]
+        else:
+            try:
+                studies = select_studies(archive.index, filters)
+            except QueryError as e:
+                print(f"dicomweb-server export: {e}", file=sys.stderr)
+                return 2
+        deid = Deidentifier(Spec(options, args.project, allow_burned_in=args.allow_burned_in), pseudonyms)
+
+        def progress(done: int, total: int) -> None:
+            if not args.quiet and (done == total or done % 10 == 0):
+                print(f"\rde-identified {done}/{total} instance(s)", end="\n" if done == total else "",
+                      file=sys.stderr, flush=True)
+
+        to.mkdir(parents=True, exist_ok=True)
+        report = export_folder(archive, studies, deid, to, progress)
+    finally:
+        pseudonyms.close()
+        archive.close()
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    return 0 if report["refused"] == 0 and report["failed"] == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: each command with its flags (serve's map onto :class:`Settings`
     fields by ``dest``; ``scripts/gen_docs.py`` reads them for docs/configuration.md)."""
     from . import __version__
+    from .deid.profile import OPTION_NAMES
 
     parser = argparse.ArgumentParser(
         prog="dicomweb-server", description="DICOMweb (PS3.18) archive. Without a command: serve.",
@@ -736,12 +812,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(que)
     que.set_defaults(func=_queue)
 
-    exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination")
-    exp.add_argument("--to", required=True, help="destination name from the routes file")
+    exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination; with "
+                                        "--deidentify: de-identified copies into a folder (docs/notes/deid.md)")
+    exp.add_argument("--to", required=True, help="destination name from the routes file (with --deidentify: "
+                                                 "a folder)")
     exp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE)")
-    exp.add_argument("study")
-    exp.add_argument("series", nargs="?")
-    exp.add_argument("sop", nargs="?")
+    exp.add_argument("targets", nargs="*", metavar="STUDY [SERIES [SOP]] | KEY=VALUE",
+                     help="the UIDs to export; with --deidentify, instead QIDO-RS study matching keys "
+                          "(PatientID=123 StudyDate=20240101-20241231 ModalitiesInStudy=CT ...)")
+    exp.add_argument("--deidentify", metavar="PROFILE",
+                     help="de-identify by PS3.15 Annex E: 'basic', options after commas "
+                          "(basic,retain_modified_dates,clean_descriptors)")
+    exp.add_argument("--option", action="append", metavar="NAME",
+                     help="a profile option (repeat): " + ", ".join(OPTION_NAMES))
+    exp.add_argument("--project", help="--deidentify: the project whose secret and pseudonyms are used")
+    exp.add_argument("--pseudonyms", metavar="CSV", help="--deidentify: PatientID,pseudonym rows added to the "
+                                                         "project's table first")
+    exp.add_argument("--allow-burned-in", dest="allow_burned_in", action="store_true",
+                     help="--deidentify: export instances with burned-in annotation too (refused by default)")
+    exp.add_argument("--quiet", action="store_true", help="--deidentify: no progress line")
     _add_settings_args(exp)
     exp.set_defaults(func=_export)
 
