@@ -769,6 +769,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "project's table first")
     exp.add_argument("--allow-burned-in", dest="allow_burned_in", action="store_true",
                      help="--deidentify: export instances with burned-in annotation too (refused by default)")
+    exp.add_argument("--safe-private", dest="safe_private", action="append", metavar="CREATOR:gggg:ee",
+                     help="--deidentify with retain_safe_private: a private element to keep (repeat)")
     exp.add_argument("--quiet", action="store_true", help="--deidentify: no progress line")
     _add_settings_args(exp)
     exp.set_defaults(func=_export)

@@ -56,6 +56,21 @@ from .uids import new_uid
 #: trusts for its devices (Context.safe_private, or a destination's ``safe_private``).
 SAFE_PRIVATE: frozenset[tuple[str, int, int]] = frozenset()
 
+def parse_safe_private(text: str) -> tuple[str, int, int]:
+    """``"CREATOR:gggg:ee"`` (an odd group and the element's low byte, both hex) -> a
+    :data:`SAFE_PRIVATE` entry; ValueError saying what is wrong."""
+    creator, _, rest = text.rpartition(":")
+    creator, _, group = creator.rpartition(":")
+    try:
+        g, e = int(group, 16), int(rest, 16)
+    except ValueError:
+        g = e = -1
+    if not creator.strip() or not (0x0009 <= g <= 0xFFFF and g % 2 == 1) or not 0 <= e <= 0xFF:
+        raise ValueError(f"safe private element {text!r}: expected CREATOR:gggg:ee (an odd group, the "
+                         "element's last two hex digits), e.g. \"ACME 1.0:0009:02\"")
+    return creator.strip(), g, e
+
+
 #: Action D: a dummy value per VR (PS3.15 E.1-1 legend "consistent with the VR")
 DUMMY: dict[str, object] = {
     "AE": "ANONYMIZED", "AS": "000D", "CS": "ANONYMIZED", "DA": "19000101", "DS": "0",

@@ -12,6 +12,7 @@ import orjson
 
 from ..dicom.matching import QueryError
 from . import profile
+from .apply import parse_safe_private
 from .export import Deidentifier, Spec, export_folder, select_studies
 from .pseudonyms import PseudonymError, open_pseudonyms
 
@@ -29,6 +30,11 @@ def export_deidentified(args: argparse.Namespace, settings, filters: list, open_
     if not args.project:
         print("dicomweb-server export: --deidentify needs --project NAME (its secret and pseudonyms)",
               file=sys.stderr)
+        return 2
+    try:
+        safe = frozenset(parse_safe_private(t) for t in args.safe_private or [])
+    except ValueError as e:
+        print(f"dicomweb-server export: --safe-private: {e}", file=sys.stderr)
         return 2
     to = Path(args.to)
     if to.exists() and not to.is_dir():
@@ -56,7 +62,8 @@ def export_deidentified(args: argparse.Namespace, settings, filters: list, open_
             except QueryError as e:
                 print(f"dicomweb-server export: {e}", file=sys.stderr)
                 return 2
-        deid = Deidentifier(Spec(options, args.project, allow_burned_in=args.allow_burned_in), pseudonyms)
+        deid = Deidentifier(Spec(options, args.project, allow_burned_in=args.allow_burned_in,
+                                 safe_private=safe), pseudonyms)
 
         def progress(done: int, total: int) -> None:
             if not args.quiet and (done == total or done % 10 == 0):

@@ -13,6 +13,7 @@
     deidentify_options = ["retain_modified_dates"]        # optional: the profile's options
     project = "trial-a"                                   # its secret and pseudonyms (default: the name)
     allow_burned_in = false                               # default: burned-in annotation is dead-lettered
+    safe_private = ["ACME 1.0:0009:02"]                   # with retain_safe_private: private elements kept
 
     [[rules]]
     name = "CT and MR to the PACS"
@@ -46,6 +47,7 @@ from urllib.parse import urlsplit
 
 from ..config_values import PORT, Bound, ae_title_problem, header_problem, host_problem, name_problem
 from ..deid import profile as deid_profile
+from ..deid.apply import parse_safe_private
 from ..deid.export import Spec
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Match, QueryError, match_value, parse_query
@@ -213,7 +215,7 @@ def _tables(doc: dict, name: str, path: Path) -> list[dict]:
     return value
 
 
-_DEID_FIELDS = {"deidentify", "deidentify_options", "project", "allow_burned_in"}
+_DEID_FIELDS = {"deidentify", "deidentify_options", "project", "allow_burned_in", "safe_private"}
 
 
 def _deidentify(d: dict, i: int, name: str, fail) -> Spec | None:
@@ -236,7 +238,14 @@ def _deidentify(d: dict, i: int, name: str, fail) -> Spec | None:
     allow = d.get("allow_burned_in", False)
     if not isinstance(allow, bool):
         raise fail("destinations", i, "allow_burned_in", "true or false")
-    return Spec(options, project, allow_burned_in=allow)
+    safe = d.get("safe_private", [])
+    if not isinstance(safe, list) or not all(isinstance(t, str) for t in safe):
+        raise fail("destinations", i, "safe_private", 'a list of "CREATOR:gggg:ee" strings is required')
+    try:
+        entries = frozenset(parse_safe_private(t) for t in safe)
+    except ValueError as e:
+        raise fail("destinations", i, "safe_private", str(e)) from None
+    return Spec(options, project, allow_burned_in=allow, safe_private=entries)
 
 
 def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
@@ -244,7 +253,7 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
     if extra:
         raise fail("destinations", i, sorted(extra)[0],
                    "unknown field; expected name, stow_url, headers, dimse, webhook, deidentify, "
-                   "deidentify_options, project, allow_burned_in")
+                   "deidentify_options, project, allow_burned_in, safe_private")
     name = d.get("name")
     if problem := name_problem(name):
         raise fail("destinations", i, "name", problem)

@@ -13,7 +13,9 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
 from dicomweb_server.deid import profile
-from dicomweb_server.deid.apply import DUMMY, BurnedIn, Context, date_offset, deidentify, shift_date
+from dicomweb_server.deid.apply import (
+    DUMMY, BurnedIn, Context, date_offset, deidentify, parse_safe_private, shift_date,
+)
 from dicomweb_server.deid.profile import Options
 from dicomweb_server.deid.uids import new_uid
 from tests.helpers import CT_IMAGE_STORAGE, make_dataset, to_bytes
@@ -178,7 +180,11 @@ def test_private_tags_removed_unless_safe_listed():
     kept = copy.deepcopy(ds)
     deidentify(ds, Context(SECRET))
     assert not any(e.tag.is_private for e in ds) and not any(e.tag.is_private for e in ds.ReferencedImageSequence[0])
-    safe = frozenset({("ACME 1.0", 0x0009, 0x02)})
+    safe = frozenset({parse_safe_private("ACME 1.0:0009:02")})
+    assert safe == {("ACME 1.0", 0x0009, 0x02)}
+    for bad in ("ACME:0008:02", "0009:02", "ACME:0009:1FF", "ACME:zz:02"):
+        with pytest.raises(ValueError, match="expected CREATOR:gggg:ee"):
+            parse_safe_private(bad)
     deidentify(kept, Context(SECRET, Options(retain_safe_private=True), safe_private=safe))
     assert [(int(e.tag), e.value) for e in kept if e.tag.is_private] == [(0x00090010, "ACME 1.0"),
                                                                         (0x00091002, 2.5)]

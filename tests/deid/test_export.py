@@ -39,6 +39,9 @@ def archive_dir(request, tmp_path):
     ref.ReferencedSOPInstanceUID = a1.SOPInstanceUID
     a2.ReferencedImageSequence = Sequence([ref])
     b = make_dataset(study="1.2.3.3", PatientID="P2", PatientName="Roe^Jane", StudyDate="20240110")
+    b.add_new(0x00090010, "LO", "ACME 1.0")
+    b.add_new(0x00091001, "LO", "Roe secret")
+    b.add_new(0x00091002, "DS", "2.5")
     us = make_dataset(study="1.2.3.4", PatientID="P3", modality="US", BurnedInAnnotation="YES")
     store_datasets(archive, [a1, a2, b, us])
     archive.close()
@@ -104,6 +107,13 @@ def test_pseudonym_csv_and_burned_in_refusal(archive_dir, tmp_path, capsys):
     (ds,) = [dcmread(p) for p in (tmp_path / "out").rglob("*.dcm")]
     assert ds.PatientID == "SUBJ-002" and ds.PatientName == "SUBJ-002" and ds.StudyDate == ""
     assert ds.LongitudinalTemporalInformationModified == "REMOVED"
+    assert not any(e.tag.is_private for e in ds)
+    # Retain Safe Private keeps what the safe list names, nothing else
+    assert main(base + ["--to", str(tmp_path / "safe"), "--option", "retain_safe_private",
+                        "--safe-private", "ACME 1.0:0009:02", "1.2.3.3"]) == 0
+    capsys.readouterr()
+    (ds,) = [dcmread(p) for p in (tmp_path / "safe").rglob("*.dcm")]
+    assert [(int(e.tag), e.value) for e in ds if e.tag.is_private] == [(0x00090010, "ACME 1.0"), (0x00091002, 2.5)]
     # with the explicit option the burned-in image passes
     assert main(base + ["--to", str(tmp_path / "all"), "--allow-burned-in", "1.2.3.4"]) == 0
     report = orjson.loads(capsys.readouterr().out)
@@ -117,6 +127,8 @@ def test_bad_arguments(archive_dir, tmp_path, capsys):
     base = ["export", "--data-dir", str(data), "--index", index, "--to", str(tmp_path / "x")]
     assert main(base + ["--deidentify", "strict", "--project", "p"]) == 2
     assert "unknown de-identification profile 'strict'" in capsys.readouterr().err
+    assert main(base + ["--deidentify", "basic", "--project", "p", "--safe-private", "ACME:0009"]) == 2
+    assert "--safe-private: safe private element 'ACME:0009'" in capsys.readouterr().err
     assert main(base + ["--deidentify", "basic"]) == 2
     assert "--project NAME" in capsys.readouterr().err
     assert main(base + ["--deidentify", "basic", "--project", "p", "Nonsense=1"]) == 2

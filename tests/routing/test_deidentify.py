@@ -69,13 +69,15 @@ def test_a_deidentifying_destination(tmp_path, sink, backend):
     ('deidentify = "basic"\ndeidentify_options = ["retain_all"]', "unknown de-identification option 'retain_all'"),
     ('project = "x"', "only with deidentify"),
     ('deidentify = "basic"\nallow_burned_in = "yes"', "true or false"),
+    ('deidentify = "basic"\nsafe_private = ["ACME:0008:02"]', "expected CREATOR:gggg:ee"),
 ])
 def test_bad_deidentify_fields(tmp_path, fields, message):
     path = tmp_path / "routes.toml"
     path.write_text(f'[[destinations]]\nname = "out"\nstow_url = "http://127.0.0.1:9/x"\n{fields}\n')
     with pytest.raises(RoutesError, match=message):
         load_routes(path)
-    path.write_text(f'[[destinations]]\nname = "out"\nstow_url = "http://127.0.0.1:9/x"\n{DEID}')
+    path.write_text(f'[[destinations]]\nname = "out"\nstow_url = "http://127.0.0.1:9/x"\n{DEID}'
+                    'safe_private = ["ACME 1.0:0009:02"]\n')
     spec = load_routes(path).destinations["out"].deidentify
-    assert (spec.project, spec.options.selected(), spec.allow_burned_in) == ("trial-a", ["retain_modified_dates"],
-                                                                             False)
+    assert (spec.project, spec.options.selected(), spec.allow_burned_in, spec.safe_private) == (
+        "trial-a", ["retain_modified_dates"], False, {("ACME 1.0", 9, 2)})
