@@ -108,10 +108,12 @@ def parse_csv(text: str) -> list[tuple[str, str]]:
 class Pseudonyms:
     """The project secrets and pseudonym table of one database (SQLite or PostgreSQL)."""
 
-    def __init__(self, connect, placeholder: str, blob=bytes) -> None:
+    def __init__(self, connect, placeholder: str) -> None:
         self._connect = connect  # () -> context manager yielding a connection in a transaction
         self._p = placeholder
-        self._blob = blob
+        # a project's secret and a patient's pseudonym never change once written: remembered
+        self._secrets: dict[str, bytes] = {}
+        self._known: dict[tuple[str, str], str] = {}
 
     @classmethod
     def sqlite(cls, path: Path | str) -> Pseudonyms:
@@ -166,32 +168,33 @@ class Pseudonyms:
         """The project's secret, made (32 random bytes) the first time a project is named."""
         if not project or len(project) > 64:
             raise PseudonymError("a project name of 1 to 64 characters is required")
+        if project in self._secrets:
+            return self._secrets[project]
+        with self._connect() as con:  # two nodes naming a new project at once: one secret wins
+            con.execute(self._q("INSERT INTO deid_project (project, secret, created) VALUES (?, ?, ?) "
+                                "ON CONFLICT DO NOTHING"), (project, secrets.token_bytes(32), time.time()))
         with self._connect() as con:
             row = con.execute(self._q("SELECT secret FROM deid_project WHERE project = ?"), (project,)).fetchone()
-            if row is not None:
-                return bytes(row[0])
-            value = secrets.token_bytes(32)
-            con.execute(self._q("INSERT INTO deid_project (project, secret, created) VALUES (?, ?, ?)"),
-                        (project, value, time.time()))
-            return value
+        self._secrets[project] = bytes(row[0])
+        return self._secrets[project]
 
     def pseudonym(self, project: str, patient_id: str) -> str:
         """The patient's pseudonym in the project: the table's, or a generated one recorded now."""
+        if (project, patient_id) in self._known:
+            return self._known[(project, patient_id)]
         secret = self.secret(project)
-        with self._connect() as con:
+        value = generated_pseudonym(secret, patient_id)
+        with self._connect() as con:  # a row already there (a CSV's, another node's) wins
+            con.execute(self._q("INSERT INTO deid_pseudonym (project, PatientID, pseudonym, source, created) "
+                                "VALUES (?, ?, ?, 'generated', ?) ON CONFLICT DO NOTHING"),
+                        (project, patient_id, value, time.time()))
             row = con.execute(self._q("SELECT pseudonym FROM deid_pseudonym WHERE project = ? AND PatientID = ?"),
                               (project, patient_id)).fetchone()
-            if row is not None:
-                return row[0]
-            value = generated_pseudonym(secret, patient_id)
-            taken = con.execute(self._q("SELECT PatientID FROM deid_pseudonym WHERE project = ? AND pseudonym = ?"),
-                                (project, value)).fetchone()
-            if taken is not None:  # a CSV gave this very string to another patient
-                raise PseudonymError(f"the generated pseudonym {value} is a CSV pseudonym of another patient "
-                                     f"in project {project!r}")
-            con.execute(self._q("INSERT INTO deid_pseudonym (project, PatientID, pseudonym, source, created) "
-                                "VALUES (?, ?, ?, 'generated', ?)"), (project, patient_id, value, time.time()))
-            return value
+        if row is None:  # the generated string is a CSV pseudonym of another patient
+            raise PseudonymError(f"the generated pseudonym {value} is a CSV pseudonym of another patient "
+                                 f"in project {project!r}")
+        self._known[(project, patient_id)] = row[0]
+        return row[0]
 
     def load_csv(self, project: str, text: str) -> int:
         """Take a caller's ``PatientID,pseudonym`` table; returns the rows added (rows already

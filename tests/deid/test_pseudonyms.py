@@ -48,3 +48,13 @@ def test_kept_across_a_reopen(tmp_path):
     t = Pseudonyms.sqlite(tmp_path / "outbox.sqlite")
     assert t.secret("x") == secret and t.mapping("x") == [Mapping("A", p, "generated")]
     t.close()
+
+
+def test_two_processes_agree(tmp_path):
+    """Two handles on one file (two workers): one secret, one pseudonym per patient."""
+    a, b = Pseudonyms.sqlite(tmp_path / "index.sqlite"), Pseudonyms.sqlite(tmp_path / "index.sqlite")
+    assert a.secret("x") == b.secret("x")
+    assert a.pseudonym("x", "P") == b.pseudonym("x", "P")
+    assert len(b.mapping("x")) == 1
+    a.close()
+    b.close()
