@@ -108,6 +108,7 @@ def table() -> dict[str, Row]:
     return {r[0]: Row(r[0], r[1], r[2], r[3]) for r in doc["rows"]}
 
 
+@lru_cache(maxsize=1)
 def edition() -> str:
     return json.loads(TABLE_FILE.read_text())["edition"]
 
