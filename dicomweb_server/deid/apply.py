@@ -209,6 +209,9 @@ class _Run:
                 if tag == 0x00100010 or str(elem.value or "") == self.original_pid:
                     elem.value = self.pseudonym
                     continue
+            if tag & 0xFFFF == 0:  # a group length (PS3.5 §7.2): wrong once elements go; not needed
+                del ds[tag]
+                continue
             row = profile.row_for(tag)
             if row is None:
                 self.keep(elem)

@@ -219,11 +219,13 @@ def test_clean_descriptors_removes_the_patients_name_from_texts():
 
 def test_pixel_data_byte_identical_and_file_meta_follows():
     ds = make_dataset(PatientName="Doe^John")
+    ds.add_new(0x00100000, "UL", 40)  # a group length, stale once the group's elements go
     pixels = ds.PixelData
     deidentify(ds, Context(SECRET))
     assert ds.PixelData is pixels
     assert ds.file_meta.MediaStorageSOPInstanceUID == ds.SOPInstanceUID
     assert ds.SOPClassUID == CT_IMAGE_STORAGE  # well-known UID kept
+    assert 0x00100000 not in ds
     to_bytes(ds)  # still a writable PS3.10 file
 
 
