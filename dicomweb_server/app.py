@@ -36,7 +36,8 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         if app.state.archive.routing is not None:  # deliver the outbox from this worker (routing/)
             from .routing.forwarder import Forwarder
 
-            forwarder = Forwarder(app.state.archive.routing, app.state.archive.blobs)
+            forwarder = Forwarder(app.state.archive.routing, app.state.archive.blobs,
+                                  lambda: app.state.archive.pseudonyms)
             await forwarder.start()
         dimse = _start_dimse_in_worker(app.state.archive, settings)
         # the rejected instances past keep_rejected: purged at start and then hourly

@@ -106,6 +106,8 @@ class Archive:
         self._busy = threading.Condition()
         self._in_flight = 0  # store() and delete() calls running (worker threads)
         self.routing: Routing | None = None  # set by open() when a routes file is configured
+        self._pseudonyms = None  # deid/pseudonyms.py, opened when first needed (pseudonyms)
+        self._pseudonyms_lock = threading.Lock()
         self._unrouted_ledger = False  # an in-memory archive opened without routes (_disarm_ledger)
         # the retention policy (policy/retention.py): its hard limit is checked by every store
         self.retention: retention.Policy | None = None
@@ -194,6 +196,17 @@ class Archive:
         finally:
             outbox.close()
 
+    @property
+    def pseudonyms(self):
+        """The de-identification projects and pseudonyms (deid/pseudonyms.py), kept where the
+        index keeps its transactions; opened at the first use."""
+        with self._pseudonyms_lock:
+            if self._pseudonyms is None:
+                from .deid.pseudonyms import open_pseudonyms
+
+                self._pseudonyms = open_pseudonyms(self.settings)
+            return self._pseudonyms
+
     def close(self, timeout: float | None = None) -> None:
         """Wait (at most ``timeout`` seconds, default ``settings.shutdown_timeout``)
         for the store and delete transactions running in worker threads, then remove this
@@ -210,6 +223,8 @@ class Archive:
         self.committer.close()
         if self.routing is not None:
             self.routing.outbox.close()
+        if self._pseudonyms is not None:
+            self._pseudonyms.close()
         self.index.close()
 
     @contextmanager

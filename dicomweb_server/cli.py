@@ -633,8 +633,22 @@ def _open_archive(settings, command: str):
 
 
 def _export(args: argparse.Namespace) -> int:
+    filters = [tuple(t.split("=", 1)) for t in args.targets if "=" in t]
+    uids = [t for t in args.targets if "=" not in t]
+    if len(uids) > 3:
+        print("dicomweb-server export: at most STUDY SERIES SOP", file=sys.stderr)
+        return 2
+    args.study, args.series, args.sop = (uids + [None, None, None])[:3]
     settings = _settings(args)
     if not _existing_archive(settings, "export"):
+        return 2
+    if args.deidentify is not None:
+        from .deid.command import export_deidentified
+
+        return export_deidentified(args, settings, filters, lambda s: _open_archive(s, "export"))
+    if filters or args.study is None:
+        print("dicomweb-server export: a destination export takes STUDY [SERIES [SOP]] (QIDO-RS filters only "
+              "with --deidentify)", file=sys.stderr)
         return 2
     if settings.routes_file is None:
         print("dicomweb-server export: --routes FILE (or DICOMWEB_ROUTES_FILE) names the destinations",
@@ -667,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: each command with its flags (serve's map onto :class:`Settings`
     fields by ``dest``; ``scripts/gen_docs.py`` reads them for docs/configuration.md)."""
     from . import __version__
+    from .deid.profile import OPTION_NAMES
 
     parser = argparse.ArgumentParser(
         prog="dicomweb-server", description="DICOMweb (PS3.18) archive. Without a command: serve.",
@@ -766,12 +781,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(que)
     que.set_defaults(func=_queue)
 
-    exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination")
-    exp.add_argument("--to", required=True, help="destination name from the routes file")
+    exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination; with "
+                                        "--deidentify: de-identified copies into a folder (docs/notes/deid.md)")
+    exp.add_argument("--to", required=True, help="destination name from the routes file (with --deidentify: "
+                                                 "a folder)")
     exp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE)")
-    exp.add_argument("study")
-    exp.add_argument("series", nargs="?")
-    exp.add_argument("sop", nargs="?")
+    exp.add_argument("targets", nargs="*", metavar="STUDY [SERIES [SOP]] | KEY=VALUE",
+                     help="the UIDs to export; with --deidentify, instead QIDO-RS study matching keys "
+                          "(PatientID=123 StudyDate=20240101-20241231 ModalitiesInStudy=CT ...)")
+    exp.add_argument("--deidentify", metavar="PROFILE",
+                     help="de-identify by PS3.15 Annex E: 'basic', options after commas "
+                          "(basic,retain_modified_dates,clean_descriptors)")
+    exp.add_argument("--option", action="append", metavar="NAME",
+                     help="a profile option (repeat): " + ", ".join(OPTION_NAMES))
+    exp.add_argument("--project", help="--deidentify: the project whose secret and pseudonyms are used")
+    exp.add_argument("--pseudonyms", metavar="CSV", help="--deidentify: PatientID,pseudonym rows added to the "
+                                                         "project's table first")
+    exp.add_argument("--allow-burned-in", dest="allow_burned_in", action="store_true",
+                     help="--deidentify: export instances with burned-in annotation too (refused by default)")
+    exp.add_argument("--safe-private", dest="safe_private", action="append", metavar="CREATOR:gggg:ee",
+                     help="--deidentify with retain_safe_private: a private element to keep (repeat)")
+    exp.add_argument("--quiet", action="store_true", help="--deidentify: no progress line")
     _add_settings_args(exp)
     exp.set_defaults(func=_export)
 

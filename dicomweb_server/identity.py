@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCOPES = ("read", "write", "delete")
+SCOPES = ("read", "write", "delete", "admin")  # admin: re-identification (GET /admin/deid/...)
 
 
 @dataclass(frozen=True, slots=True)

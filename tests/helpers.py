@@ -88,6 +88,18 @@ def make_dataset(
     return ds
 
 
+def store_datasets(archive, datasets) -> None:
+    """Store ``datasets`` through ``archive.store`` (as a STOW-RS would), all of them."""
+    from dicomweb_server.dicom.multipart import SpooledPart
+
+    parts = []
+    for i, ds in enumerate(datasets):
+        path = archive.blobs.spool / f"t{i}.dcm"
+        ds.save_as(path, enforce_file_format=True)
+        parts.append(SpooledPart(headers={}, path=path, size=os.path.getsize(path), complete=True))
+    assert len(archive.store(parts).stored) == len(datasets)
+
+
 def to_bytes(ds: Dataset) -> bytes:
     buf = io.BytesIO()
     ds.save_as(buf, enforce_file_format=True)

@@ -1,11 +1,12 @@
 """Operations endpoints outside the DICOMweb prefix: the routing queue, manual
-export to a destination (both need the ``write`` scope, see api/auth.py) and the
-Prometheus metrics (``/metrics``)."""
+export to a destination (both need the ``write`` scope, see api/auth.py), a
+de-identification project's pseudonym table (``admin`` scope: it re-identifies
+patients; deid/pseudonyms.py) and the Prometheus metrics (``/metrics``)."""
 
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -93,6 +94,37 @@ async def export_series(archive: ArchiveDep, destination: str, study: StudyUID, 
 async def export_instance(archive: ArchiveDep, destination: str, study: StudyUID, series: SeriesUID,
                           instance: SOPInstanceUID) -> Response:
     return await _export(archive, destination, study, series, instance)
+
+
+def _project(archive, project: str):
+    table = archive.pseudonyms
+    if project not in table.projects():
+        raise DICOMwebHTTPError(404, f"no de-identification project {project!r}")
+    return table
+
+
+@router.get("/admin/deid/{project}/pseudonyms", summary="A project's pseudonym table (re-identification)")
+async def pseudonyms(archive: ArchiveDep, project: str) -> Response:
+    """Every PatientID -> pseudonym of the project, in the order handed out: ``source``
+    ``generated`` or ``csv``. Needs the ``admin`` scope."""
+    table = await run_in_threadpool(_project, archive, project)
+    rows = await run_in_threadpool(table.mapping, project)
+    return _json({"project": project, "pseudonyms": [
+        {"PatientID": m.patient_id, "pseudonym": m.pseudonym, "source": m.source} for m in rows]})
+
+
+@router.post("/admin/deid/{project}/pseudonyms", summary="Add a trial's pseudonyms (CSV)")
+async def add_pseudonyms(archive: ArchiveDep, project: str, request: Request) -> Response:
+    """Body: ``PatientID,pseudonym`` lines (text/csv, UTF-8). All or nothing: a patient given
+    a second pseudonym, or a pseudonym given to two patients, is refused (400)."""
+    from ..deid.pseudonyms import PseudonymError
+
+    body = await request.body()
+    try:
+        n = await run_in_threadpool(archive.pseudonyms.load_csv, project, body.decode("utf-8"))
+    except (UnicodeDecodeError, PseudonymError) as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
+    return _json({"project": project, "added": n})
 
 
 @router.get("/metrics", summary="Prometheus metrics")

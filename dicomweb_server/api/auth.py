@@ -1,7 +1,8 @@
 """Access control and audit: a plain ASGI middleware in front of the app.
 
 - Static API keys (bearer tokens) with scopes ``read`` (GET/HEAD), ``write``
-  (POST) and ``delete`` (DELETE), from a JSON file ``{"token": ["read", ...]}`` or
+  (POST), ``delete`` (DELETE) and ``admin`` (the pseudonym tables under
+  ``/admin/deid/``, which re-identify patients), from a JSON file ``{"token": ["read", ...]}`` or
   the ``DICOMWEB_API_KEYS`` setting.
 - OAuth2/OIDC access tokens (JWT) checked with PyJWT against the issuer's JWKS:
   signature, ``exp``/``nbf``, ``iss`` and ``aud``; scopes from the ``scope``
@@ -254,8 +255,10 @@ class AuthAuditMiddleware:
                 await self._audit(scope, None, 401, rel, method)
                 await response(scope, receive, send)
                 return
-            # the admin endpoints (routing queue, export) change what leaves the archive: write scope
-            need = "write" if rel.startswith("/admin/") else _METHOD_SCOPE.get(method, "read")
+            # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
+            # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py)
+            need = ("admin" if rel.startswith("/admin/deid/") else "write" if rel.startswith("/admin/")
+                    else _METHOD_SCOPE.get(method, "read"))
             if need not in found.scopes:
                 await self._audit(scope, found, 403, rel, method)
                 await error_response(403, f"the credentials lack the '{need}' scope")(scope, receive, send)

@@ -7,6 +7,11 @@ full jitter: ``uniform(0, min(backoff_max, backoff_base * 2**attempts))``), solo
 (refused as a batch: each instance is tried alone) or dead-lettered (a permanent
 refusal, or ``max_attempts``/``max_age`` reached; the last error is kept).
 
+A destination with ``deidentify`` (routes file) is sent de-identified copies
+(deid/export.py ``Deidentifier``: the profile, the project's consistent UIDs and
+pseudonyms), made in this process's spool folder for the send and removed after it; an
+instance the profile refuses (burned-in annotation) is dead-lettered with the reason.
+
 Waking: a store in this process wakes the lanes of the destinations it owes
 (:meth:`routing.Routing.committed`); rows committed by *other* worker processes,
 retries coming due and expired leases are found by a bounded poll
@@ -22,6 +27,8 @@ import random
 import socket
 import time
 import uuid
+import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from itertools import count
 from pathlib import Path
@@ -41,10 +48,19 @@ PRUNE_EVERY = 600.0
 PRUNE_CHUNK = 10_000
 
 
+class Refused:
+    """An instance a destination's de-identification refuses: dead-lettered, with why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 class Forwarder:
-    def __init__(self, routing: Routing, blobs: BlobStore) -> None:
+    def __init__(self, routing: Routing, blobs: BlobStore, pseudonyms: Callable[[], object] | None = None) -> None:
         self.routing = routing
         self.blobs = blobs
+        self._pseudonyms = pseudonyms  # () -> deid.pseudonyms.Pseudonyms, for destinations with deidentify
+        self._deid: dict[str, object] = {}  # destination -> deid.export.Deidentifier
         self.delivery = routing.routes.delivery
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:"
         self._batches = count()
@@ -59,6 +75,8 @@ class Forwarder:
         if freed:
             log.warning("%d forward(s) leased by a worker that died are claimable again", freed)
         for name, dest in self.routing.routes.destinations.items():
+            if dest.deidentify is not None:
+                self._deid[name] = await asyncio.to_thread(self._deidentifier, dest)
             self._events[name] = asyncio.Event()
             self._senders[name] = (WebhookSender(dest, self.delivery.timeout, self.routing)
                                    if dest.webhook is not None else sender_for(dest, self.delivery.timeout))
@@ -132,28 +150,51 @@ class Forwarder:
             except TimeoutError:
                 pass
 
-    def _item(self, copies: ExitStack, row: Row):
+    def _deidentifier(self, dest):
+        from ..deid.export import Deidentifier
+
+        if self._pseudonyms is None:
+            raise RuntimeError(f"destination {dest.name!r} de-identifies: the forwarder needs the pseudonym table")
+        return Deidentifier(dest.deidentify, self._pseudonyms())
+
+    def _item(self, copies: ExitStack, row: Row, name: str):
         """What the senders read for ``row``: the stored file, or (object storage,
         store/s3.py) a copy of the object in this process's spool folder, removed when
-        ``copies`` closes; None when the instance is no longer stored. A webhook's row
-        (a change, routing/webhook.py) is sent as it is."""
+        ``copies`` closes; None when the instance is no longer stored; a de-identified
+        copy for a destination that asks for one (a :class:`Refused` when the profile
+        refuses the instance). A webhook's row (a change, routing/webhook.py) is sent as
+        it is."""
         if row.change is not None:
             return row
         source = self.blobs.source(row.path)
-        if isinstance(source, Path):
-            return item_for(source, row.sop_uid)
         try:
-            return item_for(copies.enter_context(self.blobs.local_copy(row.path)), row.sop_uid)
+            path = source if isinstance(source, Path) else copies.enter_context(self.blobs.local_copy(row.path))
         except FileNotFoundError:
             return None
+        deid = self._deid.get(name)
+        if deid is None:
+            return item_for(path, row.sop_uid)
+        from ..deid.apply import BurnedIn
+
+        folder = Path(copies.enter_context(tempfile.TemporaryDirectory(dir=self.blobs.spool, prefix="deid-")))
+        try:
+            out = deid.file(path, folder)
+        except FileNotFoundError:
+            return None
+        except BurnedIn as e:
+            return Refused(f"refused by de-identification (PS3.15 E): {e}")
+        except Exception as e:  # noqa: BLE001 - an unreadable stored file: this instance fails alone
+            return Refused(f"cannot be de-identified: {type(e).__name__}: {e}")
+        return item_for(out, out.stem)  # the NEW SOP Instance UID: the one the destination names
 
     async def _deliver(self, name: str, rows: list[Row], owner: str) -> None:
         d = self.delivery
         copies = ExitStack()  # object storage: local copies of the objects while they are sent
-        items = await asyncio.to_thread(lambda: [self._item(copies, r) for r in rows])
-        sendable = [(r, it) for r, it in zip(rows, items) if it is not None]
+        items = await asyncio.to_thread(lambda: [self._item(copies, r, name) for r in rows])
+        sendable = [(r, it) for r, it in zip(rows, items) if it is not None and not isinstance(it, Refused)]
         verdicts = dict.fromkeys((r.id for r, it in zip(rows, items) if it is None),
                                  (Verdict.FAILED, "the instance is no longer stored (deleted before delivery)"))
+        verdicts.update((r.id, (Verdict.FAILED, it.reason)) for r, it in zip(rows, items) if isinstance(it, Refused))
         if sendable:
             try:
                 # the send ends well before the lease does: no other worker may take these
@@ -167,6 +208,8 @@ class Forwarder:
                 await asyncio.to_thread(copies.close)
             verdicts.update((r.id, v) for (r, _), v in zip(sendable, answers))
             faults.point("forwarded")  # crash tests: sent, not yet settled
+        else:
+            await asyncio.to_thread(copies.close)  # de-identified copies of refused instances
         now = time.time()
         s = Settlement([], [], [], [])
         for r in rows:

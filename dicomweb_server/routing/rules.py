@@ -9,6 +9,11 @@
     # or: dimse = { ae_title = "PACS", host = "pacs.example", port = 104, calling_ae_title = "DICOMWEB" }
     # or: webhook = { url = "https://hooks.example/dicom", secret = "...", stable_after = 60 }
     #     (every change, and optionally "study stable" events: routing/webhook.py)
+    deidentify = "basic"                                  # optional: PS3.15 Annex E on the way out (deid/)
+    deidentify_options = ["retain_modified_dates"]        # optional: the profile's options
+    project = "trial-a"                                   # its secret and pseudonyms (default: the name)
+    allow_burned_in = false                               # default: burned-in annotation is dead-lettered
+    safe_private = ["ACME 1.0:0009:02"]                   # with retain_safe_private: private elements kept
 
     [[rules]]
     name = "CT and MR to the PACS"
@@ -41,6 +46,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config_values import PORT, Bound, ae_title_problem, header_problem, host_problem, name_problem
+from ..deid import profile as deid_profile
+from ..deid.apply import parse_safe_private
+from ..deid.export import Spec
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Match, QueryError, match_value, parse_query
 from .matcher import RuleIndex
@@ -72,6 +80,7 @@ class Destination:
     headers: dict[str, str] = field(default_factory=dict)
     dimse: DimseAddress | None = None
     webhook: Webhook | None = None  # receives every change of the change log, no rule names it
+    deidentify: Spec | None = None  # de-identified on the way out (deid/export.py), else sent as stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,11 +215,45 @@ def _tables(doc: dict, name: str, path: Path) -> list[dict]:
     return value
 
 
+_DEID_FIELDS = {"deidentify", "deidentify_options", "project", "allow_burned_in", "safe_private"}
+
+
+def _deidentify(d: dict, i: int, name: str, fail) -> Spec | None:
+    """A destination's de-identification (deid/): None when it has no ``deidentify``."""
+    if "deidentify" not in d:
+        if set(d) & _DEID_FIELDS:
+            raise fail("destinations", i, sorted(set(d) & _DEID_FIELDS)[0], "only with deidentify = \"basic\"")
+        return None
+    opts = d.get("deidentify_options", [])
+    if not isinstance(d["deidentify"], str) or not isinstance(opts, list) or not all(
+            isinstance(o, str) for o in opts):
+        raise fail("destinations", i, "deidentify", "a profile name and a list of option names are required")
+    try:
+        options = deid_profile.parse(d["deidentify"], opts)
+    except ValueError as e:
+        raise fail("destinations", i, "deidentify", str(e)) from None
+    project = d.get("project", name)
+    if not isinstance(project, str) or not 1 <= len(project) <= 64:
+        raise fail("destinations", i, "project", "a name of 1 to 64 characters is required")
+    allow = d.get("allow_burned_in", False)
+    if not isinstance(allow, bool):
+        raise fail("destinations", i, "allow_burned_in", "true or false")
+    safe = d.get("safe_private", [])
+    if not isinstance(safe, list) or not all(isinstance(t, str) for t in safe):
+        raise fail("destinations", i, "safe_private", 'a list of "CREATOR:gggg:ee" strings is required')
+    try:
+        entries = frozenset(parse_safe_private(t) for t in safe)
+    except ValueError as e:
+        raise fail("destinations", i, "safe_private", str(e)) from None
+    return Spec(options, project, allow_burned_in=allow, safe_private=entries)
+
+
 def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
-    extra = set(d) - {"name", "stow_url", "headers", "dimse", "webhook"}
+    extra = set(d) - {"name", "stow_url", "headers", "dimse", "webhook"} - _DEID_FIELDS
     if extra:
         raise fail("destinations", i, sorted(extra)[0],
-                   "unknown field; expected name, stow_url, headers, dimse, webhook")
+                   "unknown field; expected name, stow_url, headers, dimse, webhook, deidentify, "
+                   "deidentify_options, project, allow_burned_in, safe_private")
     name = d.get("name")
     if problem := name_problem(name):
         raise fail("destinations", i, "name", problem)
@@ -230,13 +273,16 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
         if key.lower() in seen:  # field names are case-insensitive (RFC 9110 §5.1)
             raise fail("destinations", i, "headers", f"{key} is given twice")
         seen.add(key.lower())
+    deid = _deidentify(d, i, name, fail)
     if hook is not None:
+        if deid is not None:
+            raise fail("destinations", i, "deidentify", "a webhook is told of changes, it is sent no instances")
         out[name] = Destination(name, headers=headers, webhook=_webhook(hook, i, fail))
         return
     if stow is not None:
         if problem := _url_problem(stow):
             raise fail("destinations", i, "stow_url", problem)
-        out[name] = Destination(name, stow_url=stow.rstrip("/"), headers=headers)
+        out[name] = Destination(name, stow_url=stow.rstrip("/"), headers=headers, deidentify=deid)
         return
     if not isinstance(dimse, dict):
         raise fail("destinations", i, "dimse", "a table { ae_title, host, port } is required")
@@ -252,7 +298,8 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
         raise fail("destinations", i, "dimse", f"host: {problem}")
     if problem := PORT.problem(port):
         raise fail("destinations", i, "dimse", f"port: {problem}")
-    out[name] = Destination(name, headers=headers, dimse=DimseAddress(ae.strip(), host, port, calling.strip()))
+    out[name] = Destination(name, headers=headers, dimse=DimseAddress(ae.strip(), host, port, calling.strip()),
+                            deidentify=deid)
 
 
 def _webhook(hook: object, i: int, fail) -> Webhook:

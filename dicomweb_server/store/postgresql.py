@@ -26,7 +26,8 @@ SQLite index (store/sql.py); what differs is here:
   so that Sequence numbers commit in order) and the outbox's ``_change`` column,
   version 6 the items of the matchable sequences (store/sql.py sequence_item), version 7
   the derived date-time columns (local and UTC) of combined and time-zone matching,
-  version 8 the rejected instances (store/rejections.py, IOCM).
+  version 8 the rejected instances (store/rejections.py, IOCM), version 9 the
+  de-identification projects and pseudonyms (deid/pseudonyms.py).
 """
 
 from __future__ import annotations
@@ -174,9 +175,16 @@ def _v8() -> list[str]:
     return rejections.postgresql_schema()
 
 
+def _v9() -> list[str]:
+    """De-identification: project secrets and pseudonyms (deid/pseudonyms.py)."""
+    from ..deid.pseudonyms import postgresql_schema
+
+    return postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

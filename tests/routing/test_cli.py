@@ -3,27 +3,15 @@ rows wait in the outbox for the next forwarder)."""
 
 from __future__ import annotations
 
-import os
-
 import orjson
 import pytest
 
 from dicomweb_server.archive import Archive
 from dicomweb_server.cli import main
-from dicomweb_server.dicom.multipart import SpooledPart
 from dicomweb_server.routing.outbox import Settlement
 from dicomweb_server.settings import Settings
-from tests.helpers import make_dataset
+from tests.helpers import make_dataset, store_datasets
 from tests.routing.conftest import ALL
-
-
-def _store(archive: Archive, datasets) -> None:
-    parts = []
-    for i, ds in enumerate(datasets):
-        path = archive.blobs.spool / f"t{i}.dcm"
-        ds.save_as(path, enforce_file_format=True)
-        parts.append(SpooledPart(headers={}, path=path, size=os.path.getsize(path), complete=True))
-    assert len(archive.store(parts).stored) == len(datasets)
 
 
 @pytest.mark.parametrize("backend", ALL, indirect=True)
@@ -33,7 +21,7 @@ def test_queue_and_retry_failed(tmp_path, capsys, backend):
                       '[[rules]]\ndestinations = ["pacs"]\n')
     data = tmp_path / "data"
     archive = Archive.open(Settings(data_dir=data, index=backend.index, routes_file=routes, **backend.settings))
-    _store(archive, [make_dataset() for _ in range(3)])
+    store_datasets(archive, [make_dataset() for _ in range(3)])
     outbox = archive.routing.outbox
     rows, _ = outbox.claim("pacs", 1, "test:1:x:0", 60, 2)
     outbox.settle(Settlement([], [], [(rows[0].id, "HTTP 404")], []), "test:1:x:0")
@@ -56,7 +44,7 @@ def test_export_a_series(tmp_path, capsys, backend):
     routes.write_text('[[destinations]]\nname = "pacs"\nstow_url = "http://127.0.0.1:9/x"\n')  # no rules
     data = tmp_path / "data"
     archive = Archive.open(Settings(data_dir=data, index=backend.index, **backend.settings))
-    _store(archive, [make_dataset(study="1.2.3", series="1.2.3.1") for _ in range(2)] + [make_dataset(study="1.2.3")])
+    store_datasets(archive, [make_dataset(study="1.2.3", series="1.2.3.1") for _ in range(2)] + [make_dataset(study="1.2.3")])
     archive.close()
     args = ["export", "--data-dir", str(data), *backend.args, "--routes", str(routes), "--to", "pacs"]
     assert main(args + ["1.2.3", "1.2.3.1"]) == 0
