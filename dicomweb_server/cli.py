@@ -782,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     que.set_defaults(func=_queue)
 
     exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination; with "
-                                        "--deidentify: de-identified copies into a folder (docs/notes/deid.md)")
+                                        "--deidentify: de-identified copies into a folder (docs/research-export.md)")
     exp.add_argument("--to", required=True, help="destination name from the routes file (with --deidentify: "
                                                  "a folder)")
     exp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE)")
