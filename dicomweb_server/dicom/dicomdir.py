@@ -13,7 +13,8 @@ each instance, so no file is read a second time.
   under an IMAGE record, whatever its SOP Class (SR, presentation states and such
   have record types of their own, with more Type 1 keys: not written here).
 - A Type 1 key the instance lacks gets a stand-in value (:data:`STAND_INS`: e.g.
-  Study ID from the Study Instance UID's last digits), so that an archive's download
+  Study ID from the Study Instance UID's last digits; instances without a Patient ID
+  all under one PATIENT record ``UNKNOWN``), so that an archive's download
   never fails for a key the modality left out; a Type 2 key is written empty.
 - The records are written in the order of a depth-first walk; offsets (Offset of
   the Next Directory Record, of the Referenced Lower-Level Directory Entity, of the
@@ -37,7 +38,7 @@ MEDIA_STORAGE_DIRECTORY = "1.2.840.10008.1.3.10"  # Media Storage Directory Stor
 ROOT = "DICOM"
 
 #: stand-ins for Type 1 record keys an instance does not have (PS3.3 §F.5)
-STAND_INS = {"StudyDate": "19000101", "StudyTime": "000000", "Modality": "OT", "SeriesNumber": 0,
+STAND_INS = {"PatientID": "UNKNOWN", "StudyDate": "19000101", "StudyTime": "000000", "Modality": "OT", "SeriesNumber": 0,
              "InstanceNumber": 0}
 
 TAGS = {  # keyword -> DICOM JSON tag of the instance attributes the records copy
@@ -103,12 +104,12 @@ class DicomDir:
     def add(self, item: dict, transfer_syntax_uid: str) -> str:
         """Record one instance; its File ID as a ZIP member name (``/`` between
         components). The file must be written under that name."""
-        patient_id = json_value(item, "PatientID") or ""
+        patient_id = json_value(item, "PatientID") or STAND_INS["PatientID"]
         patient = self.root.by_key.get(patient_id)
         if patient is None:
             r = _record("PATIENT", item, charset=True)
             r.PatientName = json_value(item, "PatientName") or ""
-            r.PatientID = patient_id  # Type 1; an instance without one: all such under one empty ID
+            r.PatientID = patient_id  # (instances without one: all under one stand-in)
             patient = self._child(self.root, patient_id, r, "P")
         study_uid = json_value(item, "StudyInstanceUID")
         study = patient.by_key.get(study_uid)

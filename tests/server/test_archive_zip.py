@@ -263,3 +263,50 @@ def test_downloads_need_the_read_scope_like_wado_rs(tmp_path):
                 assert c.get(path, headers={"Authorization": "Bearer reader"}).status_code == 200, path
     finally:
         archive.close()
+
+
+def test_missing_files_are_left_out_of_the_zip_and_the_dicomdir(client, tmp_path):
+    """A file gone behind the index's back (damaged storage) before the answer starts:
+    the others are sent, a Warning names it (as WADO-RS); one gone after the answer
+    started is left out of both the members and the DICOMDIR."""
+    from tests.helpers import remove_stored
+
+    study, _, files = _study(client, series=1, per_series=3)
+    archive = client.app.state.archive
+    locs = archive.index.instances(study)
+    remove_stored(archive.settings, locs[1].path)
+    r = client.get(f"/studies/{study}/archive")
+    assert r.status_code == 200
+    assert "instance data missing" in r.headers["warning"] and locs[1].sop_uid in r.headers["warning"]
+    _check_zip(r.content, {s: d for s, d in files.items() if s != locs[1].sop_uid}, tmp_path / "a")
+
+    told = []
+    items = {json_sop(raw): orjson.loads(raw) for raw in archive.index.metadata(study)}
+    entries = [export.Entry(loc, items[loc.sop_uid]) for loc in locs]  # locs[1] gone since the look-up
+    body = b"".join(export.zip_stream(archive.blobs, entries, on_missing=lambda loc, e: told.append(loc.sop_uid)))
+    assert told == [locs[1].sop_uid]
+    _check_zip(body, {s: d for s, d in files.items() if s != locs[1].sop_uid}, tmp_path / "b")
+
+
+def json_sop(raw: bytes) -> str:
+    return orjson.loads(raw)["00080018"]["Value"][0]
+
+
+def test_dicomdir_stand_ins_for_missing_type_1_keys_and_character_set(client, tmp_path):
+    ds = make_dataset(PatientName="Müller^Jörg", SpecificCharacterSet="ISO_IR 100")
+    del ds.PatientID, ds.StudyDate, ds.Modality
+    ds.PatientID = ""
+    files = _store(client, [ds])
+    r = client.get(f"/studies/{ds.StudyInstanceUID}/archive")
+    assert r.status_code == 200
+    _check_zip(r.content, files, tmp_path)
+    fs = FileSet(pydicom.dcmread(tmp_path / "x" / "DICOMDIR"))
+    patient = fs._tree.children[0]
+    assert patient._record.PatientID == "UNKNOWN"
+    assert patient._record.SpecificCharacterSet == "ISO_IR 100" and patient._record.PatientName == "Müller^Jörg"
+    study = patient.children[0]._record
+    assert (study.StudyDate, study.StudyTime, study.StudyID) == (
+        "19000101", "000000", ds.StudyInstanceUID.replace(".", "")[-16:])
+    series = patient.children[0].children[0]._record
+    assert (series.Modality, series.SeriesNumber) == ("OT", 0)
+    assert patient.children[0].children[0].children[0]._record.InstanceNumber == 0
