@@ -28,9 +28,17 @@ from tests.helpers import make_dataset, multipart, to_bytes
 _FILE_ID = re.compile(r"^[A-Z0-9_]{1,8}$")  # PS3.10 §8.2, §8.5
 
 
+POSTGRESQL = True  # index_kind (tests/conftest.py): every index, and files in S3 too
+S3 = True
+
+
 @pytest.fixture
-def client(tmp_path):
-    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite"))
+def client(tmp_path, request, index_kind):
+    index, _, storage = index_kind.partition("+")
+    extra = {"database_url": request.getfixturevalue("pg_url")} if index == "postgresql" else {}
+    if storage == "s3":
+        extra.update(request.getfixturevalue("s3_storage"))
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index=index, **extra))
     with TestClient(create_app(archive.settings, archive=archive)) as c:
         yield c
     archive.close()
