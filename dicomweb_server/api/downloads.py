@@ -51,39 +51,44 @@ def _transform(request: Request) -> export.InstanceTransform | None:
     return factory()
 
 
-def _entries(archive, groups: list[tuple[str, str | None]], keep_all: bool) -> list[export.Entry]:
-    """Each instance of the (study, series) groups with its stored DICOM JSON (only the
-    DICOMDIR's keys, unless a transform needs all of it), in Index.instances order."""
-    entries = []
-    for study, series in groups:
+def _entries(archive, groups: list[tuple[tuple[str, str | None], list[InstanceLocation]]],
+             keep_all: bool) -> Iterator[export.Entry]:
+    """Each instance of ``groups`` ((study, series) and its instances) with its stored
+    DICOM JSON (only the DICOMDIR's keys, unless a transform needs all of it): the
+    JSON of one group at a time, looked up as the ZIP reaches it (in its worker thread)."""
+    for (study, series), locs in groups:
         items: dict[str, dict] = {}
         for raw in archive.index.metadata(study, series):
             item = orjson.loads(raw)
             sop = (item.get("00080018") or {}).get("Value", [None])[0]
             items[sop] = item if keep_all else {t: v for t, v in item.items() if t in _WANTED}
-        for loc in archive.index.instances(study, series):
+        for loc in locs:
             item = items.get(loc.sop_uid)
-            if item is not None:  # (stored between the two look-ups: left out)
-                entries.append(export.Entry(loc, item))
-    return entries
+            if item is not None:  # (deleted since the first look-up: left out)
+                yield export.Entry(loc, item)
 
 
-async def _zip_response(request: Request, archive, groups: list[tuple[str, str | None]], what: str,
+def _located(archive, keys: list[tuple[str, str | None]]):
+    return [(key, archive.index.instances(*key)) for key in keys]
+
+
+async def _zip_response(request: Request, archive, keys: list[tuple[str, str | None]], what: str,
                         filename: str) -> Response:
     transform = _transform(request)
-    entries = await run_blocking(_entries, archive, groups, transform is not None)
-    if not entries:
+    groups = await run_blocking(_located, archive, keys)
+    locs = [loc for _, group in groups for loc in group]
+    if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
     headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
-    kept = await leave_out_missing(archive, [e.loc for e in entries], headers)  # (its Warning, or a 500)
-    if len(kept) != len(entries):
+    kept = await leave_out_missing(archive, locs, headers)  # (its Warning, or a 500)
+    if len(kept) != len(locs):
         ids = {id(loc) for loc in kept}
-        entries = [e for e in entries if id(e.loc) in ids]
+        groups = [(key, [loc for loc in group if id(loc) in ids]) for key, group in groups]
 
     def missing(loc: InstanceLocation, e: Exception) -> None:
         missing_data.confirm(archive.index, loc, e)  # logged and counted (the answer has started)
 
-    body = export.zip_stream(archive.blobs, entries, transform, missing)
+    body = export.zip_stream(archive.blobs, _entries(archive, groups, transform is not None), transform, missing)
     return StreamingResponse(iterate_in_threadpool(body), media_type=_ZIP, headers=headers)
 
 
