@@ -13,10 +13,8 @@ with the N readers. ``--code DIR`` runs the server from another checkout (e.g. a
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +25,7 @@ import psutil
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tests.helpers import free_port, make_dataset, multipart, to_bytes
+from tests.helpers import make_dataset, multipart, serve_process, to_bytes
 
 SIDE = 2740  # 2740 * 2740 * 2 bytes = 15.0 MB per frame
 
@@ -59,19 +57,9 @@ def _slow_reader(port: int, path: str, accept: str) -> socket.socket:
 
 def _measure(code: str, case: str, readers: int) -> str:
     data = pathlib.Path(tempfile.mkdtemp()) / "data"
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": code, "DICOMWEB_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--workers", "1",
-                             "--data-dir", str(data), "--port", str(port)], env=env, cwd=code,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = serve_process(data, code)
+    port = int(url.rsplit(":", 1)[1])
     try:
-        for _ in range(300):
-            try:
-                httpx.get(url + "/studies", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         study = "1.2.826.0.1.3680043.8.498.1"
         if case == "study":  # 4 instances of one 15 MB frame, retrieved as stored
             items = [_instance(study, "1.2.826.0.1.3680043.8.498.2", 1) for _ in range(4)]

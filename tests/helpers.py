@@ -6,10 +6,12 @@ import io
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pydicom
 import uvicorn
@@ -169,6 +171,25 @@ class LiveServer:
     def restart(self) -> "LiveServer":
         self.stop()
         return self.start()
+
+
+def serve_process(data_dir: Path, code: str) -> tuple[subprocess.Popen, str]:
+    """``dicomweb-server serve --workers 1`` on ``data_dir`` in its own process (the
+    code of the folder ``code``), once it answers; the process and its URL (the
+    benchmarks that measure the server's memory)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": code, "DICOMWEB_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--workers", "1",
+                             "--data-dir", str(data_dir), "--port", str(port)], env=env, cwd=code,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.get(url + "/studies", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return proc, url
 
 
 def stop_processes(procs) -> None:
