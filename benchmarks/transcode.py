@@ -2,7 +2,10 @@
 WADO-RS frames per second of a transcoded frame, cold (cache off, a different instance
 each request) and cached (one frame over and over), against a real server.
 
-    python benchmarks/transcode.py [--seconds 5] [--instances 40] [--repeat 10]
+    python benchmarks/transcode.py [--seconds 5] [--instances 40] [--repeat 10] [--ingest 20]
+
+Also the STOW-RS ingest rate and bytes stored per ``store_as`` (compress on ingest,
+encoded and verified before the acknowledgement: policy/ingest.py).
 
 Encode cost: policy/transcode.encode_native_frame in this process (the encoder alone)
 and transcode_frame through the decode worker processes (what a request pays: the
@@ -76,6 +79,37 @@ def encode_costs(repeat: int) -> list[tuple[str, float, float, int]]:
     return rows
 
 
+def ingest_costs(n: int) -> list[tuple[str, float, int]]:
+    """STOW-RS of ``n`` 512x512 CTs (one request each, in-process server) without and
+    with each ``store_as``: instances per second and bytes stored."""
+    from starlette.testclient import TestClient
+
+    from dicomweb_server.app import create_app
+    from dicomweb_server.archive import Archive
+    from dicomweb_server.settings import Settings
+
+    rows = []
+    for value in (None, "jpeg-ls-lossless", "j2k-lossless", "rle-lossless"):
+        work = Path(tempfile.mkdtemp())
+        extra = {}
+        if value:
+            (work / "routes.toml").write_text(f'[[store_as]]\nstore_as = "{value}"\n')
+            extra["routes_file"] = work / "routes.toml"
+        archive = Archive.open(Settings(data_dir=work / "data", index="sqlite", **extra))
+        bodies = [multipart([to_bytes(ct(100 + i))]) for i in range(n)]
+        with TestClient(create_app(archive.settings, archive=archive)) as c:
+            c.post("/studies", content=multipart([to_bytes(ct(99))])[0],
+                   headers={"Content-Type": bodies[0][1]})  # warm-up (decode workers)
+            t = time.perf_counter()
+            for body, ctype in bodies:
+                assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
+            elapsed = time.perf_counter() - t
+        stored = sum(f.stat().st_size for f in (work / "data").rglob("*.dcm"))
+        archive.close()
+        rows.append((value or "as received", n / elapsed, stored))
+    return rows
+
+
 def start(data: Path, cache: bool) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}
@@ -112,6 +146,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--instances", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--ingest", type=int, default=20, help="instances stored per store_as value")
     args = ap.parse_args()
 
     print("## Encode cost, 512x512 16-bit CT (12 bits stored), one frame\n")
@@ -119,6 +154,12 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, here, worker, size in encode_costs(args.repeat):
         print(f"| {name} | {here:.1f} | {worker:.1f} | {size:,} | {512 * 512 * 2 / size:.2f} |")
+
+    print(f"\n## STOW-RS ingest, {args.ingest} CTs 512x512 one per request, in-process server\n")
+    print("| store_as | instances/s | bytes stored (incl. the warm-up instance) |")
+    print("|---|---|---|")
+    for name, per_s, size in ingest_costs(args.ingest):
+        print(f"| {name} | {per_s:.1f} | {size:,} |")
 
     work = Path(tempfile.mkdtemp())
     data = work / "data"
