@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+import pydicom
 import pytest
 from pydicom.dataset import Dataset
 from pynetdicom import AE, build_context, build_role, evt
@@ -159,3 +160,23 @@ def test_get_accepting_explicit_vr_le_only(move_to):
     for ds, pixels in stored:
         assert by_uid[ds.SOPInstanceUID].file_meta.TransferSyntaxUID == ELE
         assert np.array_equal(by_uid[ds.SOPInstanceUID].pixel_array, pixels)
+
+
+def test_c_store_with_a_store_as_rule(tmp_path):
+    """Compress on ingest through the DIMSE front door: a C-STORE of an uncompressed CT
+    that a ``[[store_as]]`` rule matches is stored as JPEG-LS, pixel-identical, before
+    the C-STORE-RSP's Success."""
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[store_as]]\nmatch = { Modality = "CT" }\nstore_as = "jpeg-ls-lossless"\n')
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True, routes_file=routes).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as client:
+            ds = _synthetic(16, True, frames=2)
+            assert Dimse(srv, port, client).store([ds]) == [S.SUCCESS]
+            loc = srv.archive.index.locate(ds.SOPInstanceUID)
+            assert loc.transfer_syntax_uid == JLS
+            on_disk = pydicom.dcmread(srv.archive.blobs.resolve(loc.path))
+            assert np.array_equal(on_disk.pixel_array, ds.pixel_array)
+    finally:
+        srv.stop()
