@@ -45,6 +45,8 @@ from .dicom.media_types import (
     is_video,
     pixel_media_type,
 )
+from .policy import transcode
+from .render_cache import RenderCache, file_version
 from .store.base import InstanceLocation
 from .store.objects import StoredObject
 
@@ -347,6 +349,11 @@ def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes
             ds = pydicom.dcmread(f)
     except FileNotFoundError:  # an object deleted or replaced since the look-up
         raise Gone(f"instance {loc.sop_uid} was deleted") from None
+    if choice.transfer_syntax != EXPLICIT_VR_LE:  # Implicit VR LE or a compressed syntax (policy/transcode.py)
+        ds = transcode.transcode(ds, choice.transfer_syntax)
+        buf = io.BytesIO()
+        ds.save_as(buf, enforce_file_format=True)
+        return buf.getvalue()
     if "PixelData" in ds or loc.transfer_syntax_uid not in NATIVE_LE:
         ds = pixels.transcode_to_explicit_le(ds)
     ds.file_meta.TransferSyntaxUID = EXPLICIT_VR_LE
@@ -465,7 +472,8 @@ def _started(f: BinaryIO, items: Iterator) -> Iterator:
     return itertools.chain([first], items)
 
 
-def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:
+def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice: Choice,
+                   cache: RenderCache | None = None) -> Iterator[bytes | None]:
     """Frames in the negotiated representation (PS3.18 §10.4.1.1.2): as stored,
     or decoded to native little-endian bytes for application/octet-stream; as a
     stream of ``None`` (a frame starts) and byte pieces
@@ -476,9 +484,39 @@ def frames_payload(path: Path, loc: InstanceLocation, numbers: list[int], choice
     an answer starts. Frames stored with a known layout and sent as stored are
     read from disk in CHUNK pieces as the client reads; decoded frames (and
     files whose frame boundaries need a parse) are produced one frame at a time.
+
+    Frames transcoded to a compressed syntax (a ``choice`` of another media type
+    than the stored one, policy/transcode.py) are kept in ``cache`` (bounded LRU,
+    keyed by instance, stored file version, frame number and syntax), so a hot
+    study's frames are encoded once per worker process.
     """
     f = open_stored(path, loc)
+    if choice.transcode and choice.media_type != OCTET_STREAM:
+        return _started(f, _encoded_frames(f, path, loc, numbers, choice, cache))
     return _started(f, _frames(f, loc, numbers, choice))
+
+
+def _encoded_frames(f: BinaryIO, path, loc: InstanceLocation, numbers: list[int], choice: Choice,
+                    cache: RenderCache | None) -> Iterator[bytes | None]:
+    with f:
+        _check_frames(loc, numbers)
+        ts, target = loc.transfer_syntax_uid, choice.transfer_syntax
+        version = file_version(path) if cache is not None else None
+        hdr: Dataset | None = None
+        vr = (loc.pixel or {}).get("vr")
+        for k in numbers:
+            key = ("transcoded-frame", loc.sop_uid, version, k, target)
+            value = cache.get(key) if cache is not None else None
+            if value is None:
+                if hdr is None:
+                    hdr = _header(f)
+                raw = next(_stored_frames(f, loc, [k]))
+                # encoded before its part starts: a frame the encoder refuses is a 406, not a cut answer
+                value = transcode.transcode_frame(hdr, raw, ts, target, pixel_vr=vr)
+                if cache is not None:
+                    cache.put(key, value)
+            yield None
+            yield value
 
 
 def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choice) -> Iterator[bytes | None]:

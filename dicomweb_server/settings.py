@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     bulk_threshold: int = Field(1024, ge=0, le=2**32 - 2, description="binary values longer than this (bytes) become "
                                                         "BulkDataURIs")
     render_cache_bytes: int = Field(64 * 1024**2, ge=0, le=64 * 1024**3, description="rendered-picture cache per worker (0: off)")
+    transcode_cache_bytes: int = Field(64 * 1024**2, ge=0, le=64 * 1024**3, description="cache of frames transcoded to "
+                                       "a compressed syntax per worker (0: off)")
     decode_processes: int = Field(2, ge=1, le=64, description="isolated decoder processes per worker for compressed "
                                                        "frames")
     decode_timeout: float = Field(60.0, gt=0, le=3600, description="seconds one compressed frame may take to decode "

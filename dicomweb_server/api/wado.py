@@ -16,6 +16,8 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from .. import missing_data, retrieve
+from ..policy import transcode
+from ..render_cache import RenderCache
 from ..dicom import pixels
 from ..dicom.bulkdata import bulkdata_tagpath_parse
 from ..dicom.documents import ENCAPSULATED_DOCUMENT, document_media_type
@@ -30,6 +32,7 @@ from ..dicom.media_types import (
     negotiate_frames,
     negotiate_instances,
     negotiate_json,
+    names_pixel_media_type,
 )
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..store.base import InstanceLocation
@@ -49,6 +52,19 @@ from .threads import run_blocking
 router = APIRouter(tags=["WADO-RS"])
 
 _DEFAULT_TS_WARNING = "returned in the stored transfer syntax {ts}: it cannot be converted to Explicit VR Little Endian"
+
+
+def transcoded_frames_cache(request: Request) -> RenderCache | None:
+    """This worker's cache of frames transcoded to a compressed syntax (bounded by
+    ``transcode_cache_bytes``; None when that is 0), made at first use."""
+    app = request.app
+    cache = getattr(app.state, "transcode_cache", None)
+    if cache is None:
+        size = app.state.settings.transcode_cache_bytes
+        if not size:
+            return None
+        cache = app.state.transcode_cache = RenderCache(size)
+    return cache
 
 
 def locate(archive, study: str, series: str | None, sop: str) -> InstanceLocation:
@@ -179,7 +195,8 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     transfer syntax cannot be produced."""
     loc = locate(archive, study, series, instance)
     choice = negotiate_instances(acceptable(request), loc.transfer_syntax_uid,
-                                 retrieve.can_decode, single_part_allowed=True)
+                                 retrieve.can_decode, single_part_allowed=True,
+                                 can_produce=transcode.can_transcode)
     path = archive.blobs.source(loc.path)
     if not choice.transcode and loc.size > retrieve.LARGE_FILE:
         return await _stream_file(archive, path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax),
@@ -255,7 +272,8 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
     first = True
     for loc in locs:
         try:
-            choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False)
+            choice = negotiate_instances(accept, loc.transfer_syntax_uid, retrieve.can_decode, single_part_allowed=False,
+                                         can_produce=transcode.can_transcode)
             path = archive.blobs.source(loc.path)
             large = not choice.transcode and loc.size > retrieve.LARGE_FILE
             if large:  # opened before its part starts; read in bounded pieces as the client reads
@@ -287,7 +305,8 @@ async def _retrieve_many(request: Request, archive, locs: list[InstanceLocation]
     choices: dict[str, Choice | NotAcceptable] = {}
     for ts in {loc.transfer_syntax_uid for loc in locs}:
         try:
-            choices[ts] = negotiate_instances(accept, ts, retrieve.can_decode, single_part_allowed=False)
+            choices[ts] = negotiate_instances(accept, ts, retrieve.can_decode, single_part_allowed=False,
+                                              can_produce=transcode.can_transcode)
         except NotAcceptable as e:
             choices[ts] = e
     refused = [loc for loc in locs if isinstance(choices[loc.transfer_syntax_uid], NotAcceptable)]
@@ -539,15 +558,36 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
         raise DICOMwebHTTPError(400, f"the frame list has {len(numbers)} items; instance {instance} has {n} "
                                      f"frame(s), so at most {n} items may be asked in one request")
     choice = negotiate_frames(acceptable(request), loc.transfer_syntax_uid,
-                              retrieve.can_decode)
-    path = archive.blobs.source(loc.path)
+                              retrieve.can_decode, transcode.can_transcode)
+    return await _frames_response(request, archive, archive.blobs.source(loc.path), loc, numbers, choice)
+
+
+async def _frames_response(request: Request, archive, path, loc: InstanceLocation, numbers: list[int],
+                           choice: Choice) -> Response:
+    """Frames ``numbers`` as ``choice`` says, one part each, produced as the client reads."""
     try:
-        frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice)
+        frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice,
+                                         transcoded_frames_cache(request))
     except retrieve.NotFound as e:
         raise gone_error(archive, loc, e) from None
     except pixels.UnsupportedTransferSyntax as e:
         raise NotAcceptable(str(e)) from None
     return multipart_stream(retrieve.frame_part_type(choice), frames, choice.media_type)
+
+
+async def _transcoded_pixel_data(request: Request, archive, path, loc: InstanceLocation, accept) -> Response | None:
+    """Pixel data bulk data asked in a compressed media type it is not stored in
+    (PS3.18 §8.7.3.3.2, Table 8.7.3-5): every frame transcoded, one part each, as
+    the frames resource does; None when that is not what the client asked for (the
+    stored representation, or nothing producible: the bulk data negotiation decides)."""
+    try:
+        choice = negotiate_frames(accept, loc.transfer_syntax_uid, retrieve.can_decode, transcode.can_transcode)
+    except NotAcceptable:
+        return None
+    if not (choice.transcode and choice.media_type != OCTET_STREAM):
+        return None
+    numbers = list(range(1, int((loc.pixel or {}).get("number_of_frames") or 1) + 1))
+    return await _frames_response(request, archive, path, loc, numbers, choice)
 
 
 async def document_response(archive, loc: InstanceLocation, media_type: str, multipart: bool) -> Response:
@@ -581,8 +621,12 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
     as_document = negotiate_document(accept, document, rendered=False) if document else None
     if as_document is not None:  # the document in its own media type (PS3.18 Table 8.7.4-1)
         return await document_response(archive, loc, *as_document)
-    prefer_single = negotiate_bulkdata(accept)
     path = archive.blobs.source(loc.path)
+    if tagpath.upper() == retrieve.pixel_tag(loc) and loc.pixel is not None and names_pixel_media_type(accept):
+        transcoded = await _transcoded_pixel_data(request, archive, path, loc, accept)
+        if transcoded is not None:
+            return transcoded
+    prefer_single = negotiate_bulkdata(accept)
     span = retrieve.large_native_pixel_data(loc) if tagpath.upper() == retrieve.pixel_tag(loc) else None
     if span is not None:
         return await _stream_file(archive, path, loc, span[0], span[1],

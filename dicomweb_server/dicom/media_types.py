@@ -316,6 +316,7 @@ def negotiate_instances(
     stored_ts: str,
     can_transcode: Callable[[str], bool],
     single_part_allowed: bool,
+    can_produce: Callable[[str, str], bool] | None = None,
 ) -> Choice:
     """Choose how to return instances (PS3.18 §10.4.1.1.1, §8.7.3.5.2).
 
@@ -323,6 +324,9 @@ def negotiate_instances(
     Little Endian (Table 8.7.3-2), which is produced from any decodable source. When
     the client did not name a syntax and the source cannot be converted, the
     instance is returned as stored (``defaulted``; the web layer adds a Warning).
+    ``can_produce(stored, asked)``: whether another named syntax (Implicit VR LE, a
+    compressed one) can be produced from the stored one (policy/transcode.py); a
+    lossy syntax is only ever produced this way, named by the client.
 
     Raises
     ------
@@ -358,12 +362,15 @@ def negotiate_instances(
             return Choice(DICOM, stored_ts, multipart)
         if ts == EXPLICIT_VR_LE and can_transcode(stored_ts):
             return Choice(DICOM, EXPLICIT_VR_LE, multipart, transcode=True)
+        if can_produce is not None and can_produce(stored_ts, ts):
+            return Choice(DICOM, ts, multipart, transcode=True)
         reason = f"cannot convert {stored_ts} to transfer syntax {ts}"
     raise NotAcceptable(reason)
 
 
 def negotiate_frames(
-    accept: list[MediaRange], stored_ts: str, can_decode: Callable[[str], bool]
+    accept: list[MediaRange], stored_ts: str, can_decode: Callable[[str], bool],
+    can_produce: Callable[[str, str], bool] | None = None,
 ) -> Choice:
     """Choose how to return frames or pixel bulk data (PS3.18 §8.7.3.3, Tables
     8.7.3-4 and 8.7.3-5, all through :data:`PIXEL_MEDIA_TYPES`).
@@ -379,6 +386,10 @@ def negotiate_frames(
       syntax of that media type is returned, named in the part's Content-Type.
     - ``*/*``, ``multipart/*``: octet-stream for native or decodable sources, else the
       stored compressed media type; ``image/*``/``video/*``: the stored media type.
+    - with ``can_produce(stored, asked)`` (policy/transcode.py), a compressed media
+      type the stored syntax does not belong to is produced by transcoding
+      (``transcode``): the syntax named by ``transfer-syntax``, else the media type's
+      default (D) of Table 8.7.3-5 (always a lossless one: lossy only when named).
 
     Raises
     ------
@@ -421,15 +432,31 @@ def negotiate_frames(
                 return Choice(stored_media, stored_ts, True)
             continue
         found = _BY_NAME.get(mtype)
-        if found is None or stored_ts not in found.transfer_syntaxes:
+        if found is None:
             continue
-        if ts in (None, "*") or ts == stored_ts:
+        if stored_ts in found.transfer_syntaxes and (ts in (None, "*") or ts == stored_ts):
             return Choice(found.media_type, stored_ts, True)
+        if can_produce is None or found.video or ts == "*":
+            continue
+        target = found.transfer_syntaxes[0] if ts is None else ts
+        if target in found.transfer_syntaxes and can_produce(stored_ts, target):
+            return Choice(found.media_type, target, True, transcode=True)
     shown = stored_media or "a compressed syntax without a PS3.18 Table 8.7.3-5 media type"
     raise NotAcceptable(
         f"frames are stored as {stored_ts} ({shown}); "
         "no accepted media type and transfer syntax can be produced from it"
     )
+
+
+def names_pixel_media_type(accept: list[MediaRange]) -> bool:
+    """Whether an acceptable range names a compressed pixel media type of Table
+    8.7.3-5 (``image/jp2``, ``multipart/related; type="image/jls"``...): pixel data
+    bulk data is then negotiated as frames are (PS3.18 §8.7.3.3.2)."""
+    for r in accept:
+        mtype = r.params.get("type", "").lower() if r.type == MULTIPART_RELATED else r.type
+        if mtype in _BY_NAME:
+            return True
+    return False
 
 
 def negotiate_bulkdata(accept: list[MediaRange]) -> bool:

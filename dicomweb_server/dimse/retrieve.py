@@ -4,8 +4,12 @@ the Query/Retrieve Level select studies, series or instances)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pydicom import uid as U
 from pydicom.dataset import Dataset
 
+from ..policy import transcode
 from ..store.base import Index, InstanceLocation
 from .find import query_level, search_all
 
@@ -28,3 +32,27 @@ def matching_instances(index: Index, identifier: Dataset, model: str, max_result
                 seen.add(loc.sop_uid)
                 out.append(loc)
     return out
+
+
+def proposed_syntaxes(stored_ts: str) -> list[str]:
+    """Transfer syntaxes a C-MOVE proposes for instances stored in ``stored_ts``
+    (PS3.4 C.4.3.3.1: the SCP proposes what it can send): the stored one, then
+    Explicit and Implicit VR Little Endian and the lossless compressed syntaxes the
+    archive can transcode to (policy/transcode.py), when it can decode the stored
+    one. Lossy syntaxes are never proposed: a DIMSE peer cannot name them explicitly."""
+    out = [stored_ts, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian]
+    if transcode.can_decode(stored_ts):
+        out += [ts for ts in transcode.LOSSLESS_TARGETS if transcode.can_transcode(stored_ts, ts)]
+    return list(dict.fromkeys(out))
+
+
+def sendable_syntax(stored_ts: str, accepted: Callable[[str], bool]) -> str | None:
+    """The syntax to send an instance stored in ``stored_ts`` in, given ``accepted(ts)``
+    (a presentation context of its SOP class accepted with that syntax): the stored
+    one, else the first of :func:`proposed_syntaxes` (Explicit VR LE first: decoding
+    only, no encoder); None when no accepted syntax can be produced (PS3.4
+    C.4.2.3.1/C.4.3.3.1: that sub-operation fails)."""
+    for ts in proposed_syntaxes(stored_ts):
+        if accepted(ts) and (ts == stored_ts or transcode.can_transcode(stored_ts, ts)):
+            return ts
+    return None

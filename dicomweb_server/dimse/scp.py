@@ -60,6 +60,7 @@ from pynetdicom.sop_class import (
 from .. import missing_data
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
+from ..policy import transcode
 from ..settings import Settings
 from ..store.base import IndexUnavailable
 from . import access, pdata, reactor, slots, store_rsp
@@ -67,7 +68,7 @@ from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
-from .retrieve import matching_instances
+from .retrieve import matching_instances, proposed_syntaxes, sendable_syntax
 from .shutdown import CLOSE_WAIT, end_associations, exit_after
 
 log = logging.getLogger("dicomweb_server.dimse")
@@ -253,10 +254,31 @@ def _send_c_store_from_file(self, dataset, *args, **kwargs):
             self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
                                     allow_conversion=False)
         except ValueError:
-            dataset = dcmread(dataset.stored_path)
+            dataset = _transcoded_for(self, dataset)
         else:
             dataset = dataset.stored_path  # STORE_SEND_CHUNKED_DATASET: read per fragment
     return _send_c_store(self, dataset, *args, **kwargs)
+
+
+def _transcoded_for(assoc: Association, stored: StoredInstance) -> Dataset:
+    """The stored instance in a transfer syntax the peer accepted for its SOP class
+    (PS3.4 C.4.2.3.1, C.4.3.3.1): decoded (and re-encoded losslessly) by
+    policy/transcode.py, e.g. JPEG-LS stored, Explicit VR Little Endian accepted only.
+    When none can be produced the file as stored goes to pynetdicom, whose refusal
+    fails that sub-operation as before."""
+    def accepted(ts: str) -> bool:
+        try:
+            assoc._get_valid_context(stored.SOPClassUID, ts, "scu", allow_conversion=False)
+        except ValueError:
+            return False
+        return True
+
+    stored_ts = stored.file_meta.TransferSyntaxUID
+    dataset = dcmread(stored.stored_path)
+    target = sendable_syntax(stored_ts, accepted)
+    if target is None or target == stored_ts:
+        return dataset
+    return transcode.transcode(dataset, target)
 
 
 def _encode_msg_capped(self, context_id: int, max_pdu_length: int):
@@ -665,7 +687,7 @@ class DimseServer:
         locations, failure = self._matches(event, _MOVE_MODELS)
         # propose only what will be sent: the stored SOP classes and transfer syntaxes (<= 128 contexts)
         pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
-        contexts = [build_context(cls, list(dict.fromkeys([ts, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian])))
+        contexts = [build_context(cls, proposed_syntaxes(ts))
                     for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
         yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
                                      "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}

@@ -1,0 +1,1 @@
+"""Storage policy: how stored pixel data is (re-)encoded (transcode.py)."""

@@ -25,6 +25,11 @@
     backoff_base = 1.0  backoff_max = 300   poll_interval = 1.0  lease = 120   timeout = 60
     keep_delivered = 86400
 
+    [[store_as]]        # optional: compress on ingest, first matching rule wins (policy/ingest.py)
+    name = "CT lossless"
+    match = { Modality = "CT" }     # QIDO-RS matching keys, as for [[rules]]
+    store_as = "jpeg-ls-lossless"   # or "j2k-lossless", "rle-lossless"
+
 A rule's ``match`` holds QIDO-RS matching keys (PS3.18 §8.3.4, PS3.4 C.2.2.2) and is
 parsed by the same :func:`dicom.matching.parse_query` as a search for instances, then
 evaluated with :func:`dicom.matching.match_value` against the values the index keeps
@@ -94,6 +99,19 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreAs:
+    """A compress-on-ingest rule: instances it matches are stored in ``transfer_syntax``
+    (policy/ingest.py), the first matching rule of the file winning."""
+
+    name: str
+    alternatives: tuple[tuple[Match, ...], ...]
+    transfer_syntax: str
+
+    def matches(self, record: InstanceRecord) -> bool:
+        return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
+
+
+@dataclass(frozen=True, slots=True)
 class Delivery:
     batch_size: int = 20  # instances per STOW-RS request / association
     concurrency: int = 2  # batches in flight per destination, across all workers
@@ -130,7 +148,12 @@ class Routes:
     destinations: dict[str, Destination]
     rules: tuple[Rule, ...]
     delivery: Delivery = Delivery()
+    store_as: tuple[StoreAs, ...] = ()
     _index: RuleIndex | None = field(default=None, init=False, repr=False, compare=False)
+
+    def store_as_for(self, record: InstanceRecord) -> StoreAs | None:
+        """The first ``[[store_as]]`` rule that matches a received instance, if any."""
+        return next((r for r in self.store_as if r.matches(record)), None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_index", RuleIndex(self.rules))
@@ -197,15 +220,16 @@ def load_routes(path: Path | str) -> Routes:
         return RoutesError(f"{path}: {where}[[{table}]] #{index + 1}"
                            + (f" {key}" if key else "") + f": {message}")
 
-    unknown = set(doc) - {"destinations", "rules", "delivery"}
+    unknown = set(doc) - {"destinations", "rules", "delivery", "store_as"}
     if unknown:
         raise RoutesError(f"{path}: unknown top-level key(s) {sorted(unknown)}; "
-                          "expected [[destinations]], [[rules]], [delivery]")
+                          "expected [[destinations]], [[rules]], [delivery], [[store_as]]")
     destinations: dict[str, Destination] = {}
     for i, d in enumerate(_tables(doc, "destinations", path)):
         _destination(d, i, destinations, fail)
     rules = tuple(_rule(r, i, destinations, fail) for i, r in enumerate(_tables(doc, "rules", path)))
-    return Routes(destinations, rules, _delivery(doc.get("delivery", {}), path, text))
+    store_as = tuple(_store_as(r, i, fail) for i, r in enumerate(_tables(doc, "store_as", path)))
+    return Routes(destinations, rules, _delivery(doc.get("delivery", {}), path, text), store_as)
 
 
 def _tables(doc: dict, name: str, path: Path) -> list[dict]:
@@ -320,13 +344,19 @@ def _webhook(hook: object, i: int, fail) -> Webhook:
     return Webhook(url, secret, float(stable) if stable is not None else None)
 
 
-def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
-    extra = set(r) - {"name", "match", "destinations"}
+def _named(r: dict, table: str, i: int, fields: tuple[str, ...], default: str, fail) -> str:
+    """The name of table ``i`` (``default`` when absent), its fields checked."""
+    extra = set(r) - set(fields)
     if extra:
-        raise fail("rules", i, sorted(extra)[0], "unknown field; expected name, match, destinations")
-    name = r.get("name", f"rule {i + 1}")
+        raise fail(table, i, sorted(extra)[0], f"unknown field; expected {', '.join(fields)}")
+    name = r.get("name", default)
     if problem := name_problem(name):
-        raise fail("rules", i, "name", problem)
+        raise fail(table, i, "name", problem)
+    return name
+
+
+def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
+    name = _named(r, "rules", i, ("name", "match", "destinations"), f"rule {i + 1}", fail)
     dests = r.get("destinations")
     if not isinstance(dests, list) or not dests or not all(isinstance(x, str) for x in dests):
         raise fail("rules", i, "destinations", "a non-empty list of destination names is required")
@@ -372,6 +402,26 @@ def match_alternatives(match: object) -> tuple[tuple[Match, ...], ...]:
                                  "series; a rule sees one instance (use Modality, SOPClassUID)")
         alternatives.append(query.matches)
     return tuple(alternatives)
+
+
+#: ``store_as`` values -> transfer syntax (lossless only: policy/ingest.py verifies each)
+STORE_AS = {
+    "jpeg-ls-lossless": "1.2.840.10008.1.2.4.80",
+    "j2k-lossless": "1.2.840.10008.1.2.4.90",
+    "rle-lossless": "1.2.840.10008.1.2.5",
+}
+
+
+def _store_as(r: dict, i: int, fail) -> StoreAs:
+    name = _named(r, "store_as", i, ("name", "match", "store_as"), f"store_as {i + 1}", fail)
+    value = r.get("store_as")
+    if value not in STORE_AS:
+        raise fail("store_as", i, "store_as", f"one of {', '.join(STORE_AS)} is required")
+    try:
+        alternatives = match_alternatives(r.get("match", {}))
+    except ValueError as e:
+        raise fail("store_as", i, "match", str(e)) from None
+    return StoreAs(name, alternatives, STORE_AS[value])
 
 
 def _url_problem(url: object) -> str | None:

@@ -90,4 +90,5 @@ async def test_every_method_async(archive_with_samples):
         with pytest.raises(NotFound):
             await client.retrieve_instance_metadata(s, se, "1.2.3.4")
         with pytest.raises(NotAcceptable):
-            await client.retrieve_instance(s, se, i, media_types=(("application/dicom", "1.2.840.10008.1.2.4.90"),))
+            # JPEG Lossless SV1: decoded here but never encoded (JPEG 2000 is: policy/transcode.py)
+            await client.retrieve_instance(s, se, i, media_types=(("application/dicom", "1.2.840.10008.1.2.4.70"),))

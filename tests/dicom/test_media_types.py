@@ -135,3 +135,40 @@ def test_charset_parameter():
     for bad in ("*", "latin1", "utf-8;q=0", "no-such-set", ""):
         with pytest.raises(BadNegotiationParameter):
             charset_parameter([bad])
+
+
+def test_transcoding_negotiation():
+    """With ``can_produce`` (policy/transcode.py): a named syntax, or a compressed media
+    type's Table 8.7.3-5 default (D), is produced from the stored one; a lossy syntax
+    only when named; what cannot be produced stays 406; the stored syntax wins when it
+    belongs to the media type asked."""
+    jls, j2k, j2k_lossy, htj2k, htj2k_rpcl = ("1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.90",
+                                              "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201",
+                                              "1.2.840.10008.1.2.4.202")
+    made = {jls, j2k, j2k_lossy, htj2k, JPEG, "1.2.840.10008.1.2"}
+
+    def can_produce(_stored, ts):
+        return ts in made
+
+    c = negotiate_instances(parse_accept(f"application/dicom; transfer-syntax={j2k}"), ELE, yes, True, can_produce)
+    assert (c.transfer_syntax, c.transcode, c.multipart) == (j2k, True, False)
+    c = negotiate_instances(parse_accept("multipart/related; type=application/dicom"), jls, yes, False, can_produce)
+    assert (c.transfer_syntax, c.transcode, c.defaulted) == (ELE, True, True)  # never lossy by default
+    with pytest.raises(NotAcceptable):
+        negotiate_instances(parse_accept(f"application/dicom; transfer-syntax={htj2k_rpcl}"), ELE, yes, True,
+                            can_produce)
+    frames = {
+        'multipart/related; type="image/jp2"': ("image/jp2", j2k, True),
+        'multipart/related; type="image/jphc"': ("image/jphc", htj2k, True),
+        f'multipart/related; type="image/jp2"; transfer-syntax={j2k_lossy}': ("image/jp2", j2k_lossy, True),
+        'multipart/related; type="image/jls"': ("image/jls", jls, False),  # as stored
+    }
+    for accept, want in frames.items():
+        c = negotiate_frames(parse_accept(accept), jls, yes, can_produce)
+        assert (c.media_type, c.transfer_syntax, c.transcode) == want, accept
+    for accept in ('multipart/related; type="image/jpeg"',  # default .70: not produced
+                   f'multipart/related; type="image/jphc"; transfer-syntax={htj2k_rpcl}',
+                   f'multipart/related; type="image/jp2"; transfer-syntax={jls}',  # not an image/jp2 syntax
+                   'multipart/related; type="image/jp2"; transfer-syntax=*'):
+        with pytest.raises(NotAcceptable):
+            negotiate_frames(parse_accept(accept), ELE, yes, can_produce)

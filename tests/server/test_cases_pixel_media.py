@@ -22,6 +22,7 @@ from pydicom.encaps import encapsulate
 from pydicom.pixels.encoders import RLELosslessEncoder
 
 from dicomweb_server.dicom.media_types import PIXEL_MEDIA_TYPES
+from dicomweb_server.policy import transcode
 from tests.helpers import LiveServer, make_dataset, multipart, to_bytes
 from tests.s3server import storage_settings
 from tests.server.test_sample_files import split_multipart
@@ -214,15 +215,25 @@ def test_p2_frames_in_own_media_type(archive, ts):
 
 
 @pytest.mark.parametrize("ts", STILL)
-def test_p2_other_media_types_are_406(archive, ts):
+def test_p2_other_media_types_are_406_unless_transcoded(archive, ts):
+    """Another media type is 406 unless the archive transcodes to its default syntax
+    (policy/transcode.py): then the part is labelled with that syntax."""
     c, stored = archive
     url, _streams = stored[ts]
-    other = [m.media_type for m in PIXEL_MEDIA_TYPES if ts not in m.transfer_syntaxes] + ["image/jph", "image/png"]
-    for media in other:
-        r = _get(c, url + "/frames/1", f'multipart/related; type="{media}"')
-        assert r.status_code == 406, (media, r.status_code)
-    wrong_ts = "1.2.840.10008.1.2.4.91" if ts != "1.2.840.10008.1.2.4.91" else "1.2.840.10008.1.2.4.90"
-    r = _get(c, url + "/frames/1", f'multipart/related; type="{MEDIA[ts].media_type}"; transfer-syntax={wrong_ts}')
+    other = [m for m in PIXEL_MEDIA_TYPES if ts not in m.transfer_syntaxes]
+    for m in other:
+        r = _get(c, url + "/frames/1", f'multipart/related; type="{m.media_type}"')
+        default = m.transfer_syntaxes[0]
+        if m.video or not transcode.can_transcode(ts, default):
+            assert r.status_code == 406, (m.media_type, r.status_code)
+        else:
+            assert r.status_code == 200, (m.media_type, r.text)
+            assert [h["content-type"] for h, _d in split_multipart(r)] == [f"{m.media_type}; transfer-syntax={default}"]
+    for media in ("image/jph", "image/png"):
+        assert _get(c, url + "/frames/1", f'multipart/related; type="{media}"').status_code == 406
+    media = MEDIA[ts].media_type
+    wrong_ts = "1.2.840.10008.1.2.4.80" if media != "image/jls" else "1.2.840.10008.1.2.4.90"  # of another type
+    r = _get(c, url + "/frames/1", f'multipart/related; type="{media}"; transfer-syntax={wrong_ts}')
     assert r.status_code == 406
 
 
