@@ -18,7 +18,9 @@ Order (crash safety):
    writer is NOT held: readers and other writers go on;
 2. one short transaction (the index writer's lock held only for it) switches every row
    of the scope to its new file and appends the change-log rows (``update``, the earlier
-   rows ``replaced``).
+   rows ``replaced``) and, with routes, the outbox rows of the routing rules with
+   ``on = ["store", "update"]`` (matched against the new versions before it; the
+   forwards still pending re-pointed at the new files: routing/__init__.py).
 A crash before 2 leaves the index on the old files, the new ones orphans that ``check``
 recognises as versions (not indexed, not "misfiled"); the update is not acknowledged
 and may be sent again (its files are then overwritten). After 2 every instance is new.
@@ -267,14 +269,20 @@ def _write_all(archive, work) -> list[InstanceRecord]:
 def _switch(archive, records, study_uid, series_uid, sop_uid, action) -> None:
     """Step 2: the index switched in one transaction (under the index writer's lock)."""
     faults.point("update-switch")
+    routing = archive.routing
+    if routing is not None and routing.routes.on_update:  # rules matched outside the writer's lock
+        routing.plan(records, "update")
     try:
         with archive.committer.writer():
             archive.index.replace(records, study_uid, series_uid, sop_uid, action)
     except ReplaceRefused as e:
         raise UpdateError(409, e.refused.message) from None
+    finally:
+        if routing is not None:
+            routing.forget(records)  # (the plans the switch did not use: refused, rejected meanwhile)
     faults.point("update-switched")
-    if archive.routing is not None:  # webhooks owed the changes
-        archive.routing.committed()
+    if routing is not None:  # webhooks owed the changes, rules with on = ["update"] the new versions
+        routing.committed()
 
 
 def restore(archive, study_uid: str, series_uid: str, sop_uid: str, version: int) -> Updated:

@@ -239,6 +239,18 @@ class Index(ABC):
         for hook in getattr(self, "_write_hooks", ()):
             hook(con, records, added)
 
+    def add_replace_hook(self, hook: "ReplaceHook") -> None:
+        """Run ``hook(con, records, action)`` inside every :meth:`replace`, before it
+        commits, with the new versions it makes current (``action``: update | restore):
+        ``con`` is the connection holding the change log in that transaction (as for
+        :meth:`add_change_hook`). An exception from the hook fails the whole replace."""
+        self._replace_hooks = (*getattr(self, "_replace_hooks", ()), hook)
+
+    def _run_replace_hooks(self, con: object, records: list[InstanceRecord], action: str) -> None:
+        if records:
+            for hook in getattr(self, "_replace_hooks", ()):
+                hook(con, records, action)
+
     # --- the change log (store/changes.py) ----------------------------------------------
 
     def add_change_hook(self, hook: "ChangeHook") -> None:
@@ -268,3 +280,4 @@ class Index(ABC):
 
 WriteHook = Callable[[object, list[InstanceRecord], list[bool]], None]
 ChangeHook = Callable[[object, list[Change]], None]
+ReplaceHook = Callable[[object, list[InstanceRecord], str], None]

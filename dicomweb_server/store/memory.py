@@ -201,6 +201,7 @@ class MemoryIndex(Index):
             with immediate(self._journal) as con:
                 self._run_change_hooks(con, changelog.append(
                     self._x, changelog.now(), action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records]))
+                self._run_replace_hooks(con, records, action)  # routing's forwards: the same transaction
             self._remove(study_uid, series_uid, sop_uid, log=None)
             self._insert(records, action)
 

@@ -454,6 +454,7 @@ class SQLIndex(Index):
                 raise ReplaceRefused(new if isinstance(new, Refused)
                                      else Refused(FailureReason.PROCESSING_FAILURE, "instance indexed twice"))
         self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records])
+        self._run_replace_hooks(con, records, action)  # routing's forwards of the new versions
 
     def history(self, sop_uid: str) -> list[changelog.Change]:
         with self._reading() as con:
