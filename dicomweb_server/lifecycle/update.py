@@ -158,13 +158,11 @@ def changes_from_keywords(pairs: list[str], level: str) -> Dataset:
     return parse_changes(orjson.dumps(doc), level)
 
 
-def _text(elem) -> object:
-    if elem is None:
-        return None
-    v = elem.value
-    if elem.VR == "SQ":
-        return f"{len(v)} item(s)"
-    return [str(x) for x in v] if elem.VM > 1 else (str(v) if v is not None else None)
+def _json_value(elem) -> list | None:
+    """The element's DICOM JSON ``Value`` (PS3.18 F.2: a list; a PN value an object of its
+    component groups; None when empty): the same form as the audit's ``from``, the stored
+    DICOM JSON."""
+    return elem.to_json_dict(None, MAX_BODY).get("Value")
 
 
 def _apply(ds: Dataset, changes: Dataset) -> None:
@@ -230,7 +228,7 @@ def update(archive, study_uid: str, series_uid: str | None, changes: Dataset,
     for elem in changes:
         tag = f"{elem.tag:08X}"
         out.changes.append({"tag": tag, "keyword": elem.keyword,
-                            "from": (before.get(tag) or {}).get("Value"), "to": _text(elem)})
+                            "from": (before.get(tag) or {}).get("Value"), "to": _json_value(elem)})
     uids = [loc.sop_uid for loc in locs]
     with archive._tracked(), archive.blobs.locked(uids), archive.index.locked(uids):
         locs = archive.index.instances(study_uid, series_uid)  # under the locks: what is switched

@@ -56,7 +56,10 @@ def test_study_update_everywhere(server):
     r = httpx.post(f"{url}/studies/{st}/$update", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["instances"] == 3
-    assert {c["keyword"]: (c["from"], c["to"]) for c in r.json()["changes"]}["PatientID"] == (["OLD-1"], "NEW-1")
+    # the audit's from and to: both DICOM JSON values (PS3.18 F.2; a PN value an object)
+    summary = {c["keyword"]: (c["from"], c["to"]) for c in r.json()["changes"]}
+    assert summary["PatientID"] == (["OLD-1"], ["NEW-1"])
+    assert summary["PatientName"] == ([{"Alphabetic": "Old^Name"}], [{"Alphabetic": "New^Name"}])
     # QIDO-RS: the new values, the old ones match nothing
     found = httpx.get(f"{url}/studies", params={"PatientID": "NEW-1"}).json()
     assert [f["0020000D"]["Value"][0] for f in found] == [st]
