@@ -181,14 +181,19 @@ def purge(archive: Archive, now: float | None = None) -> int:
 
 
 async def purge_periodically(archive: Archive) -> None:
-    """The server's housekeeping (as the routing forwarder prunes its outbox): a purge at
-    start, then every :data:`PURGE_EVERY` seconds; each worker process runs it, a purge
-    that another already did finds nothing left (Index.purge)."""
+    """The server's housekeeping (as the routing forwarder prunes its outbox): at start,
+    then every :data:`PURGE_EVERY` seconds, the rejected instances past ``keep_rejected``
+    (:func:`purge`) and the earlier versions past ``keep_versions``
+    (lifecycle/versions.py ``purge``); each worker process runs it, a purge that another
+    already did finds nothing left (Index.purge; a version file already gone)."""
+    from .versions import purge as purge_versions
+
     while True:
-        try:
-            await asyncio.to_thread(purge, archive)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - housekeeping: tried again later
-            log.warning("could not purge rejected instances: %s", e)
+        for what, job in (("rejected instances", purge), ("earlier versions", purge_versions)):
+            try:
+                await asyncio.to_thread(job, archive)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - housekeeping: tried again later
+                log.warning("could not purge %s: %s", what, e)
         await asyncio.sleep(PURGE_EVERY)
