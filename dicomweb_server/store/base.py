@@ -209,6 +209,13 @@ class Index(ABC):
         stored instances were hidden now."""
         raise NotImplementedError
 
+    def reject_in(self, con: object, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        """:meth:`reject` inside a write hook's transaction ``con`` (an :meth:`add`'s:
+        lifecycle/reject.py applies a rejection note in the commit that stores it).
+        An index without a transaction (``con`` None: the in-memory index, whose hooks
+        run under its lock before the add's change-log rows) commits it on its own."""
+        return self.reject(refs, code, now)
+
     def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
                    before: float | None = None) -> list[Rejection]:
         """The rejected instances (of a study or series; rejected before ``before``)."""

@@ -410,6 +410,9 @@ class SQLIndex(Index):
     def _execute(self, con) -> changelog.Execute:
         return lambda sql, params: self._x(con, sql, params)
 
+    def reject_in(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        return self._reject_rows(con, refs, code, now)
+
     def _reject_rows(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
         """Index.reject inside the caller's transaction: the rejection rows, then the
         stored ones leave the searchable tables as a DELETE would have them (action
