@@ -171,9 +171,15 @@ def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> 
                 log.error("cannot restore %s: %s", row.path, e)
                 continue
         restored.append(row)
+    if archive.routing is not None:  # shown again: no rule owes it a forward (routing/__init__.py)
+        archive.routing.owe_nothing(records)
     with archive._tracked(), archive.committer.writer():
         archive.index.unreject(restored)
-        added = archive.index.add(records, action="restore") if records else []
+        try:
+            added = archive.index.add(records, action="restore") if records else []
+        finally:
+            if archive.routing is not None:
+                archive.routing.forget(records)
         # one that no longer fits its study (another patient's instances came meanwhile,
         # store/base.py hierarchy_conflict) stays rejected, as it was
         again = {rec.sop_uid for rec, a in zip(records, added) if isinstance(a, Refused)}

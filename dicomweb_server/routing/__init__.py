@@ -134,6 +134,13 @@ class Routing:
         with self._lock:
             self._planned.update(matched)
 
+    def owe_nothing(self, records: list[InstanceRecord]) -> None:
+        """The next commit that indexes ``records`` owes no forward for them: rejected
+        instances shown again (lifecycle/reject.py restore) were forwarded, or not, when
+        first stored; neither a store nor a new version. (:meth:`forget` afterwards.)"""
+        with self._lock:
+            self._planned.update({r.sop_uid: [] for r in records})
+
     def forget(self, records: list[InstanceRecord]) -> None:
         """Drop the plans the commit did not use (duplicates, refusals, failures)."""
         with self._lock:

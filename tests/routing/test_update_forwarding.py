@@ -117,3 +117,32 @@ def test_an_owed_forward_sends_the_current_version(tmp_path, backend):
         srv.stop()
         follows.stop()
         once.stop()
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_rejected_instances_shown_again_are_not_forwarded_again(tmp_path, backend):
+    """A rejection and its restore ($restore-rejected) owe no forward: the instance was
+    forwarded when stored (before, the restore indexed it like a store and owed its
+    forwards again, to every rule)."""
+    follows = Sink(tmp_path / "follows", duplicate_policy="replace").start()
+    once = Sink(tmp_path / "once").start()
+    routes = routes_file(tmp_path / "r.toml", follows.url, once.url)
+    srv = LiveServer(tmp_path / "data", backend.index, routes_file=routes, **backend.settings).start()
+    try:
+        st = generate_uid()
+        ds = make_dataset(study=st, PatientID="P3")
+        sop = next(iter(store(srv.url, [ds])))
+        wait_for(lambda: (lambda q: q["follows"]["delivered"] == 1 and q["once"]["delivered"] == 1)(queue(srv.url)),
+                 what="the first forwards")
+        r = httpx.post(f"{srv.url}/studies/{st}/series/{ds.SeriesInstanceUID}/reject/113001%5EDCM")
+        assert r.status_code == 200 and r.json() == {"count": 1}
+        r = httpx.post(f"{srv.url}/studies/{st}/$restore-rejected")
+        assert r.status_code == 200 and r.json() == {"count": 1}
+        q = queue(srv.url)  # (rows are written in the restore's transaction: none owed now, none later)
+        owed = [(q[d]["pending"] + q[d]["in_flight"], q[d]["delivered"], q[d]["failed"]) for d in ("follows", "once")]
+        assert owed == [(0, 1, 0), (0, 1, 0)]
+        assert (follows.recorder.received[sop], once.recorder.received[sop]) == (1, 1)
+    finally:
+        srv.stop()
+        follows.stop()
+        once.stop()
