@@ -519,9 +519,12 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _purge(args: argparse.Namespace) -> int:
-    """Remove the instances rejected more than keep_rejected days ago (lifecycle/reject.py)."""
+    """Remove the instances rejected more than keep_rejected days ago (lifecycle/reject.py)
+    and the earlier versions replaced more than keep_versions days ago
+    (lifecycle/versions.py): what the server does at start and hourly."""
     from .archive import Archive
     from .lifecycle.reject import purge
+    from .lifecycle.versions import purge as purge_versions
 
     settings = _settings(args)
     if not _existing_archive(settings, "purge"):
@@ -529,9 +532,11 @@ def _purge(args: argparse.Namespace) -> int:
     archive = Archive.open(settings)
     try:
         n = purge(archive)
+        v = purge_versions(archive)
     finally:
         archive.close()
     print(f"purged {n} rejected instance(s) older than {settings.keep_rejected:g} day(s)")
+    print(f"purged {v} earlier version(s) replaced more than {settings.keep_versions:g} day(s) ago")
     return 0
 
 
@@ -757,7 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk.set_defaults(func=_check)
 
     pur = sub.add_parser("purge", help="remove the rejected instances older than keep_rejected days "
-                                       "(DICOMWEB_KEEP_REJECTED, default 30)")
+                                       "(DICOMWEB_KEEP_REJECTED, default 30) and the earlier versions replaced "
+                                       "more than keep_versions days ago (DICOMWEB_KEEP_VERSIONS, default 30)")
     _add_settings_args(pur)
     pur.set_defaults(func=_purge)
 

@@ -8,6 +8,10 @@ fsynced, not yet linked into place), ``linked`` (linked, directory not yet
 fsynced), ``placed`` (all files of the request in place, index not committed),
 ``indexed`` (index committed, answer not yet sent); and in the forwarder
 (routing/), ``forwarded`` (a batch sent to a destination, its rows not yet settled).
+In the lifecycle: ``update-written`` (a new version's file placed), ``update-switch``
+(every file placed, index not switched), ``update-switched`` (switched, not answered)
+(lifecycle/update.py); ``note-indexed`` (a rejection note indexed, what it names not
+yet hidden, in the same open transaction: lifecycle/reject.py).
 """
 
 from __future__ import annotations

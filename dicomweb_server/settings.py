@@ -66,7 +66,8 @@ class Settings(BaseSettings):
                                                               "or 431, counted while they arrive; connection closed")
     max_results: int = Field(1000, ge=1, le=100_000, description="QIDO-RS maximum (and default) `limit`")
     keep_versions: float = Field(30.0, ge=0, le=36500, description="days the earlier versions of an updated "
-                                 "instance are kept (lifecycle/versions.py; removed by `check --repair`)")
+                                 "instance are kept after they were replaced (lifecycle/versions.py; then removed at start-up, "
+                                 "hourly, by `purge` and `check --repair`)")
     duplicate_policy: Literal["reject", "replace", "keep"] = Field(
         "reject", description="another content under a stored SOP Instance UID (STOW-RS, C-STORE, import): reject "
                               "(0x0111/409), replace (a new version, as an update) or keep (success, the stored one kept)")

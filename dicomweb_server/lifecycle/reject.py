@@ -8,8 +8,8 @@ and its siblings (:data:`REJECTION_TITLES`). When one is stored, through any fro
 (STOW-RS, C-STORE, import), the instances its CurrentRequestedProcedureEvidenceSequence
 names (> ReferencedSeriesSequence > ReferencedSOPSequence) are hidden from every search
 and retrieve: the index moves their rows out of the searchable tables into its
-rejection table (store/rejections.py) in one commit, appending a ``reject`` row per
-instance to the change log. The note itself stays stored and visible (it is the record
+rejection table (store/rejections.py), appending a ``reject`` row per instance to the
+change log, in the transaction that indexes the note (:func:`note_hook`). The note itself stays stored and visible (it is the record
 of who rejected what; a DELETE of it does not restore anything).
 
 The rejected instances' files are kept ``keep_rejected`` days: listable
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from .. import faults
 from ..dicom.instance import InstanceRecord, describe_instance
-from ..store.base import Refused
+from ..store.base import Index, Refused, WriteHook
 from ..store.rejections import Rejection
 
 if TYPE_CHECKING:
@@ -100,15 +101,38 @@ def rejection_note(rec: InstanceRecord) -> tuple[str, list[tuple[str, str, str]]
     return f"{code}^{scheme}", refs
 
 
-def apply_notes(archive: Archive, notes: list[InstanceRecord]) -> int:
-    """Hide what the rejection notes just stored name (after their own commit, before
-    the store is answered). Returns the instances hidden."""
-    n = 0
-    for rec in notes:
-        found = rejection_note(rec)
-        if found is not None and found[1]:
-            n += reject(archive, found[1], found[0])
-    return n
+def note_hook(index: Index) -> WriteHook:
+    """The index write hook (Archive registers it) that applies each rejection note an
+    :meth:`Index.add` indexes **in the same transaction**: the note and the hiding of
+    what it names commit together or not at all, so a crash (SIGKILL, power loss) can
+    never leave a stored note whose instances are still visible. Every path that indexes
+    goes through it: STOW-RS, C-STORE, ``import``, ``check --repair`` (an orphan note a
+    crash left unindexed), the in-memory index's start-up rebuild.
+
+    The in-memory index writes the rejection in the journal transaction of the note's
+    own change-log row (MemoryIndex.reject_in), and re-adds every file at start-up: there
+    a note whose create is already in the change log was applied when it was stored (and
+    what it hid may have been restored since): it is not applied again; a note whose file
+    a crash left unlogged is applied then."""
+
+    def apply(con: object, records: list[InstanceRecord], added: list) -> None:
+        now = time.time()
+        for rec, new in zip(records, added):
+            if new is not True or rec.sop_class_uid != KOS_SOP_CLASS:
+                continue
+            found = rejection_note(rec)
+            if found is None or not found[1]:
+                continue
+            if con is None:  # the in-memory index (rebuilt at every start)
+                last = index.last_change(rec.sop_uid)  # type: ignore[attr-defined]
+                if last is not None and last[1] == "current":
+                    continue
+            faults.point("note-indexed")
+            n = index.reject_in(con, found[1], found[0], now)
+            log.info("rejection note %s: %d stored instance(s) hidden (%d named) for %s", rec.sop_uid, n,
+                     len(found[1]), found[0])
+
+    return apply
 
 
 def reject(archive: Archive, refs: list[tuple[str, str, str]], code: str, now: float | None = None) -> int:
@@ -147,9 +171,15 @@ def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> 
                 log.error("cannot restore %s: %s", row.path, e)
                 continue
         restored.append(row)
+    if archive.routing is not None:  # shown again: no rule owes it a forward (routing/__init__.py)
+        archive.routing.owe_nothing(records)
     with archive._tracked(), archive.committer.writer():
         archive.index.unreject(restored)
-        added = archive.index.add(records, action="restore") if records else []
+        try:
+            added = archive.index.add(records, action="restore") if records else []
+        finally:
+            if archive.routing is not None:
+                archive.routing.forget(records)
         # one that no longer fits its study (another patient's instances came meanwhile,
         # store/base.py hierarchy_conflict) stays rejected, as it was
         again = {rec.sop_uid for rec, a in zip(records, added) if isinstance(a, Refused)}
@@ -181,14 +211,19 @@ def purge(archive: Archive, now: float | None = None) -> int:
 
 
 async def purge_periodically(archive: Archive) -> None:
-    """The server's housekeeping (as the routing forwarder prunes its outbox): a purge at
-    start, then every :data:`PURGE_EVERY` seconds; each worker process runs it, a purge
-    that another already did finds nothing left (Index.purge)."""
+    """The server's housekeeping (as the routing forwarder prunes its outbox): at start,
+    then every :data:`PURGE_EVERY` seconds, the rejected instances past ``keep_rejected``
+    (:func:`purge`) and the earlier versions past ``keep_versions``
+    (lifecycle/versions.py ``purge``); each worker process runs it, a purge that another
+    already did finds nothing left (Index.purge; a version file already gone)."""
+    from .versions import purge as purge_versions
+
     while True:
-        try:
-            await asyncio.to_thread(purge, archive)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - housekeeping: tried again later
-            log.warning("could not purge rejected instances: %s", e)
+        for what, job in (("rejected instances", purge), ("earlier versions", purge_versions)):
+            try:
+                await asyncio.to_thread(job, archive)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - housekeeping: tried again later
+                log.warning("could not purge %s: %s", what, e)
         await asyncio.sleep(PURGE_EVERY)

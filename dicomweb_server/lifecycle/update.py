@@ -18,7 +18,9 @@ Order (crash safety):
    writer is NOT held: readers and other writers go on;
 2. one short transaction (the index writer's lock held only for it) switches every row
    of the scope to its new file and appends the change-log rows (``update``, the earlier
-   rows ``replaced``).
+   rows ``replaced``) and, with routes, the outbox rows of the routing rules with
+   ``on = ["store", "update"]`` (matched against the new versions before it; the
+   forwards still pending re-pointed at the new files: routing/__init__.py).
 A crash before 2 leaves the index on the old files, the new ones orphans that ``check``
 recognises as versions (not indexed, not "misfiled"); the update is not acknowledged
 and may be sent again (its files are then overwritten). After 2 every instance is new.
@@ -156,13 +158,11 @@ def changes_from_keywords(pairs: list[str], level: str) -> Dataset:
     return parse_changes(orjson.dumps(doc), level)
 
 
-def _text(elem) -> object:
-    if elem is None:
-        return None
-    v = elem.value
-    if elem.VR == "SQ":
-        return f"{len(v)} item(s)"
-    return [str(x) for x in v] if elem.VM > 1 else (str(v) if v is not None else None)
+def _json_value(elem) -> list | None:
+    """The element's DICOM JSON ``Value`` (PS3.18 F.2: a list; a PN value an object of its
+    component groups; None when empty): the same form as the audit's ``from``, the stored
+    DICOM JSON."""
+    return elem.to_json_dict(None, MAX_BODY).get("Value")
 
 
 def _apply(ds: Dataset, changes: Dataset) -> None:
@@ -228,7 +228,7 @@ def update(archive, study_uid: str, series_uid: str | None, changes: Dataset,
     for elem in changes:
         tag = f"{elem.tag:08X}"
         out.changes.append({"tag": tag, "keyword": elem.keyword,
-                            "from": (before.get(tag) or {}).get("Value"), "to": _text(elem)})
+                            "from": (before.get(tag) or {}).get("Value"), "to": _json_value(elem)})
     uids = [loc.sop_uid for loc in locs]
     with archive._tracked(), archive.blobs.locked(uids), archive.index.locked(uids):
         locs = archive.index.instances(study_uid, series_uid)  # under the locks: what is switched
@@ -267,14 +267,20 @@ def _write_all(archive, work) -> list[InstanceRecord]:
 def _switch(archive, records, study_uid, series_uid, sop_uid, action) -> None:
     """Step 2: the index switched in one transaction (under the index writer's lock)."""
     faults.point("update-switch")
+    routing = archive.routing
+    if routing is not None and routing.routes.on_update:  # rules matched outside the writer's lock
+        routing.plan(records, "update")
     try:
         with archive.committer.writer():
             archive.index.replace(records, study_uid, series_uid, sop_uid, action)
     except ReplaceRefused as e:
         raise UpdateError(409, e.refused.message) from None
+    finally:
+        if routing is not None:
+            routing.forget(records)  # (the plans the switch did not use: refused, rejected meanwhile)
     faults.point("update-switched")
-    if archive.routing is not None:  # webhooks owed the changes
-        archive.routing.committed()
+    if routing is not None:  # webhooks owed the changes, rules with on = ["update"] the new versions
+        routing.committed()
 
 
 def restore(archive, study_uid: str, series_uid: str, sop_uid: str, version: int) -> Updated:

@@ -11,8 +11,12 @@ is current, so that:
 - the in-memory index, re-reading every file at start-up, indexes the file of the
   current version only (:func:`current_file`).
 
-The files of earlier versions are kept ``keep_versions`` days (settings), then removed by
-:func:`purge` (``dicomweb-server check --repair`` and at start-up).
+The files of earlier versions are kept ``keep_versions`` days (settings) after they were
+replaced (the time of the change-log row of the version that followed), then removed by
+:func:`purge`: in the server at start and hourly (the timer of the rejected instances'
+purge, lifecycle/reject.py), and by ``dicomweb-server purge``. ``dicomweb-server check
+--repair`` also removes them (by the age of their files), with the files of updates a
+crash left unswitched.
 """
 
 from __future__ import annotations
@@ -108,6 +112,57 @@ def _size(blobs, rel: str) -> int:
             raise FileNotFoundError(rel)
         return found[rel]
     return blobs.resolve(rel).stat().st_size
+
+
+#: change-log rows read per page by :func:`purge`
+PURGE_PAGE = 1000
+
+
+def purge(archive, now: float | None = None) -> int:
+    """Remove the files of earlier versions replaced more than ``keep_versions`` days ago
+    (``{sop}.vN.dcm`` no longer current; the first file ``{sop}.dcm`` stays while the
+    instance is stored, as ``check --repair`` leaves it). The change log is read in
+    Sequence order from where this process's last purge stopped (the first purge of a
+    process reads it whole) up to the first row inside the keep period; each ``update``
+    or ``restore`` row older than that lets the versions before it go. An instance deleted
+    (its versions went with it) or rejected (its files wait for the rejection's purge,
+    ``keep_rejected``) is left alone. Each instance is done under its locks (an update in
+    flight is not undone). Returns how many files were removed."""
+    cutoff = (time.time() if now is None else now) - archive.settings.keep_versions * 86400
+    after = getattr(archive, "_versions_purged_to", 0)
+    removed = 0
+    with archive._tracked():
+        while True:
+            page = archive.index.changes(after=after, limit=PURGE_PAGE)
+            due: dict[str, int] = {}  # SOP Instance UID -> the version whose predecessors may go
+            inside = False
+            for c in page:
+                if c.timestamp >= cutoff:
+                    inside = True
+                    break
+                if c.action in ("update", "restore"):
+                    due[c.sop_uid] = max(due.get(c.sop_uid, 0), c.version)
+                after = c.sequence
+            removed += sum(_purge_instance(archive, sop, version) for sop, version in due.items())
+            archive._versions_purged_to = after
+            if inside or len(page) < PURGE_PAGE:
+                return removed
+
+
+def _purge_instance(archive, sop_uid: str, upto: int) -> int:
+    """Remove the version files of ``sop_uid`` older than ``upto`` that are not current."""
+    blobs, index = archive.blobs, archive.index
+    with blobs.locked([sop_uid]), index.locked([sop_uid]):
+        loc = index.locate(sop_uid)
+        if loc is None:
+            return 0
+        n = 0
+        for v in versions(blobs, split_version(loc.path)[0], index.history(sop_uid)):
+            if v.version < upto and not v.current and v.size is not None and v.path != loc.path \
+                    and split_version(v.path)[1] is not None:
+                blobs.remove(v.path)
+                n += 1
+        return n
 
 
 def expired(modified: float, keep_days: float, now: float | None = None) -> bool:

@@ -13,7 +13,11 @@ whatever indexes it: :class:`Routing` registers an index write hook, so the stor
 --repair`` and the in-memory index's start-up rebuild all write the forwards of every
 instance they add in the commit that adds it. The rules are matched *before* that
 commit (:meth:`Routing.plan`, outside the index writer lock); the hook only writes
-the rows. Two more cases close the gaps a crash leaves:
+the rows. New versions (an ``$update``, ``$merge``, ``$restore``: lifecycle/update.py)
+go through a replace hook in the transaction that switches the index to them: the
+rules with ``on = ["store", "update"]`` owe the new versions (matched before it, as
+for a store), and every forward of the instance still owed is re-pointed at the new
+file. Two more cases close the gaps a crash leaves:
 
 - the in-memory index is rebuilt from the files at every start, so "first indexed"
   is kept in a ledger (table ``routed`` of ``outbox.sqlite``, written with the rows):
@@ -88,6 +92,7 @@ class Routing:
         routing = cls(routes, outbox, ledger)
         routing.index = index
         index.add_write_hook(routing._on_add)
+        index.add_replace_hook(routing._on_replace)
         if routing.webhooks:
             index.add_change_hook(routing._on_change)
         return routing
@@ -118,14 +123,23 @@ class Routing:
 
     # --- matching, before the index transaction ------------------------------------------
 
-    def plan(self, records: list[InstanceRecord]) -> None:
-        """Match ``records`` against the rules now, before the commit that indexes
-        them: the write hook, inside the index transaction (under the writer lock of
-        every process), then only writes the rows. (Instances being stored are locked
-        by their SOP Instance UID until their commit: one plan per UID at a time.)"""
-        matched = {r.sop_uid: self.routes.destinations_for(r) for r in records}
+    def plan(self, records: list[InstanceRecord], event: str = "store") -> None:
+        """Match ``records`` against the rules of ``event`` (``store``; ``update``: new
+        versions, lifecycle/update.py) now, before the commit that indexes them: the
+        write (or replace) hook, inside the index transaction (under the writer lock of
+        every process), then only writes the rows. (Instances being stored or updated
+        are locked by their SOP Instance UID until their commit: one plan per UID at a
+        time.)"""
+        matched = {r.sop_uid: self.routes.destinations_for(r, event) for r in records}
         with self._lock:
             self._planned.update(matched)
+
+    def owe_nothing(self, records: list[InstanceRecord]) -> None:
+        """The next commit that indexes ``records`` owes no forward for them: rejected
+        instances shown again (lifecycle/reject.py restore) were forwarded, or not, when
+        first stored; neither a store nor a new version. (:meth:`forget` afterwards.)"""
+        with self._lock:
+            self._planned.update({r.sop_uid: [] for r in records})
 
     def forget(self, records: list[InstanceRecord]) -> None:
         """Drop the plans the commit did not use (duplicates, refusals, failures)."""
@@ -133,15 +147,15 @@ class Routing:
             for r in records:
                 self._planned.pop(r.sop_uid, None)
 
-    def _destinations(self, record: InstanceRecord) -> list[tuple[str, str]]:
+    def _destinations(self, record: InstanceRecord, event: str = "store") -> list[tuple[str, str]]:
         with self._lock:
             planned = self._planned.pop(record.sop_uid, None)
         # not planned: indexed by check --repair or the rebuild (no lock contention there)
-        return planned if planned is not None else self.routes.destinations_for(record)
+        return planned if planned is not None else self.routes.destinations_for(record, event)
 
-    def _entries(self, records: Iterable[InstanceRecord]) -> list[Entry]:
+    def _entries(self, records: Iterable[InstanceRecord], event: str = "store") -> list[Entry]:
         return [Entry(dest, r.study_uid, r.series_uid, r.sop_uid, r.path, rule)
-                for r in records for dest, rule in self._destinations(r)]
+                for r in records for dest, rule in self._destinations(r, event)]
 
     # --- owing ---------------------------------------------------------------------------
 
@@ -159,6 +173,17 @@ class Routing:
         entries = self._entries(new)
         if entries or decided:
             self.outbox.insert(entries, con, decided)
+        if entries:
+            with self._lock:
+                self._owed.update(e.destination for e in entries)
+
+    def _on_replace(self, con: object, records: list[InstanceRecord], action: str) -> None:
+        """Index replace hook: new versions made current (an update, merge or restore),
+        in the transaction ``con`` that switches the index to them: pending forwards
+        re-pointed at the new files, and the rules with ``on = ["update"]`` owe the new
+        versions (:meth:`Outbox.insert_versions`)."""
+        entries = self._entries(records, "update") if self.routes.on_update else []
+        self.outbox.insert_versions(entries, [(r.sop_uid, r.path) for r in records], con)
         if entries:
             with self._lock:
                 self._owed.update(e.destination for e in entries)

@@ -205,6 +205,21 @@ class Outbox(ABC):
             (e.destination, e.study_uid, e.series_uid, e.sop_uid, e.path, e.rule, now, now, e.sop_uid,
              e.destination, now) for e in entries])
 
+    def insert_versions(self, entries: Iterable[Entry], current: Iterable[tuple[str, str]], con) -> int:
+        """New versions made current (an update, merge or restore: lifecycle/update.py),
+        in the index transaction ``con`` that switches them: ``current`` (SOP Instance
+        UID, path of its new file) re-points every forward of the instance still owed (pending
+        or a dead letter) and held by no worker at the new file (a destination owed the
+        instance gets what is current when it is sent, not the version replaced); then ``entries`` (the
+        rules with ``on = ["update"]``) are owed, unless such a pending row already
+        carries the new version. Returns the rows added."""
+        now = self._now(con)
+        self._many(con, self._sql(
+            "UPDATE outbox SET _path = ? WHERE SOPInstanceUID = ? AND _change IS NULL AND _state IN ('pending', 'failed') "
+            "AND "
+            "(_lease_until IS NULL OR _lease_until < ?)"), [(path, sop, now) for sop, path in current])
+        return self.insert(entries, con)
+
     def insert_changes(self, destinations: Iterable[str], changes: Iterable, con) -> int:
         """Owe a notification of each change (store/changes.py ``Change``) to each
         destination, in the transaction ``con`` that logs the changes (an index change

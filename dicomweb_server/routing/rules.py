@@ -19,6 +19,7 @@
     name = "CT and MR to the PACS"
     match = { Modality = ["CT", "MR"], StudyDescription = "*HEAD*" }  # optional
     destinations = ["pacs"]
+    on = ["store", "update"]   # optional, default ["store"]: also forward each new version
 
     [delivery]          # optional, the defaults shown (allowed ranges: DELIVERY_BOUNDS)
     batch_size = 20     concurrency = 2     max_attempts = 10    max_age = 86400
@@ -36,7 +37,10 @@ evaluated with :func:`dicom.matching.match_value` against the values the index k
 for the stored instance: a rule matches exactly the instances that the search
 ``GET /instances?{match}`` finds. A TOML list of values, or values separated by a
 backslash as in DICOM (``Modality = "CT\\MR"``), means "any of them".
-No ``match`` means every instance. A bad file is refused with its line number, and so
+No ``match`` means every instance. ``on`` says which events a rule forwards: ``store``
+(an instance first indexed, the default) and ``update`` (a new version made by
+``$update``, ``$merge``, ``$restore`` or a re-store under ``duplicate_policy =
+"replace"``: lifecycle/update.py), matched against the new version. A bad file is refused with its line number, and so
 is any value outside its range (:data:`DELIVERY_BOUNDS`, ``lease`` at least twice
 ``timeout``), a header that is not an RFC 9110 field, and a name that is not one
 printable line (config_values.py).
@@ -93,9 +97,15 @@ class Rule:
     name: str
     alternatives: tuple[tuple[Match, ...], ...]  # OR of AND-ed matches (a TOML list expands)
     destinations: tuple[str, ...]
+    on: frozenset[str] = frozenset({"store"})  # the events it forwards (:data:`EVENTS`)
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
+
+
+#: what a rule's ``on`` may name: an instance first indexed (``store``), a new version of
+#: a stored instance (``update``: an update, merge, restore or replacing re-store)
+EVENTS = ("store", "update")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,15 +168,23 @@ class Routes:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_index", RuleIndex(self.rules))
 
-    def destinations_for(self, record: InstanceRecord) -> list[tuple[str, str]]:
-        """(destination, rule name) pairs owed for a newly stored instance, one per
-        destination (the first rule that names it); the rules tried are those the
-        index says can match (routing/matcher.py)."""
+    def destinations_for(self, record: InstanceRecord, event: str = "store") -> list[tuple[str, str]]:
+        """(destination, rule name) pairs owed for a newly stored instance (``event``
+        ``store``) or a new version of one (``update``), one per destination (the first
+        rule of that event that names it); the rules tried are those the index says can
+        match (routing/matcher.py)."""
         out: dict[str, str] = {}
         for rule in self._index.matching(record):  # type: ignore[union-attr]
+            if event not in rule.on:
+                continue
             for d in rule.destinations:
                 out.setdefault(d, rule.name)
         return list(out.items())
+
+    @property
+    def on_update(self) -> bool:
+        """Whether a rule forwards new versions (``on`` names ``update``)."""
+        return any("update" in rule.on for rule in self.rules)
 
 
 def _match(m: Match, record: InstanceRecord) -> bool:
@@ -356,7 +374,10 @@ def _named(r: dict, table: str, i: int, fields: tuple[str, ...], default: str, f
 
 
 def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
-    name = _named(r, "rules", i, ("name", "match", "destinations"), f"rule {i + 1}", fail)
+    name = _named(r, "rules", i, ("name", "match", "destinations", "on"), f"rule {i + 1}", fail)
+    on = r.get("on", ["store"])
+    if not isinstance(on, list) or not on or not all(isinstance(x, str) and x in EVENTS for x in on):
+        raise fail("rules", i, "on", f"{on!r}: a non-empty list of {', '.join(map(repr, EVENTS))} is required")
     dests = r.get("destinations")
     if not isinstance(dests, list) or not dests or not all(isinstance(x, str) for x in dests):
         raise fail("rules", i, "destinations", "a non-empty list of destination names is required")
@@ -371,7 +392,7 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
         alternatives = match_alternatives(r.get("match", {}))
     except ValueError as e:
         raise fail("rules", i, "match", str(e)) from None
-    return Rule(name, alternatives, tuple(dict.fromkeys(dests)))
+    return Rule(name, alternatives, tuple(dict.fromkeys(dests)), frozenset(on))
 
 
 def match_alternatives(match: object) -> tuple[tuple[Match, ...], ...]:

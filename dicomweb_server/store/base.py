@@ -209,6 +209,13 @@ class Index(ABC):
         stored instances were hidden now."""
         raise NotImplementedError
 
+    def reject_in(self, con: object, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        """:meth:`reject` inside a write hook's transaction ``con`` (an :meth:`add`'s:
+        lifecycle/reject.py applies a rejection note in the commit that stores it).
+        An index without a transaction (``con`` None: the in-memory index, whose hooks
+        run under its lock before the add's change-log rows) commits it on its own."""
+        return self.reject(refs, code, now)
+
     def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
                    before: float | None = None) -> list[Rejection]:
         """The rejected instances (of a study or series; rejected before ``before``)."""
@@ -238,6 +245,18 @@ class Index(ABC):
     def _run_write_hooks(self, con: object, records: list[InstanceRecord], added: list[bool]) -> None:
         for hook in getattr(self, "_write_hooks", ()):
             hook(con, records, added)
+
+    def add_replace_hook(self, hook: "ReplaceHook") -> None:
+        """Run ``hook(con, records, action)`` inside every :meth:`replace`, before it
+        commits, with the new versions it makes current (``action``: update | restore):
+        ``con`` is the connection holding the change log in that transaction (as for
+        :meth:`add_change_hook`). An exception from the hook fails the whole replace."""
+        self._replace_hooks = (*getattr(self, "_replace_hooks", ()), hook)
+
+    def _run_replace_hooks(self, con: object, records: list[InstanceRecord], action: str) -> None:
+        if records:
+            for hook in getattr(self, "_replace_hooks", ()):
+                hook(con, records, action)
 
     # --- the change log (store/changes.py) ----------------------------------------------
 
@@ -274,3 +293,4 @@ class Index(ABC):
 
 WriteHook = Callable[[object, list[InstanceRecord], list[bool]], None]
 ChangeHook = Callable[[object, list[Change]], None]
+ReplaceHook = Callable[[object, list[InstanceRecord], str], None]

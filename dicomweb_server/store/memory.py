@@ -129,6 +129,7 @@ class MemoryIndex(Index):
         self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema())
         # the rejected instances (store/rejections.py): their rows in the journal, their UIDs here
         self._rejected = {uid for (uid,) in self._x("SELECT SOPInstanceUID FROM rejection")}
+        self._rejecting: list | None = None  # inside add(): the rejections its hooks ask for (reject_in)
 
     def close(self) -> None:
         self._journal.close()
@@ -205,6 +206,7 @@ class MemoryIndex(Index):
             with immediate(self._journal) as con:
                 self._run_change_hooks(con, changelog.append(
                     self._x, changelog.now(), action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records]))
+                self._run_replace_hooks(con, records, action)  # routing's forwards: the same transaction
             self._remove(study_uid, series_uid, sop_uid, log=None)
             self._insert(records, action)
 
@@ -248,17 +250,73 @@ class MemoryIndex(Index):
     def add(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
         with self._lock:
             out = self._insert(records, action)
+            self._rejecting = []  # the rejections the write hooks ask for (reject_in)
             try:  # routing's outbox and the change log (on disk): durable before the answer, or
                 # nothing of this add stays
                 self._run_write_hooks(None, records, out)
-                self._log(action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
-                                   if new is True])
+                hide = self._log_add(action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
+                                              if new is True], self._rejecting)
             except BaseException:
                 for r, new in zip(records, out):
                     if new is True:
                         self._remove(r.study_uid, r.series_uid, r.sop_uid, log=None)
                 raise
+            finally:
+                self._rejecting = None
+            for study, sops in hide:  # logged: now hidden
+                self._remove(study, None, None, log=None, only=sops)
         return out
+
+    def reject_in(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        """Index.reject_in from a write hook of :meth:`add` (a rejection note): kept, and
+        written by the add in the journal transaction of its own change-log rows (the
+        note's create, then a reject row per instance hidden): the note and its effect are
+        durable together or not at all."""
+        if self._rejecting is None:  # (not inside an add)
+            return self.reject(refs, code, now)
+        self._rejecting.append((refs, code, now))
+        return sum(1 for _st, _se, sop in refs if sop in self._instances)
+
+    def _log_add(self, action: str, instances: list[tuple[str, str, str]],
+                 rejecting: list[tuple[list[tuple[str, str, str]], str, float]]) -> list[tuple[str, set[str]]]:
+        """The change-log rows of an add and, in the same durable transaction, the
+        rejections its hooks asked for (rows in the rejection table, reject rows);
+        returns (study, SOP Instance UIDs) to hide from the index now."""
+        if not rejecting:
+            self._log(action, instances)
+            return []
+        hide: list[tuple[str, set[str]]] = []
+        hidden: set[str] = set()
+        with immediate(self._journal) as con:
+            changes = changelog.append(self._x, changelog.now(), action, instances)
+            for refs, code, now in rejecting:
+                rows, by_study = self._rejection_rows(refs)
+                rejections.record(self._x, rows, code, now)
+                for study, sops in by_study.items():
+                    sops = sops - hidden
+                    hidden |= sops
+                    victims = sorted(((study, self._instances[s].series.uid, s) for s in sops),
+                                     key=lambda t: self._instances[t[2]].seq)
+                    changes += changelog.append(self._x, changelog.now(), "reject", victims)
+                    hide.append((study, sops))
+            self._run_change_hooks(con, changes)
+        self._rejected.update(sop for refs, _code, _now in rejecting for _st, _se, sop in refs)
+        return hide
+
+    def _rejection_rows(self, refs: list[tuple[str, str, str]]
+                        ) -> tuple[list[tuple[str, str, str, str | None]], dict[str, set[str]]]:
+        """The rejection table's rows of ``refs`` (a stored one filed under the UIDs it
+        has, not the note's) and the stored ones by study."""
+        rows: list[tuple[str, str, str, str | None]] = []
+        by_study: dict[str, set[str]] = {}
+        for study, series, sop in refs:
+            inst = self._instances.get(sop)
+            if inst is None:
+                rows.append((study, series, sop, None))
+                continue
+            rows.append((inst.series.study.uid, inst.series.uid, sop, inst.path))
+            by_study.setdefault(inst.series.study.uid, set()).add(sop)
+        return rows, by_study
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:
         return self._remove(study_uid, series_uid, sop_uid, log="delete")
@@ -267,14 +325,7 @@ class MemoryIndex(Index):
 
     def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
         with self._lock:
-            rows, by_study = [], {}
-            for study, series, sop in refs:  # a stored one is filed under the UIDs it has (not the note's)
-                inst = self._instances.get(sop)
-                if inst is None:
-                    rows.append((study, series, sop, None))
-                    continue
-                rows.append((inst.series.study.uid, inst.series.uid, sop, inst.path))
-                by_study.setdefault(inst.series.study.uid, set()).add(sop)
+            rows, by_study = self._rejection_rows(refs)
             hidden = 0
             if not by_study:
                 with immediate(self._journal):

@@ -348,6 +348,12 @@ class PostgreSQLIndex(SQLIndex):
         with self._writing([u for ref in refs for u in ref]) as con:
             return self._reject_rows(con, refs, code, now)
 
+    def reject_in(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        # the locks reject() takes, added to those of the add's transaction (held to its end)
+        keys = sorted({_key(u) for ref in refs for u in ref})
+        con.cursor().executemany("SELECT pg_advisory_xact_lock(%s)", [(k,) for k in keys])
+        return self._reject_rows(con, refs, code, now)
+
     def unreject(self, rows: list[rejections.Rejection]) -> None:
         with self._writing([r.sop_uid for r in rows]) as con:
             rejections.drop(self._execute(con), rows)

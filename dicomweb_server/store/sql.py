@@ -410,6 +410,9 @@ class SQLIndex(Index):
     def _execute(self, con) -> changelog.Execute:
         return lambda sql, params: self._x(con, sql, params)
 
+    def reject_in(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
+        return self._reject_rows(con, refs, code, now)
+
     def _reject_rows(self, con, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
         """Index.reject inside the caller's transaction: the rejection rows, then the
         stored ones leave the searchable tables as a DELETE would have them (action
@@ -454,6 +457,7 @@ class SQLIndex(Index):
                 raise ReplaceRefused(new if isinstance(new, Refused)
                                      else Refused(FailureReason.PROCESSING_FAILURE, "instance indexed twice"))
         self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records])
+        self._run_replace_hooks(con, records, action)  # routing's forwards of the new versions
 
     def history(self, sop_uid: str) -> list[changelog.Change]:
         with self._reading() as con:

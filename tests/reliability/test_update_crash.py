@@ -121,7 +121,7 @@ def test_update_on_the_command_line(tmp_path):
 
         (line,) = [json.loads(x) for x in audit.read_text().splitlines()]
         assert line["action"] == "update" and line["user"]
-        assert {c["keyword"]: (c["from"], c["to"]) for c in line["changes"]}["PatientID"] == (["OLD"], "NEW")
+        assert {c["keyword"]: (c["from"], c["to"]) for c in line["changes"]}["PatientID"] == (["OLD"], ["NEW"])
         bad = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "update", st, "--set", "Rows=4",
                               "--data-dir", str(data), "--index", "sqlite"], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "study-level" in bad.stderr

@@ -81,8 +81,8 @@ class Recorder:
 
 
 class Sink:
-    def __init__(self, data_dir: Path) -> None:
-        self.settings = Settings(data_dir=data_dir, index="sqlite", port=free_port())
+    def __init__(self, data_dir: Path, **settings) -> None:
+        self.settings = Settings(data_dir=data_dir, index="sqlite", port=free_port(), **settings)
         self.url = f"http://127.0.0.1:{self.settings.port}"
         self.recorder = Recorder(create_app(self.settings))
         self._server = None

@@ -139,7 +139,8 @@ def test_rules_are_matched_outside_the_index_writer_lock(tmp_path, monkeypatch):
     held: list[bool] = []
     real = Routes.destinations_for
     monkeypatch.setattr(Routes, "destinations_for",
-                        lambda self, record: held.append(archive.committer._lock.locked()) or real(self, record))
+                        lambda self, record, *event: held.append(archive.committer._lock.locked())
+                        or real(self, record, *event))
     try:
         path = archive.blobs.spool / "a.dcm"
         ds = make_dataset(modality="CT")

@@ -6,6 +6,7 @@ bad bodies answered 400 with nothing changed."""
 from __future__ import annotations
 
 import io
+import time
 
 import httpx
 import pytest
@@ -56,7 +57,10 @@ def test_study_update_everywhere(server):
     r = httpx.post(f"{url}/studies/{st}/$update", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["instances"] == 3
-    assert {c["keyword"]: (c["from"], c["to"]) for c in r.json()["changes"]}["PatientID"] == (["OLD-1"], "NEW-1")
+    # the audit's from and to: both DICOM JSON values (PS3.18 F.2; a PN value an object)
+    summary = {c["keyword"]: (c["from"], c["to"]) for c in r.json()["changes"]}
+    assert summary["PatientID"] == (["OLD-1"], ["NEW-1"])
+    assert summary["PatientName"] == ([{"Alphabetic": "Old^Name"}], [{"Alphabetic": "New^Name"}])
     # QIDO-RS: the new values, the old ones match nothing
     found = httpx.get(f"{url}/studies", params={"PatientID": "NEW-1"}).json()
     assert [f["0020000D"]["Value"][0] for f in found] == [st]
@@ -237,3 +241,73 @@ def test_duplicate_policy(tmp_path, index_kind, policy, request):
         assert retrieved(url, st, se, first.SOPInstanceUID).PatientID == "DUP"
     finally:
         srv.stop()
+
+
+def _files(archive, sop: str) -> set[str]:
+    return {o.path.rsplit("/", 1)[1] for o in archive.blobs.listing() if sop in o.path}
+
+
+def test_earlier_versions_are_purged_after_keep_versions(server, http):
+    """lifecycle/versions.py purge (the server's hourly timer, ``dicomweb-server purge``):
+    nothing inside keep_versions (30 days); after it, each version file no longer current
+    goes, the first file and the current version stay; a second purge finds nothing."""
+    from dicomweb_server.lifecycle.versions import purge
+
+    st, se, dss = _study(server.url, n=2)
+    for name in ("Second^Name", "Third^Name"):
+        r = http.post(f"/studies/{st}/$update", json={"00100010": {"vr": "PN", "Value": [{"Alphabetic": name}]}})
+        assert r.status_code == 200, r.text
+    archive, sops = server.archive, [str(ds.SOPInstanceUID) for ds in dss]
+    assert all(_files(archive, s) == {f"{s}.dcm", f"{s}.v2.dcm", f"{s}.v3.dcm"} for s in sops)
+    assert purge(archive) == 0
+    assert purge(archive, now=time.time() + 31 * 86400) == 2
+    assert all(_files(archive, s) == {f"{s}.dcm", f"{s}.v3.dcm"} for s in sops)
+    assert purge(archive, now=time.time() + 31 * 86400) == 0
+    versions = http.get(f"/studies/{st}/series/{se}/instances/{sops[0]}/versions").json()
+    assert [(v["version"], v["size"] is not None, v["current"]) for v in versions] == \
+        [(1, True, False), (2, False, False), (3, True, True)]
+    assert str(retrieved(server.url, st, se, sops[0]).PatientName) == "Third^Name"
+
+
+def test_versions_are_purged_at_start_and_by_the_purge_command(tmp_path, capsys, monkeypatch):
+    """The server's start-up purge (the timer shared with keep_rejected's) and
+    ``dicomweb-server purge`` remove the versions past keep_versions."""
+    from dicomweb_server.cli import main
+    from tests.helpers import LiveServer
+
+    data = tmp_path / "data"
+    srv = LiveServer(data).start()
+    try:
+        st, se, dss = _study(srv.url, n=1)
+        sop = str(dss[0].SOPInstanceUID)
+        for name in ("Second^Name", "Third^Name"):
+            r = httpx.post(f"{srv.url}/studies/{st}/$update", timeout=60,
+                           json={"00100010": {"vr": "PN", "Value": [{"Alphabetic": name}]}})
+            assert r.status_code == 200, r.text
+        assert _files(srv.archive, sop) == {f"{sop}.dcm", f"{sop}.v2.dcm", f"{sop}.v3.dcm"}
+    finally:
+        srv.stop()
+    assert main(["purge", "--data-dir", str(data)]) == 0
+    assert "purged 0 earlier version(s) replaced more than 30 day(s) ago" in capsys.readouterr().out
+    srv = LiveServer(data, keep_versions=0).start()
+    try:
+        deadline = time.monotonic() + 30
+        while _files(srv.archive, sop) != {f"{sop}.dcm", f"{sop}.v3.dcm"}:
+            assert time.monotonic() < deadline, _files(srv.archive, sop)
+            time.sleep(0.05)
+        r = httpx.post(f"{srv.url}/studies/{st}/$update", timeout=60,
+                       json={"00100010": {"vr": "PN", "Value": [{"Alphabetic": "Fourth^Name"}]}})
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
+    monkeypatch.setenv("DICOMWEB_KEEP_VERSIONS", "0")
+    assert main(["purge", "--data-dir", str(data)]) == 0
+    assert "purged 1 earlier version(s) replaced more than 0 day(s) ago" in capsys.readouterr().out
+    from dicomweb_server.archive import Archive
+    from dicomweb_server.settings import Settings
+
+    archive = Archive.open(Settings(data_dir=data))
+    try:
+        assert _files(archive, sop) == {f"{sop}.dcm", f"{sop}.v4.dcm"}
+    finally:
+        archive.close()
