@@ -136,6 +136,15 @@ def _serve(args: argparse.Namespace) -> int:
         except PeersError as e:
             print(f"dicomweb-server: --dimse-peers-file: {e}", file=sys.stderr)
             return 2
+        if settings.dimse_tls_port:  # a certificate or key that does not load: said now, not by each listener
+            from .dimse.tls import TlsError, server_context
+
+            try:
+                server_context(settings.dimse_tls_cert_file, settings.dimse_tls_key_file, settings.dimse_tls_ca_file,
+                               settings.dimse_tls_require_client_cert)
+            except TlsError as e:
+                print(f"dicomweb-server: --dimse-tls-port: {e}", file=sys.stderr)
+                return 2
         for line in startup_warnings(settings, peers):  # who may use DIMSE (dimse/access.py)
             print(f"dicomweb-server: {line}", file=sys.stderr, flush=True)
     workers = settings.effective_workers()
@@ -675,6 +684,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
     serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off)")
+    serve.add_argument("--dimse-tls-port", dest="dimse_tls_port", type=int,
+                       help="DICOM TLS port beside --dimse-port (PS3.15 Annex B; default 0 = off)")
+    serve.add_argument("--dimse-tls-cert-file", dest="dimse_tls_cert_file", help="PEM certificate of the TLS port")
+    serve.add_argument("--dimse-tls-key-file", dest="dimse_tls_key_file", help="PEM private key of the TLS port")
+    serve.add_argument("--dimse-tls-ca-file", dest="dimse_tls_ca_file",
+                       help="PEM CA certificate(s) client certificates are checked against")
+    serve.add_argument("--dimse-tls-require-client-cert", dest="dimse_tls_require_client_cert", action="store_true",
+                       default=None, help="refuse TLS clients without a certificate signed by --dimse-tls-ca-file")
     serve.add_argument("--ae-title", dest="ae_title", help="this archive's AE title (default DICOMWEB)")
     serve.add_argument("--dimse-peers-file", dest="dimse_peers_file",
                        help="JSON/TOML of C-MOVE destinations: AE title -> {host, port}")

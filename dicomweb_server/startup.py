@@ -72,6 +72,10 @@ def announce_when_listening(settings, workers: int, dimse_processes: int) -> thr
             wait_then_print(settings.host, settings.dimse_port,
                             [f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
                              f"({where})"])
+            if settings.dimse_tls_port:
+                wait_then_print(settings.host, settings.dimse_tls_port,
+                                [f"dicomweb-server: DICOM TLS {settings.ae_title} at {settings.host}:"
+                                 f"{settings.dimse_tls_port}"])
 
     thread = threading.Thread(target=run, name="announce", daemon=True)
     thread.start()

@@ -1,0 +1,263 @@
+"""DICOM TLS (PS3.15 Annex B; dicomweb_server/dimse/tls.py): the TLS listener port beside
+the plain one, and TLS on the SCU side (a routing C-STORE destination).
+
+A CA, a server certificate (for 127.0.0.1) and a client certificate are made at test time
+with ``cryptography``; pynetdicom and DCMTK's ``storescu +tls`` are the clients."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import socket
+import ssl
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from pydicom import uid as U
+from pynetdicom import AE, build_context
+from pynetdicom.sop_class import CTImageStorage, Verification
+
+from dicomweb_server.archive import Archive
+from dicomweb_server.dimse import status as S
+from dicomweb_server.dimse.scp import DimseServer
+from dicomweb_server.dimse.tls import TlsClient, client_context
+from dicomweb_server.settings import Settings
+from tests.helpers import make_dataset, to_bytes
+
+
+# --- certificates ---------------------------------------------------------------------------
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _cert(subject: str, key, issuer: str, issuer_key, *, ca: bool = False, usage=None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if ca:
+        b = b.add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                          key_agreement=False, encipher_only=False, decipher_only=False),
+                            critical=True)
+        b = b.add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    else:
+        b = b.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        b = b.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+                            critical=False)
+        if usage == ExtendedKeyUsageOID.SERVER_AUTH:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                             x509.DNSName("localhost")]), critical=False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+def _write(folder: Path, name: str, cert: x509.Certificate, key) -> tuple[Path, Path]:
+    crt, pem = folder / f"{name}.crt", folder / f"{name}.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                      serialization.NoEncryption()))
+    return crt, pem
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """{"ca": ca.crt, "server": (crt, key), "client": (crt, key)}: a test CA signing a server
+    certificate for 127.0.0.1 and a client certificate (ECDSA P-256, SHA-256)."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _cert("Test DICOM CA", ca_key, "Test DICOM CA", ca_key, ca=True)
+    ca_file, _ = _write(folder, "ca", ca, ca_key)
+    out = {"ca": ca_file}
+    for name, usage in (("server", ExtendedKeyUsageOID.SERVER_AUTH), ("client", ExtendedKeyUsageOID.CLIENT_AUTH)):
+        key = ec.generate_private_key(ec.SECP256R1())
+        out[name] = _write(folder, name, _cert(f"{name}.test", key, "Test DICOM CA", ca_key, usage=usage), key)
+    return out
+
+
+# --- the listener -----------------------------------------------------------------------------
+
+class Listener:
+    def __init__(self, tmp_path: Path, pki, **settings) -> None:
+        cert, key = pki["server"]
+        self.settings = Settings(data_dir=tmp_path / "data", index="memory", dimse_tls_cert_file=cert,
+                                 dimse_tls_key_file=key, dimse_tls_ca_file=pki["ca"], **settings)
+        self.archive = Archive.open(self.settings)
+        self.server = DimseServer(self.archive)
+        self.port = self.server.start(host="127.0.0.1", port=0, tls_port=0)
+        self.tls_port = self.server.tls_port
+
+    def close(self) -> None:
+        self.server.stop(grace=1)
+        self.archive.close()
+
+    def stored(self, sop_uid: str) -> bytes | None:
+        loc = self.archive.index.locate(sop_uid)
+        return None if loc is None else self.archive.blobs.resolve(loc.path).read_bytes()
+
+
+@pytest.fixture
+def listener(tmp_path, pki):
+    made: list[Listener] = []
+
+    def make(**settings) -> Listener:
+        made.append(Listener(tmp_path / str(len(made)), pki, **settings))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+def _ae() -> AE:
+    ae = AE(ae_title="TLSSCU")
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 10
+    ae.add_requested_context(Verification)
+    ae.add_requested_context(CTImageStorage, U.ExplicitVRLittleEndian)
+    return ae
+
+
+def _client_args(pki, with_cert: bool):
+    client = TlsClient(pki["ca"], *(pki["client"] if with_cert else (None, None)))
+    return (client_context(client), "127.0.0.1")
+
+
+def _data_set_bytes(part10: bytes) -> bytes:
+    """The data set of a PS3.10 file: what follows the preamble, DICM and the file meta group."""
+    assert part10[128:132] == b"DICM"
+    (group_length,) = struct.unpack_from("<I", part10, 140)
+    return part10[144 + group_length:]
+
+
+def _digest(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def test_c_echo_and_c_store_over_tls(listener, pki):
+    """pynetdicom over TLS: C-ECHO Success, C-STORE Success, and the data set stored is the
+    one sent, byte for byte (SHA-256); the session is TLS 1.2 or later."""
+    srv = listener()
+    ds = make_dataset(rows=16, columns=16, PatientID="TLS1")
+    assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
+    assert assoc.is_established
+    try:
+        assert assoc.dul.socket.socket.version() in ("TLSv1.2", "TLSv1.3")
+        assert assoc.send_c_echo().Status == S.SUCCESS
+        assert assoc.send_c_store(ds).Status == S.SUCCESS
+    finally:
+        assoc.release()
+    stored = srv.stored(ds.SOPInstanceUID)
+    assert stored is not None
+    assert _digest(_data_set_bytes(stored)) == _digest(_data_set_bytes(to_bytes(ds)))
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
+def test_tls_1_1_is_refused(listener, pki):
+    """Non-downgrading (PS3.15 B.9): a client offering at most TLS 1.1 gets no session."""
+    srv = listener()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(pki["ca"])
+    try:
+        ctx.minimum_version = ssl.TLSVersion.TLSv1
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+    except (ValueError, ssl.SSLError):
+        pytest.skip("this OpenSSL cannot even offer TLS 1.1")
+    with socket.create_connection(("127.0.0.1", srv.tls_port), timeout=10) as raw:
+        with pytest.raises((ssl.SSLError, OSError)):
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_client_certificate_required(listener, pki):
+    """dimse_tls_require_client_cert: without a certificate the handshake fails and nothing is
+    stored; with one signed by the CA the C-STORE succeeds."""
+    srv = listener(dimse_tls_require_client_cert=True)
+    refused, accepted = (make_dataset(rows=8, columns=8, PatientID=p) for p in ("NOCERT", "CERT"))
+    assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
+    if assoc.is_established:  # (TLS 1.3: the client's handshake may end before the server checks)
+        assert getattr(assoc.send_c_store(refused), "Status", None) != S.SUCCESS
+    assert not assoc.is_established
+    assert srv.stored(refused.SOPInstanceUID) is None
+
+    assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, True))
+    assert assoc.is_established
+    try:
+        assert assoc.send_c_store(accepted).Status == S.SUCCESS
+    finally:
+        assoc.release()
+    assert srv.stored(accepted.SOPInstanceUID) is not None
+
+
+def test_plain_client_on_the_tls_port_fails_cleanly(listener, pki):
+    """A plain DICOM client on the TLS port: its association fails, nothing stored; the TLS
+    port and the plain port go on serving. A client that connects and sends nothing does
+    not hold the accept loop (the handshake runs in the connection's thread)."""
+    srv = listener(dimse_acse_timeout=30)
+    silent = socket.create_connection(("127.0.0.1", srv.tls_port))  # connects, never says a word
+    start = time.monotonic()
+    try:
+        ds = make_dataset(rows=8, columns=8, PatientID="PLAIN")
+        assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB")
+        assert not assoc.is_established
+        assert srv.stored(ds.SOPInstanceUID) is None
+        # the plain port and the TLS port both still serve (the silent client waits its turn elsewhere)
+        plain = _ae().associate("127.0.0.1", srv.port, ae_title="DICOMWEB")
+        assert plain.is_established
+        assert plain.send_c_store(ds).Status == S.SUCCESS
+        plain.release()
+        secure = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
+        assert secure.is_established
+        assert secure.send_c_echo().Status == S.SUCCESS
+        secure.release()
+        # not held up by the silent client (a handshake in the accept loop waited for it: 60 s)
+        assert time.monotonic() - start < 5
+    finally:
+        silent.close()
+    assert srv.stored(ds.SOPInstanceUID) is not None
+
+
+def test_dcmtk_storescu_over_tls(listener, pki, tmp_path):
+    """DCMTK's storescu +tls (its default profile: Non-downgrading BCP 195, PS3.15 B.9), with
+    a client certificate where the listener requires one."""
+    from tests.dimse.test_dcmtk import dcmtk
+
+    srv = listener(dimse_tls_require_client_cert=True)
+    ds = make_dataset(rows=16, columns=16, PatientID="DCMTKTLS")
+    path = tmp_path / "ct.dcm"
+    path.write_bytes(to_bytes(ds))
+    crt, key = pki["client"]
+    proc = subprocess.run([dcmtk("storescu"), "+tls", str(key), str(crt), "+cf", str(pki["ca"]),
+                           "-aec", "DICOMWEB", "-aet", "DCMTKTLS", "127.0.0.1", str(srv.tls_port), str(path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stored = srv.stored(ds.SOPInstanceUID)
+    assert stored is not None
+    assert _digest(_data_set_bytes(stored)) == _digest(_data_set_bytes(to_bytes(ds)))
+
+
+def test_both_ports_share_the_association_slots(listener, pki):
+    """One node limit over both ports (dimse_max_associations = 1): an association held on the
+    TLS port leaves none for the plain port (A-ASSOCIATE-RJ), and the other way round."""
+    srv = listener(dimse_max_associations=1, dimse_max_associations_per_peer=1)
+    held = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
+    assert held.is_established
+    try:
+        other = _ae().associate("127.0.0.1", srv.port, ae_title="DICOMWEB")
+        assert other.is_rejected
+    finally:
+        held.release()
+    held = _ae().associate("127.0.0.1", srv.port, ae_title="DICOMWEB")
+    assert held.is_established
+    try:
+        other = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
+        assert other.is_rejected
+    finally:
+        held.release()
