@@ -127,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
         return 2
-    if settings.dimse_port:
+    if settings.dimse_on():
         from .dimse.access import startup_warnings
         from .dimse.peers import PeersError, load_peers
 
@@ -150,14 +150,15 @@ def _serve(args: argparse.Namespace) -> int:
     workers = settings.effective_workers()
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)
-    taken = settings.dimse_port and _port_taken(settings.host, settings.dimse_port)
+    taken = next((why for p in (settings.dimse_port, settings.dimse_tls_port)
+                  if p and (why := _port_taken(settings.host, p))), None)
     if taken:  # HTTP goes on; the landing page then claims no DIMSE port
         from .dimse.scp import listen_error
 
         print(f"dicomweb-server: {listen_error(settings, OSError(taken))}", file=sys.stderr, flush=True)
-        settings.dimse_port = 0
-    settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
-    metrics_dir = _metrics_dir(workers > 1 or (bool(settings.dimse_port) and not settings.dimse_in_worker))
+        settings.dimse_port = settings.dimse_tls_port = 0
+    settings.dimse_in_worker = settings.dimse_on() and settings.index == "memory"
+    metrics_dir = _metrics_dir(workers > 1 or (settings.dimse_on() and not settings.dimse_in_worker))
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
@@ -284,7 +285,7 @@ def _start_dimse(settings):
     end only this process holds (end-of-file: serve is gone; dimse/shutdown.py), and
     PR_SET_PDEATHSIG sends them SIGTERM as well. They share one table of association slots
     (dimse/slots.py: ``dimse_max_associations`` is the node's, not one process's)."""
-    if not settings.dimse_port or settings.dimse_in_worker:
+    if not settings.dimse_on() or settings.dimse_in_worker:
         return []
     from .dimse.slots import create_table
 
@@ -683,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--routes", dest="routes_file", help="TOML routes file: forward stored instances")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
-    serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off)")
+    serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off, or TLS only with --dimse-tls-port)")
     serve.add_argument("--dimse-tls-port", dest="dimse_tls_port", type=int,
                        help="DICOM TLS port beside --dimse-port (PS3.15 Annex B; default 0 = off)")
     serve.add_argument("--dimse-tls-cert-file", dest="dimse_tls_cert_file", help="PEM certificate of the TLS port")

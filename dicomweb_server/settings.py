@@ -111,7 +111,8 @@ class Settings(BaseSettings):
                                                       "fetched with npm into "
                                                       "`~/.cache/dicomweb-archive/ohif-app-VERSION/dist`")
     # the DIMSE front door (dicomweb_server/dimse/): C-ECHO, C-STORE, C-FIND, C-GET, C-MOVE
-    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns DIMSE off")
+    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns plain DIMSE off (and "
+                                                               "DIMSE altogether without `dimse_tls_port`)")
     dimse_tls_port: int = Field(0, ge=0, le=65535, description="DICOM TLS listener port (PS3.15 Annex B), served "
                                 "beside `dimse_port` by the same listener processes and association slots; "
                                 "0 = off; needs `dimse_tls_cert_file` and `dimse_tls_key_file`")
@@ -227,6 +228,10 @@ class Settings(BaseSettings):
         if v and not v.startswith("/"):
             v = "/" + v
         return v
+
+    def dimse_on(self) -> bool:
+        """A DIMSE listener runs: the plain port, the TLS port (PS3.15 Annex B), or both."""
+        return bool(self.dimse_port or self.dimse_tls_port)
 
     def auth_configured(self) -> bool:
         return bool(self.api_keys or self.api_keys_file or self.basic_users_file or self.oidc_jwks_url)

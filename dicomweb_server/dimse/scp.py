@@ -438,7 +438,8 @@ class DimseServer:
         return ae
 
     def start(self, host: str | None = None, port: int | None = None, tls_port: int | None = None) -> int:
-        """Start listening (threads: one per association); returns the bound port. With
+        """Start listening (threads: one per association); returns the bound port (the TLS
+        port when ``dimse_port`` is 0 and ``dimse_tls_port`` is not: TLS only). With
         ``dimse_tls_port`` (or ``tls_port``; 0 here: an ephemeral port) a second port serves
         DICOM over TLS (PS3.15 Annex B, :mod:`.tls`) with the same AE, handlers and
         association slots; its bound port is :attr:`tls_port`."""
@@ -468,8 +469,10 @@ class DimseServer:
             (evt.EVT_RELEASED, self._audit),
         ]
         host = host or self.settings.host
+        port = self.settings.dimse_port or None if port is None else port  # None: TLS only
         try:
-            self._server = self._listen((host, self.settings.dimse_port if port is None else port), handlers)
+            if port is not None or ssl_context is None:
+                self._server = self._listen((host, port or 0), handlers)
             if ssl_context is not None:
                 self._tls_server = self._listen((host, tls_port), handlers, ssl_context)
                 self.tls_port = self._tls_server.server_address[1]
@@ -484,7 +487,7 @@ class DimseServer:
         # collector's sight. Each association allocates enough to trigger collections,
         # and each full one walked that heap: ~1 ms per one-image association.
         gc.freeze()
-        return self._server.server_address[1]
+        return (self._server or self._tls_server).server_address[1]
 
     def _listen(self, address, handlers, ssl_context=None):
         """One listening port of this AE (the plain one, or the TLS one with ``ssl_context``)."""
@@ -544,12 +547,11 @@ class DimseServer:
     def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let the associations go on for at most ``grace`` seconds (default
         ``shutdown_timeout``), abort the rest (:func:`.shutdown.end_associations`)."""
-        server, self._server = self._server, None
-        tls_server, self._tls_server = self._tls_server, None
-        if server is None:
+        servers = [s for s in (self._server, self._tls_server) if s is not None]
+        self._server = self._tls_server = None
+        if not servers:
             return
         generation = _generation
-        servers = [server] if tls_server is None else [server, tls_server]
         for one in servers:
             one.block_on_close = False  # server_close must not wait for connection threads
             one.shutdown()  # the accept loop ends, the listening socket is closed
@@ -750,7 +752,8 @@ def quiet_pynetdicom(log_level: str) -> None:
 def listen_error(settings: Settings, e: OSError) -> str:
     """What a user reads when the DIMSE port cannot be bound: the port, the reason and the
     way out (HTTP keeps serving without DIMSE)."""
-    return (f"DIMSE listener cannot listen on {settings.host}:{settings.dimse_port}: {e}; "
+    ports = " and ".join(str(p) for p in (settings.dimse_port, settings.dimse_tls_port) if p)
+    return (f"DIMSE listener cannot listen on {settings.host}:{ports}: {e}; "
             "DIMSE is off, HTTP goes on (another program on that port? start with "
             "--dimse-port PORT, or --dimse-port 0 to turn DIMSE off)")
 

@@ -365,3 +365,45 @@ def test_c_move_to_a_tls_destination(tmp_path, pki, tls_storage_scp):
     assert (final.Status, final.NumberOfCompletedSuboperations) == (S.SUCCESS, 1)
     assert {uid: _digest(b) for uid, b in received.items()} == {
         ds.SOPInstanceUID: _digest(_data_set_bytes(to_bytes(ds)))}
+
+
+def test_serve_tls_only_with_listener_processes(tmp_path, pki):
+    """``dicomweb-server serve --dimse-port 0 --dimse-tls-port P`` (TLS only) with two listener
+    processes: DCMTK's echoscu and storescu +tls reach it, the instance is found over QIDO-RS,
+    and a plain association to that port fails."""
+    import os
+    import sys
+
+    import httpx
+
+    from tests.dimse.test_dcmtk import dcmtk
+    from tests.helpers import free_port, stop_processes
+
+    http, tport = free_port(), free_port()
+    cert, key = pki["server"]
+    crt, ckey = pki["client"]
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "data"),
+         "--port", str(http), "--dimse-port", "0", "--dimse-tls-port", str(tport), "--dimse-processes", "2",
+         "--dimse-tls-cert-file", str(cert), "--dimse-tls-key-file", str(key), "--dimse-tls-ca-file", str(pki["ca"]),
+         "--dimse-tls-require-client-cert", "--workers", "1"],
+        env={**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tls_args = ["+tls", str(ckey), str(crt), "+cf", str(pki["ca"]), "-aec", "DICOMWEB"]
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run([dcmtk("echoscu"), *tls_args, "127.0.0.1", str(tport)],
+                             check=False, capture_output=True).returncode != 0:  # C-ECHO over TLS: up
+            assert serve.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+        ds = make_dataset(rows=8, columns=8, PatientID="SERVETLS")
+        path = tmp_path / "ct.dcm"
+        path.write_bytes(to_bytes(ds))
+        for _ in range(4):  # the kernel spreads the connections over both processes (SO_REUSEPORT)
+            proc = subprocess.run([dcmtk("storescu"), *tls_args, "127.0.0.1", str(tport), str(path)],
+                                  capture_output=True, text=True, timeout=60, check=False)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not _ae().associate("127.0.0.1", tport, ae_title="DICOMWEB").is_established
+        hits = httpx.get(f"http://127.0.0.1:{http}/instances", params={"PatientID": "SERVETLS"}, timeout=30).json()
+        assert [h["00080018"]["Value"][0] for h in hits] == [ds.SOPInstanceUID]
+    finally:
+        stop_processes([serve])
