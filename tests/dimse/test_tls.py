@@ -407,3 +407,16 @@ def test_serve_tls_only_with_listener_processes(tmp_path, pki):
         assert [h["00080018"]["Value"][0] for h in hits] == [ds.SOPInstanceUID]
     finally:
         stop_processes([serve])
+
+
+def test_serve_refuses_a_certificate_that_does_not_load(tmp_path, pki):
+    """A key given as the certificate: serve exits 2 at start with one line naming the files."""
+    import sys
+
+    _, key = pki["server"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "data"), "--port", "0",
+         "--dimse-tls-port", "2762", "--dimse-tls-cert-file", str(key), "--dimse-tls-key-file", str(key)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert f"--dimse-tls-port: TLS certificate {key}, key {key}: " in proc.stderr
