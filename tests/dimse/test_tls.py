@@ -405,6 +405,10 @@ def test_serve_tls_only_with_listener_processes(tmp_path, pki):
         assert not _ae().associate("127.0.0.1", tport, ae_title="DICOMWEB").is_established
         hits = httpx.get(f"http://127.0.0.1:{http}/instances", params={"PatientID": "SERVETLS"}, timeout=30).json()
         assert [h["00080018"]["Value"][0] for h in hits] == [ds.SOPInstanceUID]
+        landing = httpx.get(f"http://127.0.0.1:{http}/", timeout=30).json()  # what the landing page claims
+        assert (landing["dimse_port"], landing["dimse_tls_port"]) == (0, tport)
+        page = httpx.get(f"http://127.0.0.1:{http}/", headers={"Accept": "text/html"}, timeout=30).text
+        assert f"DICOM TLS (DIMSE) on port {tport}" in page and "DICOM (DIMSE) on port" not in page
     finally:
         stop_processes([serve])
 
