@@ -144,9 +144,11 @@ def _digest(b: bytes) -> str:
 
 def test_c_echo_and_c_store_over_tls(listener, pki):
     """pynetdicom over TLS: C-ECHO Success, C-STORE Success, and the data set stored is the
-    one sent, byte for byte (SHA-256); the session is TLS 1.2 or later."""
+    one sent, byte for byte (SHA-256), read from the TLS socket by the listener's reactor
+    (dimse/reactor.py: bytes already decrypted in the TLS buffer are not waited for); the session
+    is TLS 1.2 or later."""
     srv = listener()
-    ds = make_dataset(rows=16, columns=16, PatientID="TLS1")
+    ds = make_dataset(rows=1024, columns=1024, PatientID="TLS1")  # 2 MiB of pixels: many PDUs, TLS records
     assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
     assert assoc.is_established
     try:
