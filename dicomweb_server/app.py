@@ -119,7 +119,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
 
 def _start_dimse_in_worker(archive: Archive, settings: Settings):
     """The DIMSE listener inside this worker (the in-memory index: one process)."""
-    if not (settings.dimse_in_worker and settings.dimse_port):
+    if not (settings.dimse_in_worker and settings.dimse_on()):
         return None
     from .dimse.scp import DimseServer, listen_error
 

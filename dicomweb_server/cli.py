@@ -135,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
         return 2
-    if settings.dimse_port:
+    if settings.dimse_on():
         from .dimse.access import startup_warnings
         from .dimse.peers import PeersError, load_peers
 
@@ -144,19 +144,29 @@ def _serve(args: argparse.Namespace) -> int:
         except PeersError as e:
             print(f"dicomweb-server: --dimse-peers-file: {e}", file=sys.stderr)
             return 2
+        if settings.dimse_tls_port:  # a certificate or key that does not load: said now, not by each listener
+            from .dimse.tls import TlsError, server_context
+
+            try:
+                server_context(settings.dimse_tls_cert_file, settings.dimse_tls_key_file, settings.dimse_tls_ca_file,
+                               settings.dimse_tls_require_client_cert)
+            except TlsError as e:
+                print(f"dicomweb-server: --dimse-tls-port: {e}", file=sys.stderr)
+                return 2
         for line in startup_warnings(settings, peers):  # who may use DIMSE (dimse/access.py)
             print(f"dicomweb-server: {line}", file=sys.stderr, flush=True)
     workers = settings.effective_workers()
     # DIMSE: its own process beside the uvicorn workers (its own core), or inside the one
     # worker of the in-memory index (an index lives in one process)
-    taken = settings.dimse_port and _port_taken(settings.host, settings.dimse_port)
+    taken = next((why for p in (settings.dimse_port, settings.dimse_tls_port)
+                  if p and (why := _port_taken(settings.host, p))), None)
     if taken:  # HTTP goes on; the landing page then claims no DIMSE port
         from .dimse.scp import listen_error
 
         print(f"dicomweb-server: {listen_error(settings, OSError(taken))}", file=sys.stderr, flush=True)
-        settings.dimse_port = 0
-    settings.dimse_in_worker = bool(settings.dimse_port) and settings.index == "memory"
-    metrics_dir = _metrics_dir(workers > 1 or (bool(settings.dimse_port) and not settings.dimse_in_worker))
+        settings.dimse_port = settings.dimse_tls_port = 0
+    settings.dimse_in_worker = settings.dimse_on() and settings.index == "memory"
+    metrics_dir = _metrics_dir(workers > 1 or (settings.dimse_on() and not settings.dimse_in_worker))
     # workers (and the single-worker reloader-free run) read their settings from the environment
     for name, value in settings.model_dump(exclude_none=True).items():
         env = "DICOMWEB_" + name.upper()
@@ -283,7 +293,7 @@ def _start_dimse(settings):
     end only this process holds (end-of-file: serve is gone; dimse/shutdown.py), and
     PR_SET_PDEATHSIG sends them SIGTERM as well. They share one table of association slots
     (dimse/slots.py: ``dimse_max_associations`` is the node's, not one process's)."""
-    if not settings.dimse_port or settings.dimse_in_worker:
+    if not settings.dimse_on() or settings.dimse_in_worker:
         return []
     from .dimse.slots import create_table
 
@@ -720,7 +730,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds between the server's retention runs (default 0: off)")
     serve.add_argument("--viewer", action="store_true", default=None, help="serve the OHIF viewer at /viewer")
     serve.add_argument("--viewer-dir", dest="viewer_dir", help="OHIF dist/ folder (default: fetched with npm)")
-    serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off)")
+    serve.add_argument("--dimse-port", dest="dimse_port", type=int, help="DIMSE port (default 11112; 0 = off, or TLS only with --dimse-tls-port)")
+    serve.add_argument("--dimse-tls-port", dest="dimse_tls_port", type=int,
+                       help="DICOM TLS port beside --dimse-port (PS3.15 Annex B; default 0 = off)")
+    serve.add_argument("--dimse-tls-cert-file", dest="dimse_tls_cert_file", help="PEM certificate of the TLS port")
+    serve.add_argument("--dimse-tls-key-file", dest="dimse_tls_key_file", help="PEM private key of the TLS port")
+    serve.add_argument("--dimse-tls-ca-file", dest="dimse_tls_ca_file",
+                       help="PEM CA certificate(s) client certificates are checked against")
+    serve.add_argument("--dimse-tls-require-client-cert", dest="dimse_tls_require_client_cert", action="store_true",
+                       default=None, help="refuse TLS clients without a certificate signed by --dimse-tls-ca-file")
     serve.add_argument("--ae-title", dest="ae_title", help="this archive's AE title (default DICOMWEB)")
     serve.add_argument("--dimse-peers-file", dest="dimse_peers_file",
                        help="JSON/TOML of C-MOVE destinations: AE title -> {host, port}")

@@ -119,7 +119,17 @@ class Settings(BaseSettings):
                                                       "fetched with npm into "
                                                       "`~/.cache/dicomweb-archive/ohif-app-VERSION/dist`")
     # the DIMSE front door (dicomweb_server/dimse/): C-ECHO, C-STORE, C-FIND, C-GET, C-MOVE
-    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns DIMSE off")
+    dimse_port: int = Field(11112, ge=0, le=65535, description="DIMSE listener port; 0 turns plain DIMSE off (and "
+                                                               "DIMSE altogether without `dimse_tls_port`)")
+    dimse_tls_port: int = Field(0, ge=0, le=65535, description="DICOM TLS listener port (PS3.15 Annex B), served "
+                                "beside `dimse_port` by the same listener processes and association slots; "
+                                "0 = off; needs `dimse_tls_cert_file` and `dimse_tls_key_file`")
+    dimse_tls_cert_file: Path | None = Field(None, description="PEM certificate (chain) of the TLS listener")
+    dimse_tls_key_file: Path | None = Field(None, description="PEM private key of the TLS listener (unencrypted)")
+    dimse_tls_ca_file: Path | None = Field(None, description="PEM CA certificate(s) that client certificates of "
+                                                             "the TLS listener are checked against")
+    dimse_tls_require_client_cert: bool = Field(False, description="the TLS listener refuses a client without a "
+                                                                   "certificate signed by `dimse_tls_ca_file`")
     ae_title: str = Field("DICOMWEB", description="this archive's AE title")
     dimse_peers_file: Path | None = Field(None, description="JSON/TOML of AE title -> {host, port, scopes}: "
                                                             "the C-MOVE destinations; with authentication, "
@@ -151,6 +161,12 @@ class Settings(BaseSettings):
     def _database(self) -> "Settings":
         if self.index == "postgresql" and not self.database_url:
             raise ValueError("--index postgresql needs --database-url (DICOMWEB_DATABASE_URL)")
+        if self.dimse_tls_port and not (self.dimse_tls_cert_file and self.dimse_tls_key_file):
+            raise ValueError("--dimse-tls-port needs --dimse-tls-cert-file and --dimse-tls-key-file "
+                             "(DICOMWEB_DIMSE_TLS_CERT_FILE, DICOMWEB_DIMSE_TLS_KEY_FILE)")
+        if self.dimse_tls_require_client_cert and not self.dimse_tls_ca_file:
+            raise ValueError("--dimse-tls-require-client-cert needs --dimse-tls-ca-file (DICOMWEB_DIMSE_TLS_CA_FILE): "
+                             "the CA client certificates are checked against")
         return self
 
     @field_validator("host")
@@ -220,6 +236,10 @@ class Settings(BaseSettings):
         if v and not v.startswith("/"):
             v = "/" + v
         return v
+
+    def dimse_on(self) -> bool:
+        """A DIMSE listener runs: the plain port, the TLS port (PS3.15 Annex B), or both."""
+        return bool(self.dimse_port or self.dimse_tls_port)
 
     def auth_configured(self) -> bool:
         return bool(self.api_keys or self.api_keys_file or self.basic_users_file or self.oidc_jwks_url)

@@ -64,14 +64,16 @@ def announce_when_listening(settings, workers: int, dimse_processes: int) -> thr
 
     def run() -> None:
         wait_then_print(settings.host, settings.port, http)
-        if settings.dimse_port:
+        if settings.dimse_on():
             from .dimse.slots import per_peer_limit
 
             where = f"{dimse_processes} listener process(es)" if dimse_processes else "in the worker"
             where += (f", {settings.dimse_max_associations} associations, {per_peer_limit(settings)} per peer")
-            wait_then_print(settings.host, settings.dimse_port,
-                            [f"dicomweb-server: DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port} "
-                             f"({where})"])
+            for label, port in (("DIMSE", settings.dimse_port), ("DICOM TLS", settings.dimse_tls_port)):
+                if port:  # the same listener processes and slots serve both (dimse/scp.py)
+                    wait_then_print(settings.host, port,
+                                    [f"dicomweb-server: {label} {settings.ae_title} at {settings.host}:{port} "
+                                     f"({where})"])
 
     thread = threading.Thread(target=run, name="announce", daemon=True)
     thread.start()

@@ -74,6 +74,7 @@ def describe(request: Request) -> dict:
         "storage": _storage(archive.blobs),
         "links": links,
         "dimse_port": dimse_port,
+        "dimse_tls_port": getattr(settings, "dimse_tls_port", None) or None,  # DICOM TLS (PS3.15 Annex B)
         # what `dicomweb-server check` last found (missing_data.py): None when it never ran here
         "last_check": missing_data.last_check(settings.data_dir),
     }
@@ -123,6 +124,8 @@ def _html(d: dict) -> str:
                  f'<a href="{escape(links["openapi"])}">openapi.json</a>)</li>')
     if d["dimse_port"]:
         items.append(f"<li>DICOM (DIMSE) on port {int(d['dimse_port'])}</li>")
+    if d["dimse_tls_port"]:
+        items.append(f"<li>DICOM TLS (DIMSE) on port {int(d['dimse_tls_port'])}</li>")
     disk = d["disk"]
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>dicomweb-archive {escape(d["version"])}</title>

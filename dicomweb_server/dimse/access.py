@@ -297,9 +297,10 @@ def uninstall() -> None:
 
 def startup_warnings(settings: Settings, peers: dict[str, Peer]) -> list[str]:
     """What ``serve`` says at start about who may use DIMSE (one line each), when DIMSE is on."""
-    if not settings.dimse_port:
+    if not settings.dimse_on():
         return []
-    where = f"DIMSE {settings.ae_title} at {settings.host}:{settings.dimse_port}"
+    ports = " and ".join(str(p) for p in (settings.dimse_port, settings.dimse_tls_port) if p)
+    where = f"DIMSE {settings.ae_title} at {settings.host}:{ports}"
     if not settings.auth_configured():
         if settings.insecure:
             return [f"WARNING: {where} serves any AE title everything (C-STORE, C-FIND, C-GET, C-MOVE): "

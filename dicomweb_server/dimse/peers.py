@@ -9,6 +9,9 @@ table per AE title: ``[STORESCP]`` ``host = "10.0.0.5"`` ``port = 104`` ``scopes
   (PS3.4 C.4.2: a Move Destination the SCP does not know fails with 0xA801).
 - ``scopes`` (optional, default none): with authentication configured, what it may do over
   DIMSE: ``read`` (C-FIND, C-GET, C-MOVE), ``write`` (C-STORE). C-ECHO needs none.
+- ``tls`` (optional, default false): a C-MOVE to it connects over DICOM TLS (PS3.15 Annex B,
+  :mod:`.tls`), its certificate checked against ``tls_ca_file`` (default: the system's CAs)
+  and its ``host``; ``tls_cert_file`` and ``tls_key_file``: this archive's client certificate.
 
 Each AE title must be a PS3.5 AE value (1-16 characters, no backslash or control characters,
 not all spaces), each host a host name or IP address, each port 1-65535: anything else is
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config_values import PORT, ae_title_problem, host_problem
+from .tls import TlsClient, TlsError, parse_client
 
 #: the scopes a peer may hold (the HTTP scopes, api/auth.py, that mean something over DIMSE)
 PEER_SCOPES = ("read", "write")
@@ -34,6 +38,7 @@ class Peer:
     host: str
     port: int | None
     scopes: frozenset[str] = field(default_factory=frozenset)
+    tls: TlsClient | None = None  # DICOM TLS to this peer (PS3.15 Annex B), None: plain TCP
 
 
 class PeersError(ValueError):
@@ -69,5 +74,9 @@ def load_peers(path: Path | None) -> dict[str, Peer]:
         if not isinstance(scopes, list) or not all(s in PEER_SCOPES for s in scopes):
             raise PeersError(f"peers file {path}: {ae!r}: scopes must be a list of "
                              f"{' and '.join(repr(s) for s in PEER_SCOPES)}, not {scopes!r}")
-        peers[ae.strip()] = Peer(ae.strip(), entry["host"].strip(), port, frozenset(scopes))
+        try:
+            tls = parse_client(entry)
+        except TlsError as e:
+            raise PeersError(f"peers file {path}: {ae!r}: {e}") from None
+        peers[ae.strip()] = Peer(ae.strip(), entry["host"].strip(), port, frozenset(scopes), tls)
     return peers

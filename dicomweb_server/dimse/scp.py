@@ -63,7 +63,7 @@ from ..dicom.multipart import SpooledPart
 from ..policy import transcode
 from ..settings import Settings
 from ..store.base import IndexUnavailable
-from . import access, pdata, reactor, slots, store_rsp
+from . import access, pdata, reactor, slots, store_rsp, tls
 from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
@@ -434,6 +434,8 @@ class DimseServer:
         self.ae = self._make_ae()
         self.ae.dicomweb_access = self.access  # type: ignore[attr-defined]
         self._server = None
+        self._tls_server = None
+        self.tls_port: int | None = None  # the TLS port bound by start (PS3.15 Annex B)
 
     # --- association policy (kept out of the handlers) ----------------------------------
 
@@ -457,8 +459,18 @@ class DimseServer:
             ae.add_supported_context(model)
         return ae
 
-    def start(self, host: str | None = None, port: int | None = None) -> int:
-        """Start listening (threads: one per association); returns the bound port."""
+    def start(self, host: str | None = None, port: int | None = None, tls_port: int | None = None) -> int:
+        """Start listening (threads: one per association); returns the bound port (the TLS
+        port when ``dimse_port`` is 0 and ``dimse_tls_port`` is not: TLS only). With
+        ``dimse_tls_port`` (or ``tls_port``; 0 here: an ephemeral port) a second port serves
+        DICOM over TLS (PS3.15 Annex B, :mod:`.tls`) with the same AE, handlers and
+        association slots; its bound port is :attr:`tls_port`."""
+        tls_port = self.settings.dimse_tls_port or None if tls_port is None else tls_port
+        ssl_context = None
+        if tls_port is not None:  # a bad certificate or key: refused before anything listens
+            s = self.settings
+            ssl_context = tls.server_context(s.dimse_tls_cert_file, s.dimse_tls_key_file, s.dimse_tls_ca_file,
+                                             s.dimse_tls_require_client_cert)
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
         quiet_pynetdicom(self.settings.log_level)
         self.ae.dimse_slots = slots.Slots(self.settings.dimse_max_associations,  # type: ignore[attr-defined]
@@ -478,39 +490,71 @@ class DimseServer:
             (evt.EVT_REJECTED, self._audit),
             (evt.EVT_RELEASED, self._audit),
         ]
-        address = (host or self.settings.host, self.settings.dimse_port if port is None else port)
+        host = host or self.settings.host
+        port = self.settings.dimse_port or None if port is None else port  # None: TLS only
+        try:
+            if port is not None or ssl_context is None:
+                self._server = self._listen((host, port or 0), handlers)
+            if ssl_context is not None:
+                self._tls_server = self._listen((host, tls_port), handlers, ssl_context)
+                self.tls_port = self._tls_server.server_address[1]
+        except BaseException:
+            if self._server is not None:
+                self._server.shutdown()
+                self._server = None
+            self.ae.dimse_slots.close()  # type: ignore[attr-defined]
+            raise
+        # Everything alive now (pydicom's dictionaries, pynetdicom's 2,800 supported
+        # presentation contexts, the archive) lives as long as the listener: out of the
+        # collector's sight. Each association allocates enough to trigger collections,
+        # and each full one walked that heap: ~1 ms per one-image association.
+        gc.freeze()
+        return (self._server or self._tls_server).server_address[1]
+
+    def _listen(self, address, handlers, ssl_context=None):
+        """One listening port of this AE (the plain one, or the TLS one with ``ssl_context``)."""
         # socketserver listens with a backlog of 5: 16 modalities connecting at once overflowed
         # it, and each refused SYN was retried by the client's kernel 1 s later (p99 > 1 s)
         transport.ThreadedAssociationServer.request_queue_size = max(128, 2 * self.settings.dimse_max_associations)
         if self.settings.dimse_processes != 1:  # `serve` may start several listeners on this port
             transport.ThreadedAssociationServer.server_bind = _server_bind_reuseport  # type: ignore[method-assign]
         try:
-            self._server = self.ae.start_server(address, block=False, evt_handlers=handlers)
-        except BaseException:
-            self.ae.dimse_slots.close()  # type: ignore[attr-defined]
-            raise
+            server = self.ae.start_server(address, block=False, evt_handlers=handlers, ssl_context=ssl_context)
         finally:
             del transport.ThreadedAssociationServer.request_queue_size  # socketserver's 5 again
             if "server_bind" in vars(transport.ThreadedAssociationServer):
                 del transport.ThreadedAssociationServer.server_bind
-        get_request = self._server.get_request
+        accept = server.socket.accept
+        network_timeout, acse_timeout = self.ae.network_timeout, self.ae.acse_timeout
 
         def get_request_nodelay():  # request/response traffic: no Nagle delay (a delayed ACK costs 40 ms)
-            sock, addr = get_request()
+            sock, addr = accept()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # no read or write waits longer than the network timeout (as pynetdicom's requestor
             # sockets): an accepted socket came blocking without one, and a peer that stopped
             # mid PDU, or stopped reading, held its association and threads for ever
-            sock.settimeout(self.ae.network_timeout)
+            sock.settimeout(network_timeout)
+            if ssl_context is not None:  # the handshake in the connection's thread (finish_request)
+                sock = ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             return sock, addr
 
-        self._server.get_request = get_request_nodelay  # type: ignore[method-assign]
-        # Everything alive now (pydicom's dictionaries, pynetdicom's 2,800 supported
-        # presentation contexts, the archive) lives as long as the listener: out of the
-        # collector's sight. Each association allocates enough to trigger collections,
-        # and each full one walked that heap: ~1 ms per one-image association.
-        gc.freeze()
-        return self._server.server_address[1]
+        server.get_request = get_request_nodelay  # type: ignore[method-assign]
+        if ssl_context is not None:
+            finish_request = server.finish_request
+
+            def finish_after_handshake(request, client_address):
+                """PS3.15 B.9: no association without a completed TLS handshake (within the
+                ACSE timeout); a plain DICOM client, a client without a certificate where
+                one is required, or a silent one: logged, its connection closed."""
+                why = tls.handshake(request, acse_timeout)
+                if why is not None:
+                    log.warning("DICOM TLS handshake with %s:%s failed: %s", *client_address[:2], why)
+                    server.shutdown_request(request)
+                    return
+                finish_request(request, client_address)
+
+            server.finish_request = finish_after_handshake  # type: ignore[method-assign]
+        return server
 
     def _spool(self) -> Path:
         """``dimse/`` inside this process's spool folder (``BlobStore.spool``: locked while the
@@ -525,13 +569,17 @@ class DimseServer:
     def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let the associations go on for at most ``grace`` seconds (default
         ``shutdown_timeout``), abort the rest (:func:`.shutdown.end_associations`)."""
-        server, self._server = self._server, None
-        if server is None:
+        servers = [s for s in (self._server, self._tls_server) if s is not None]
+        self._server = self._tls_server = None
+        if not servers:
             return
         generation = _generation
-        server.block_on_close = False  # server_close must not wait for connection threads
-        server.shutdown()  # the accept loop ends, the listening socket is closed
-        end_associations(server, self.settings.shutdown_timeout if grace is None else grace)
+        for one in servers:
+            one.block_on_close = False  # server_close must not wait for connection threads
+            one.shutdown()  # the accept loop ends, the listening socket is closed
+        deadline = time.monotonic() + (self.settings.shutdown_timeout if grace is None else grace)
+        for one in servers:
+            end_associations(one, deadline - time.monotonic())
         self.ae.dimse_slots.close()  # type: ignore[attr-defined]
         if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
@@ -690,6 +738,7 @@ class DimseServer:
         contexts = [build_context(cls, proposed_syntaxes(ts))
                     for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
         yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
+                                     "tls_args": tls.tls_args(peer.tls, peer.host),  # PS3.15 Annex B
                                      "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
         yield from self._send(event, locations, failure)
 
@@ -725,7 +774,8 @@ def quiet_pynetdicom(log_level: str) -> None:
 def listen_error(settings: Settings, e: OSError) -> str:
     """What a user reads when the DIMSE port cannot be bound: the port, the reason and the
     way out (HTTP keeps serving without DIMSE)."""
-    return (f"DIMSE listener cannot listen on {settings.host}:{settings.dimse_port}: {e}; "
+    ports = " and ".join(str(p) for p in (settings.dimse_port, settings.dimse_tls_port) if p)
+    return (f"DIMSE listener cannot listen on {settings.host}:{ports}: {e}; "
             "DIMSE is off, HTTP goes on (another program on that port? start with "
             "--dimse-port PORT, or --dimse-port 0 to turn DIMSE off)")
 

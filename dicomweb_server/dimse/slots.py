@@ -209,8 +209,18 @@ class Slots:
 
 
 def _held(server, ending=None) -> list[tuple[int, str, str]]:
-    """What ``server`` holds now: an entry per connection, from its live threads (an
-    association holding a slot until it is released, aborted or rejected)."""
+    """What this process's listener holds now: an entry per connection, from the live threads
+    of ``server`` and of the other servers of its AE (the plain and the TLS port share the
+    process's row: a row written from one port's threads alone dropped the other's), an
+    association holding a slot until it is released, aborted or rejected."""
+    out = []
+    others = getattr(getattr(server, "ae", None), "_servers", None) or []
+    for one in [server, *(s for s in list(others) if s is not server)]:  # a stopping one left ae._servers
+        out += _held_by(one, ending)
+    return out
+
+
+def _held_by(server, ending=None) -> list[tuple[int, str, str]]:
     out = []
     sockets = set()
     for assoc in server.active_associations:

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from ..dimse import tls
 from .rules import Destination
 
 CHUNK = 1 << 20
@@ -195,7 +196,8 @@ def stow_verdicts(status: int, body: bytes, sops: list[str], warning: str = "", 
 class DimseSender:
     """C-STORE SCU (pynetdicom): one association per batch, the presentation
     contexts of the batch's SOP classes and transfer syntaxes (read from the files'
-    meta information), one C-STORE per instance. Runs in a thread."""
+    meta information), one C-STORE per instance; over DICOM TLS with ``tls = true``
+    (PS3.15 Annex B, dimse/tls.py). Runs in a thread."""
 
     def __init__(self, destination: Destination, timeout: float) -> None:
         assert destination.dimse is not None
@@ -231,7 +233,11 @@ class DimseSender:
         for sop_class, syntaxes in contexts.items():
             for ts in sorted(syntaxes):  # one context per (class, syntax): the SCP answers each
                 ae.add_requested_context(sop_class, [ts])
-        assoc = ae.associate(a.host, a.port, ae_title=a.ae_title)
+        try:
+            tls_args = tls.tls_args(a.tls, a.host)  # DICOM TLS (PS3.15 Annex B)
+        except tls.TlsError as e:  # a file changed since start: the operator may fix it
+            return [(Verdict.RETRY, str(e))] * len(items)
+        assoc = ae.associate(a.host, a.port, ae_title=a.ae_title, tls_args=tls_args)
         if not assoc.is_established:
             why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
             return [(Verdict.RETRY, f"association with {a.ae_title}@{a.host}:{a.port} {why}")] * len(items)

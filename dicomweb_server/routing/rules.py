@@ -7,6 +7,7 @@
     stow_url = "https://pacs.example/dicom-web"          # STOW-RS to this root (PS3.18 §10.5)
     headers = { Authorization = "Bearer ..." }            # optional
     # or: dimse = { ae_title = "PACS", host = "pacs.example", port = 104, calling_ae_title = "DICOMWEB" }
+    #     (+ tls = true, tls_ca_file, tls_cert_file, tls_key_file: DICOM TLS, dimse/tls.py)
     # or: webhook = { url = "https://hooks.example/dicom", secret = "...", stable_after = 60 }
     #     (every change, and optionally "study stable" events: routing/webhook.py)
     deidentify = "basic"                                  # optional: PS3.15 Annex E on the way out (deid/)
@@ -59,6 +60,7 @@ from ..deid import profile as deid_profile
 from ..deid.apply import parse_safe_private
 from ..deid.export import Spec
 from ..dicom.instance import InstanceRecord
+from ..dimse.tls import TLS_KEYS, TlsClient, TlsError, parse_client
 from ..dicom.matching import Match, QueryError, match_value, parse_query
 from .matcher import RuleIndex
 
@@ -73,6 +75,7 @@ class DimseAddress:
     host: str
     port: int
     calling_ae_title: str = "DICOMWEB"
+    tls: TlsClient | None = None  # DICOM TLS (PS3.15 Annex B; dimse/tls.py), None: plain TCP
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +331,7 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
         return
     if not isinstance(dimse, dict):
         raise fail("destinations", i, "dimse", "a table { ae_title, host, port } is required")
-    extra = set(dimse) - {"ae_title", "host", "port", "calling_ae_title"}
+    extra = set(dimse) - {"ae_title", "host", "port", "calling_ae_title", *TLS_KEYS}
     ae, host, port = dimse.get("ae_title"), dimse.get("host"), dimse.get("port")
     calling = dimse.get("calling_ae_title", "DICOMWEB")
     if extra:
@@ -340,8 +343,12 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
         raise fail("destinations", i, "dimse", f"host: {problem}")
     if problem := PORT.problem(port):
         raise fail("destinations", i, "dimse", f"port: {problem}")
-    out[name] = Destination(name, headers=headers, dimse=DimseAddress(ae.strip(), host, port, calling.strip()),
-                            deidentify=deid)
+    try:
+        tls = parse_client(dimse)
+    except TlsError as e:
+        raise fail("destinations", i, "dimse", str(e)) from None
+    out[name] = Destination(name, headers=headers,
+                            dimse=DimseAddress(ae.strip(), host, port, calling.strip(), tls), deidentify=deid)
 
 
 def _webhook(hook: object, i: int, fail) -> Webhook:
