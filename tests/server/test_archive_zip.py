@@ -172,19 +172,19 @@ def test_head_answers_like_get_without_a_body(client):
 
 def test_unknown_deidentify_profile_is_refused_and_a_registered_one_transforms(client, tmp_path, monkeypatch):
     study, _, files = _study(client, series=1, per_series=2)
-    r = client.get(f"/studies/{study}/archive", params={"deidentify": "basic"})
-    assert r.status_code == 400 and "not available" in r.text
+    r = client.get(f"/studies/{study}/archive", params={"deidentify": "strict"})
+    assert r.status_code == 400 and "'strict' is not available (available: basic" in r.text
 
-    class Renamed:  # a stand-in profile: patient ID and name rewritten in the bytes and the JSON alike
-        def metadata(self, item):
-            return {**item, "00100020": {"vr": "LO", "Value": ["ANON"]}}
-
-        def data(self, loc, chunks):
+    class Renamed:  # a stand-in profile: patient ID rewritten in the bytes and the JSON alike
+        def apply(self, loc, item, chunks):
             ds = pydicom.dcmread(io.BytesIO(b"".join(chunks)))
             ds.PatientID = "ANON"
-            yield to_bytes(ds)
+            return {**item, "00100020": {"vr": "LO", "Value": ["ANON"]}}, [to_bytes(ds)]
 
-    monkeypatch.setitem(export.TRANSFORMS, "test", Renamed)
+        def report(self):
+            return None
+
+    monkeypatch.setitem(export.TRANSFORMS, "test", lambda archive, spec, query: Renamed())
     r = client.get(f"/studies/{study}/archive", params={"deidentify": "test"})
     assert r.status_code == 200
     zf = zipfile.ZipFile(io.BytesIO(r.content))
