@@ -164,3 +164,35 @@ def test_bad_deidentify_parameters_are_refused(stored):
     assert r.status_code == 400 and "allow_burned_in" in r.text
     r = c.get("/export/metadata", params={"deidentify": "basic", "project": "nobody"})
     assert r.status_code == 400
+
+
+def test_walk_through_admin_makes_a_project_a_download_fills_its_table(stored, tmp_path):
+    """docs/research-export.md: an empty CSV makes the project; the download records
+    the patient's pseudonym; the admin's table lists it."""
+    c, _, _ = stored
+    r = c.post("/admin/deid/lung-ai/pseudonyms", content=b"")
+    assert r.status_code == 200 and r.json() == {"project": "lung-ai", "added": 0}
+    assert c.get("/admin/deid/lung-ai/pseudonyms").json()["pseudonyms"] == []
+    r = c.get(f"/studies/{STUDY}/archive", params={"deidentify": f"basic,{OPTION}", "project": "lung-ai"})
+    assert r.status_code == 200
+    files, report, _ = _members(r.content, tmp_path / "w")
+    secret = c.app.state.archive.pseudonyms.secret("lung-ai")
+    assert {str(d.PatientID) for d in files.values()} == {generated_pseudonym(secret, MRN)}
+    assert report["options"] == [OPTION] and len(files) == 2
+    assert c.get("/admin/deid/lung-ai/pseudonyms").json()["pseudonyms"] == [
+        {"PatientID": MRN, "pseudonym": generated_pseudonym(secret, MRN), "source": "generated"}]
+
+
+def test_an_unreadable_file_is_left_out_never_sent_as_stored(stored, tmp_path):
+    c, _, _ = stored
+    archive = c.app.state.archive
+    [loc] = archive.index.instances(STUDY, STUDY + ".2")
+    path = archive.blobs.source(loc.path)
+    path.write_bytes(b"\0" * path.stat().st_size)  # damaged behind the index's back (same size)
+    r = c.get(f"/studies/{STUDY}/archive", params={"deidentify": "basic", "project": "trial-a"})
+    assert r.status_code == 200
+    files, report, _ = _members(r.content, tmp_path / "f")
+    secret = archive.pseudonyms.secret("trial-a")
+    assert [str(d.SOPInstanceUID) for d in files.values()] == [new_uid(secret, STUDY + ".1.1")]
+    [failed] = [x for x in report["left_out"] if x["outcome"] == "failed"]
+    assert failed["sop"] == new_uid(secret, STUDY + ".2.1") and failed["reason"].startswith("InvalidDicomError")
