@@ -64,7 +64,6 @@ class DeidentifiedDownload:
                 self.deid.dataset(ds)
                 out = io.BytesIO()
                 ds.save_as(out, enforce_file_format=True)
-            del ds.PixelData  # (the written file holds it; the DICOMDIR's keys do not)
         except BurnedIn as e:
             raise self._left_out(loc, "refused", str(e)) from e
         except Exception as e:  # noqa: BLE001 - never the file as stored: left out, named in the report

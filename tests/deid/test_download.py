@@ -196,3 +196,13 @@ def test_an_unreadable_file_is_left_out_never_sent_as_stored(stored, tmp_path):
     assert [str(d.SOPInstanceUID) for d in files.values()] == [new_uid(secret, STUDY + ".1.1")]
     [failed] = [x for x in report["left_out"] if x["outcome"] == "failed"]
     assert failed["sop"] == new_uid(secret, STUDY + ".2.1") and failed["reason"].startswith("InvalidDicomError")
+
+
+def test_an_instance_without_pixel_data_is_written(stored, tmp_path):
+    c, _, _ = stored
+    archive = c.app.state.archive
+    store_datasets(archive, [make_dataset(study="1.2.826.0.1.3680043.8.498.78", pixels=False, PatientID=MRN)])
+    r = c.get("/studies/1.2.826.0.1.3680043.8.498.78/archive", params={"deidentify": "basic", "project": "trial-a"})
+    files, report, _ = _members(r.content, tmp_path / "n")
+    assert (len(files), report["written"], report["left_out"]) == (1, 1, [])
+    assert "PixelData" not in next(iter(files.values()))
