@@ -17,8 +17,11 @@ of each instance (no second read of any file), is the last member: it lists the 
 actually written (one deleted meanwhile is left out of both).
 
 De-identification hook: ``transform`` (an :class:`InstanceTransform`) rewrites each
-instance's bytes and its DICOM JSON alike; :data:`TRANSFORMS` maps a profile name of
-``?deidentify=PROFILE`` to a factory of one (filled by dicomweb_server/deid/).
+instance's file and its DICOMDIR keys in ONE call (:meth:`InstanceTransform.apply`),
+both from the one rewritten data set, so the DICOMDIR's records always name what the
+files hold; it may leave an instance out (:class:`Excluded`) and add a report member
+(written just before the DICOMDIR). :data:`TRANSFORMS` maps a profile name of
+``?deidentify=PROFILE`` to a factory of one (filled by dicomweb_server/deid/download.py).
 """
 
 from __future__ import annotations
@@ -41,20 +44,32 @@ from .store.base import InstanceLocation
 PIECE = 1024 * 1024
 
 
+class Excluded(Exception):
+    """Raised by :meth:`InstanceTransform.apply` to leave an instance out of the download
+    (the transform records why, for its report)."""
+
+
 class InstanceTransform(Protocol):
     """What ``?deidentify=PROFILE`` plugs in (one object per download, so that it may
-    keep state across instances, e.g. consistent UID maps)."""
+    keep state across instances: what it left out, for its report)."""
+
+    def apply(self, loc: InstanceLocation, item: dict, chunks: Iterator[bytes]) -> tuple[dict, Iterable[bytes]]:
+        """The instance as the download holds it, from the stored file's pieces and its
+        stored DICOM JSON (at least the DICOMDIR's keys): the DICOM JSON of the
+        transformed data set (the DICOMDIR's keys: patient, study, series, instance
+        UIDs...) and the transformed PS3.10 file in pieces. :class:`Excluded` to leave
+        it out."""
 
     def metadata(self, item: dict) -> dict:
-        """The instance's DICOM JSON as the transformed file will hold it (the
-        DICOMDIR's keys: patient, study, series, instance UIDs...)."""
+        """An instance's whole stored DICOM JSON as transformed (``/export/metadata``)."""
 
-    def data(self, loc: InstanceLocation, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        """The transformed PS3.10 file, in pieces, from the stored file's pieces."""
+    def report(self) -> tuple[str, bytes] | None:
+        """A member (name, content) written after the files, or None."""
 
 
-#: profile name -> factory of an InstanceTransform (registered by the de-identification package)
-TRANSFORMS: dict[str, Callable[[], InstanceTransform]] = {}
+#: profile name -> factory(archive, query parameters) of an InstanceTransform (registered
+#: by the de-identification package); ValueError (a 400) for parameters it cannot take
+TRANSFORMS: dict[str, Callable[..., InstanceTransform]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +133,13 @@ def zip_stream(blobs, entries: Iterable[Entry], transform: InstanceTransform | N
                 continue
             item = entry.item
             if transform is not None:
-                item = transform.metadata(item)
-                chunks = transform.data(loc, chunks)
+                try:
+                    item, chunks = transform.apply(loc, item, chunks)
+                except Excluded:
+                    close = getattr(chunks, "close", None)
+                    if close is not None:  # (the stored file, when the transform did not read it all)
+                        close()
+                    continue
             name = directory.add(item, loc.transfer_syntax_uid)
             info, big = zip_member(name, None if transform is not None else loc.size, now)
             with zf.open(info, "w", force_zip64=big) as member:
@@ -127,6 +147,10 @@ def zip_stream(blobs, entries: Iterable[Entry], transform: InstanceTransform | N
                     member.write(chunk)
                     if sink.size >= PIECE:
                         yield sink.take()
+        extra = transform.report() if transform is not None else None
+        if extra is not None:
+            info, _ = zip_member(extra[0], len(extra[1]), now)
+            zf.writestr(info, extra[1])
         info, _ = zip_member("DICOMDIR", None, now)
         zf.writestr(info, directory.encode())
     yield sink.take()

@@ -15,6 +15,7 @@ from starlette.concurrency import iterate_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from .. import export, missing_data
+from ..deid import download as _deid_download  # noqa: F401 - registers "basic" in export.TRANSFORMS
 from ..dicom.dicomdir import TAGS as DICOMDIR_TAGS
 from ..dicom.matching import parse_query
 from ..store.base import InstanceLocation
@@ -28,7 +29,7 @@ router = APIRouter(tags=["Downloads"])
 #: the most studies one ``GET /archive?<query>`` packs; a query matching more is refused (400)
 ARCHIVE_MAX_STUDIES = 100
 #: query parameters of these routes that are not QIDO-RS matching keys
-_OWN_PARAMETERS = {"deidentify", "format", "accept", "charset"}
+_OWN_PARAMETERS = {"deidentify", "project", "option", "allow_burned_in", "format", "accept", "charset"}
 _ZIP = "application/zip"
 NDJSON = "application/x-ndjson"
 _WANTED = set(DICOMDIR_TAGS.values())
@@ -38,30 +39,39 @@ def _qido_params(request: Request) -> list[tuple[str, str]]:
     return [(k, v) for k, v in request.query_params.multi_items() if k not in _OWN_PARAMETERS]
 
 
-def _transform(request: Request) -> export.InstanceTransform | None:
-    """The ``?deidentify=PROFILE`` transform (export.TRANSFORMS), None without one; 400
-    for a profile this archive does not have (never a download left as stored)."""
-    name = request.query_params.get("deidentify")
-    if name is None:
+def _transform(request: Request, archive) -> export.InstanceTransform | None:
+    """The ``?deidentify=PROFILE[,OPTION...]`` transform (export.TRANSFORMS, given the
+    request's parameters: project, option, allow_burned_in; deid/download.py), None
+    without one; 400 for a profile this archive does not have or parameters it cannot
+    take (never a download left as stored). Blocking (it looks the project up)."""
+    spec = request.query_params.get("deidentify")
+    if spec is None:
         return None
+    name = spec.split(",")[0].strip()
     factory = export.TRANSFORMS.get(name)
     if factory is None:
         known = ", ".join(sorted(export.TRANSFORMS)) or "none"
         raise DICOMwebHTTPError(400, f"de-identification profile {name!r} is not available (available: {known})")
-    return factory()
+    query: dict[str, list[str]] = {}
+    for k, v in request.query_params.multi_items():
+        query.setdefault(k, []).append(v)
+    try:
+        return factory(archive, spec, query)
+    except ValueError as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
 
 
-def _entries(archive, groups: list[tuple[tuple[str, str | None], list[InstanceLocation]]],
-             keep_all: bool) -> Iterator[export.Entry]:
-    """Each instance of ``groups`` ((study, series) and its instances) with its stored
-    DICOM JSON (only the DICOMDIR's keys, unless a transform needs all of it): the
-    JSON of one group at a time, looked up as the ZIP reaches it (in its worker thread)."""
+def _entries(archive, groups: list[tuple[tuple[str, str | None], list[InstanceLocation]]]
+             ) -> Iterator[export.Entry]:
+    """Each instance of ``groups`` ((study, series) and its instances) with the DICOMDIR's
+    keys of its stored DICOM JSON: the JSON of one group at a time, looked up as the ZIP
+    reaches it (in its worker thread)."""
     for (study, series), locs in groups:
         items: dict[str, dict] = {}
         for raw in archive.index.metadata(study, series):
             item = orjson.loads(raw)
             sop = (item.get("00080018") or {}).get("Value", [None])[0]
-            items[sop] = item if keep_all else {t: v for t, v in item.items() if t in _WANTED}
+            items[sop] = {t: v for t, v in item.items() if t in _WANTED}
         for loc in locs:
             item = items.get(loc.sop_uid)
             if item is not None:  # (deleted since the first look-up: left out)
@@ -74,7 +84,7 @@ def _located(archive, keys: list[tuple[str, str | None]]):
 
 async def _zip_response(request: Request, archive, keys: list[tuple[str, str | None]], what: str,
                         filename: str) -> Response:
-    transform = _transform(request)
+    transform = await run_blocking(_transform, request, archive)
     groups = await run_blocking(_located, archive, keys)
     locs = [loc for _, group in groups for loc in group]
     if not locs:
@@ -88,15 +98,19 @@ async def _zip_response(request: Request, archive, keys: list[tuple[str, str | N
     def missing(loc: InstanceLocation, e: Exception) -> None:
         missing_data.confirm(archive.index, loc, e)  # logged and counted (the answer has started)
 
-    body = export.zip_stream(archive.blobs, _entries(archive, groups, transform is not None), transform, missing)
+    body = export.zip_stream(archive.blobs, _entries(archive, groups), transform, missing)
     return StreamingResponse(iterate_in_threadpool(body), media_type=_ZIP, headers=headers)
 
 
 @router.get("/studies/{study}/archive", summary="Download a study as a ZIP with a DICOMDIR")
 async def download_study(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
     """Every instance of the study as a PS3.10 file and a DICOMDIR (PS3.10 §7.2, PS3.3
-    Annex F), in a ZIP streamed as it is written (export.py). ``?deidentify=PROFILE``:
-    each file through that de-identification profile."""
+    Annex F), in a ZIP streamed as it is written (export.py).
+    ``?deidentify=basic&project=NAME[&option=...][&allow_burned_in=true]``: each file
+    de-identified (PS3.15 Annex E; deid/download.py), the DICOMDIR naming the new UIDs
+    and pseudonyms, instances with burned-in annotation left out and named in the
+    member DEIDENTIFICATION.json. The ``read`` scope suffices: the answer carries no
+    identities; the project must exist (an admin makes it)."""
     return await _zip_response(request, archive, [(study, None)], "study", f"study-{study}.zip")
 
 
@@ -120,9 +134,11 @@ async def download_studies(request: Request, archive: ArchiveDep) -> Response:
     return await _zip_response(request, archive, [(h.study_uid, None) for h in hits], "studies", "studies.zip")
 
 
-def _metadata_lines(archive, hits, base: str, form: str) -> Iterator[bytes]:
+def _metadata_lines(archive, hits, base: str, form: str,
+                    transform: export.InstanceTransform | None = None) -> Iterator[bytes]:
     """One line per hit, from the stored DICOM JSON of its series (one look-up per
-    series, held while its instances follow one another)."""
+    series, held while its instances follow one another); through ``transform`` when
+    one is given."""
     current: tuple[str, str] | None = None
     by_sop: dict[str, bytes] = {}
     for h in hits:
@@ -133,7 +149,12 @@ def _metadata_lines(archive, hits, base: str, form: str) -> Iterator[bytes]:
                 sop = (orjson.loads(raw).get("00080018") or {}).get("Value", [None])[0]
                 by_sop[sop] = raw
         raw = by_sop.get(h.sop_uid)
-        if raw is not None:  # (deleted since the search: left out)
+        if raw is None:  # (deleted since the search: left out)
+            continue
+        if transform is not None:
+            item = transform.metadata(orjson.loads(raw))
+            yield orjson.dumps(export.flat(item) if form == "flat" else item) + b"\n"
+        else:
             yield from export.ndjson_lines([raw], base, form)
 
 
@@ -143,14 +164,16 @@ async def export_metadata(request: Request, archive: ArchiveDep, base: BaseURL) 
     matches (``GET /instances``: its matching keys, ``limit``, ``offset``, at most the
     server's max_results, with the Warning of PS3.18 §8.3.4.4 when that cut the answer):
     the stored DICOM JSON (PS3.18 §F.2) of the instance, or with ``format=flat``
-    keyword -> value (export.flat) for pandas/duckdb."""
+    keyword -> value (export.flat) for pandas/duckdb. ``?deidentify=PROFILE&project=NAME``
+    (as the ZIP): each object de-identified as the file would be, without bulk data."""
     form = request.query_params.get("format", "dicom")
     if form not in ("dicom", "flat"):
         raise DICOMwebHTTPError(400, f"format {form!r}: 'dicom' (DICOM JSON) or 'flat' (keyword -> value)")
+    transform = await run_blocking(_transform, request, archive)
     query = parse_query("instance", _qido_params(request), max_results=archive.settings.max_results)
     hits = await run_blocking(archive.index.search, query)
     headers = {}
     if query.limited and len(hits) == query.limit:
         headers["Warning"] = warning_header("There are additional results that can be requested")
-    body = iterate_in_threadpool(_metadata_lines(archive, hits, base, form))
+    body = iterate_in_threadpool(_metadata_lines(archive, hits, base, form, transform))
     return StreamingResponse(body, media_type=NDJSON, headers=headers)
