@@ -1,6 +1,7 @@
 """The DIMSE listener: association policy and the handlers bound per event
-(pynetdicom). Verification (C-ECHO), Storage (C-STORE) and Query/Retrieve (C-FIND,
-C-GET, C-MOVE; Patient Root and Study Root) SCP.
+(pynetdicom). Verification (C-ECHO), Storage (C-STORE), Query/Retrieve (C-FIND,
+C-GET, C-MOVE; Patient Root and Study Root), Storage Commitment Push Model (N-ACTION,
+N-EVENT-REPORT: :mod:`.commitment`) and Modality Worklist (C-FIND: :mod:`.worklist`) SCP.
 
 One write path: a C-STORE is streamed by pynetdicom into a file in the archive's
 spool folder (``STORE_RECV_CHUNKED_DATASET``), then handed to :meth:`Archive.store`,
@@ -48,11 +49,13 @@ from pynetdicom.association import Association
 from pynetdicom.presentation import PresentationContext
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
+    ModalityWorklistInformationFind,
     PatientRootQueryRetrieveInformationModelFind,
     PatientRootQueryRetrieveInformationModelGet,
     PatientRootQueryRetrieveInformationModelMove,
     StudyRootQueryRetrieveInformationModelFind,
     StudyRootQueryRetrieveInformationModelGet,
+    StorageCommitmentPushModel,
     StudyRootQueryRetrieveInformationModelMove,
     Verification,
 )
@@ -62,7 +65,10 @@ from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..store.base import IndexUnavailable
-from . import access, pdata, reactor, slots, store_rsp
+from ..dicom.worklist import WorklistError
+from ..routing import open_outbox
+from . import access, pdata, reactor, slots, store_rsp, worklist
+from .commitment import Reporter
 from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
@@ -412,6 +418,8 @@ class DimseServer:
         self.ae = self._make_ae()
         self.ae.dicomweb_access = self.access  # type: ignore[attr-defined]
         self._server = None
+        self._outbox = None  # the storage commitment reports' (commitment.py), opened by start()
+        self.commitment: Reporter | None = None
 
     # --- association policy (kept out of the handlers) ----------------------------------
 
@@ -431,13 +439,28 @@ class DimseServer:
         for cx in AllStoragePresentationContexts:
             # scp_role: a C-GET requestor is the Storage SCP on this association (PS3.7 D.3.3.4)
             ae.add_supported_context(cx.abstract_syntax, TRANSFER_SYNTAXES, scu_role=True, scp_role=True)
-        for model in (*_FIND_MODELS, *_GET_MODELS, *_MOVE_MODELS):
+        for model in (*_FIND_MODELS, *_GET_MODELS, *_MOVE_MODELS, ModalityWorklistInformationFind):
             ae.add_supported_context(model)
+        # the requester is the SCU; the N-EVENT-REPORT goes back on this association (PS3.4 J.3)
+        ae.add_supported_context(StorageCommitmentPushModel)
         return ae
+
+    def _open_commitment(self) -> Reporter:
+        """The storage commitment reporter, on routing's outbox (or one opened for it)."""
+        routing = self.archive.routing
+        if routing is not None:
+            outbox = routing.outbox
+        else:
+            outbox = self._outbox = open_outbox(self.settings, self.archive.committer.writer)
+        reporter = Reporter(self.archive.index, outbox, self.peers, self.settings.ae_title, self.settings)
+        reporter.start()
+        return reporter
 
     def start(self, host: str | None = None, port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port."""
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
+        if self.commitment is None:
+            self.commitment = self._open_commitment()
         quiet_pynetdicom(self.settings.log_level)
         self.ae.dimse_slots = slots.Slots(self.settings.dimse_max_associations,  # type: ignore[attr-defined]
                                           slots.per_peer_limit(self.settings), self.slots_fd)
@@ -450,6 +473,7 @@ class DimseServer:
             (evt.EVT_C_FIND, self._on_find),
             (evt.EVT_C_GET, self._on_get),
             (evt.EVT_C_MOVE, self._on_move),
+            (evt.EVT_N_ACTION, self.commitment.on_n_action),
             (evt.EVT_ABORTED, self._on_abort),
             (evt.EVT_CONN_CLOSE, self._on_close),
             (evt.EVT_ACCEPTED, self._audit),
@@ -466,6 +490,7 @@ class DimseServer:
             self._server = self.ae.start_server(address, block=False, evt_handlers=handlers)
         except BaseException:
             self.ae.dimse_slots.close()  # type: ignore[attr-defined]
+            self._stop_commitment()
             raise
         finally:
             del transport.ThreadedAssociationServer.request_queue_size  # socketserver's 5 again
@@ -490,6 +515,14 @@ class DimseServer:
         gc.freeze()
         return self._server.server_address[1]
 
+    def _stop_commitment(self) -> None:
+        reporter, self.commitment = self.commitment, None
+        if reporter is not None:
+            reporter.stop()
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            outbox.close()
+
     def _spool(self) -> Path:
         """``dimse/`` inside this process's spool folder (``BlobStore.spool``: locked while the
         process lives, so a starting HTTP worker's sweep never touches a data set still being
@@ -511,6 +544,7 @@ class DimseServer:
         server.shutdown()  # the accept loop ends, the listening socket is closed
         end_associations(server, self.settings.shutdown_timeout if grace is None else grace)
         self.ae.dimse_slots.close()  # type: ignore[attr-defined]
+        self._stop_commitment()
         if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
             gc.unfreeze()
@@ -577,6 +611,9 @@ class DimseServer:
             return None
 
     def _on_find(self, event):
+        if event.request.AffectedSOPClassUID == ModalityWorklistInformationFind:
+            yield from self._on_worklist_find(event)
+            return
         model = _FIND_MODELS.get(event.request.AffectedSOPClassUID)
         identifier = self._identifier(event)
         if model is None or identifier is None:
@@ -592,6 +629,24 @@ class DimseServer:
             yield _status(S.QR_IDENTIFIER_MISMATCH, str(e)), None
         except Exception as e:
             log.exception("C-FIND failed")
+            yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
+
+    def _on_worklist_find(self, event):
+        """Modality Worklist C-FIND (PS3.4 K.4.1: the statuses of C.4.1.1.4)."""
+        identifier = self._identifier(event)
+        if identifier is None:
+            yield _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
+            return
+        try:
+            for ds in worklist.find(self.archive.index, identifier, 0):
+                if event.is_cancelled:
+                    yield S.CANCEL, None
+                    return
+                yield S.PENDING, ds
+        except WorklistError as e:
+            yield _status(S.QR_IDENTIFIER_MISMATCH, str(e)), None
+        except Exception as e:
+            log.exception("worklist C-FIND failed")
             yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
 
     # --- C-GET and C-MOVE (PS3.4 C.4.2, C.4.3) --------------------------------------------

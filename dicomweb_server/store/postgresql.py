@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from . import rejections
+from . import worklist as worklist_table
 from .base import IndexUnavailable, Refused
 from .sql import (
     POSTGRESQL, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes,
@@ -174,9 +175,15 @@ def _v8() -> list[str]:
     return rejections.postgresql_schema()
 
 
+def _v9() -> list[str]:
+    """The modality worklist (store/worklist.py) and the outbox's payload of a job that is
+    not an instance (a storage commitment report, dimse/commitment.py)."""
+    return [*worklist_table.postgresql_schema(), "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS _payload TEXT"]
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -344,6 +351,14 @@ class PostgreSQLIndex(SQLIndex):
     def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
         with self._writing([r.sop_uid for r in rows]) as con:
             return self._purge_rows(con, rows)
+
+    @contextmanager
+    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
+        with self._writing([f"worklist:{i}" for i in sps_ids]) as con:
+            yield self._execute(con)
+
+    def worklist(self, prefilter):
+        return self._retried(lambda: SQLIndex.worklist(self, prefilter))
 
     def rejections(self, study_uid=None, series_uid=None, before=None):
         return self._retried(lambda: SQLIndex.rejections(self, study_uid, series_uid, before))
