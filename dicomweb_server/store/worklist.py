@@ -47,11 +47,11 @@ CREATE TABLE IF NOT EXISTS worklist (
 def put(x: Execute, entries: list[Entry]) -> None:
     """Add the entries, replacing those with the same Scheduled Procedure Step ID."""
     now = time.time()
-    for e in entries:
+    for i, e in enumerate(entries):  # (_time: the order they are listed in, a batch in its order)
         x("DELETE FROM worklist WHERE ScheduledProcedureStepID = ?", (e.sps_id,))
         x(f"INSERT INTO worklist ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
           (e.sps_id, e.study_uid, e.accession, e.patient_id, e.modality, e.station_ae, e.start_date,
-           orjson.dumps(e.json).decode(), now))
+           orjson.dumps(e.json).decode(), now + i * 1e-6))
 
 
 def select(x: Execute, prefilter: dict[str, tuple]) -> list[dict]:
