@@ -34,7 +34,7 @@ from pydicom.multival import MultiValue
 from pydicom.uid import generate_uid
 
 from .attributes import Attribute, Kind
-from .matching import Match, QueryError, _parse_match, match_value, normalize_stored
+from .matching import Match, QueryError, match_value, normalize_stored, parse_match
 
 SPS_SEQUENCE = "00400100"  # Scheduled Procedure Step Sequence
 SPS_ID = "00400009"  # Scheduled Procedure Step ID (in the item)
@@ -112,8 +112,8 @@ def _single(entry: dict, tag: str) -> str | None:
 def prepare(item: object) -> Entry:
     """An entry of ``POST /worklist``: a DICOM JSON object holding a Scheduled Procedure
     Step Sequence of at least one item. A first item without Scheduled Procedure Step ID,
-    and an entry without Study Instance UID, get one (a new ID, a new UID: PS3.4 K.6.1.2.2
-    makes them the SCP's to assign)."""
+    and an entry without Study Instance UID, get one (a new ID, a new UID: the modality
+    takes both from the worklist, so the archive that keeps it assigns them)."""
     if not isinstance(item, dict):
         raise WorklistError("a worklist entry is a DICOM JSON object")
     try:
@@ -179,7 +179,7 @@ def parse_identifier(identifier: Dataset) -> list[Key]:
             keys.append(Key(attribute, None, tuple(parse_identifier(items[0])) if items else ()))
             continue
         try:
-            keys.append(Key(attribute, _parse_match(attribute, _raw(elem.value))))
+            keys.append(Key(attribute, parse_match(attribute, _raw(elem.value))))
         except QueryError as e:
             raise WorklistError(str(e)) from None
     return keys

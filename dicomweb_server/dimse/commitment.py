@@ -20,8 +20,9 @@ The report is a job of the durable outbox (routing/outbox.py, destination
 acknowledged means owed, whatever happens next (a crash, a restart). The listener's
 :class:`Reporter` thread delivers it:
 
-- on the association that carried the request while that is still established (this
-  process holds it; J.3.3: the SCP may send it there);
+- on the association that carried the request while that is still established
+  :data:`REPORT_DELAY` after the N-ACTION-RSP (this process holds it; J.3.3: the SCP may
+  send it there);
 - otherwise on a new association to the requester, from the peers file (dimse/peers.py:
   its ``host`` and ``port``), on which the archive is the association requestor in the
   SCP role of the SOP Class (SCP/SCU Role Selection, PS3.7 D.3.3.4: SCU-role 0,
@@ -67,7 +68,12 @@ NO_SUCH_ACTION = 0x0123
 MISSING_ATTRIBUTE = 0x0120
 INVALID_ARGUMENT_VALUE = 0x0115
 PROCESSING_FAILURE = 0x0110
-#: reports claimed at once, and seconds a claim holds them
+#: seconds between the N-ACTION-RSP and the report: a requester that releases its association
+#: right after the response (many do, and take the report on a new association) has done so by
+#: then; a report sent while its A-RELEASE-RQ crossed it stalled both sides until a timeout
+#: (the requester's release waits for the A-RELEASE-RP, the archive for the N-EVENT-REPORT-RSP)
+REPORT_DELAY = 1.0
+#: reports claimed at once
 BATCH = 8
 POLL = 1.0
 
@@ -171,7 +177,7 @@ class Reporter:
         requester = str(event.assoc.requestor.ae_title).strip()
         payload = orjson.dumps({"transaction_uid": tuid, "requester": requester, "references": refs}).decode()
         try:
-            self.outbox.insert_job(DESTINATION, KIND, tuid, payload)
+            self.outbox.insert_job(DESTINATION, KIND, tuid, payload, REPORT_DELAY)
         except Exception as e:  # noqa: BLE001 - not owed: not acknowledged
             log.exception("storage commitment request cannot be queued")
             return _status(PROCESSING_FAILURE, f"cannot be queued: {e}"), None
@@ -213,6 +219,11 @@ class Reporter:
             log.warning("could not release the storage commitment leases: %s", e)
 
     def _run(self) -> None:
+        try:  # reports leased by a listener of this host that died (SIGKILL): claimable now, not in minutes
+            if freed := self.outbox.reap(socket.gethostname()):
+                log.warning("%d storage commitment report(s) leased by a process that died are claimable again", freed)
+        except Exception as e:  # noqa: BLE001 - the leases expire anyway
+            log.warning("could not free the leases of dead processes: %s", e)
         batches = 0
         while not self._stop.is_set():
             self._wake.clear()
@@ -260,7 +271,8 @@ class Reporter:
             answered = self._answered.pop(tuid, None)
         if answered is not None and not answered.wait(self.timeout):
             assoc = None  # the N-ACTION-RSP never went: not on that association
-        if assoc is not None and getattr(assoc, "is_established", False):
+        if assoc is not None and getattr(assoc, "is_established", False) \
+                and not assoc.acse.is_release_requested():
             error = _send_report(assoc, event_type, info)
             if error is None:
                 log.info("storage commitment %s: event type %d sent to %s on its association", tuid, event_type,

@@ -238,16 +238,16 @@ class Outbox(ABC):
                     "_rule, _enqueued, _due, _change) VALUES (?, ?, '', ?, '', 'stable', ?, ?, 0)"),
                     (destination, study, study, now, now + delay))
 
-    def insert_job(self, destination: str, kind: str, key: str, payload: str) -> None:
+    def insert_job(self, destination: str, kind: str, key: str, payload: str, delay: float = 0.0) -> None:
         """Owe ``destination`` a job that is not an instance's forward (``_rule`` ``kind``,
         ``key`` in ``SOPInstanceUID``, what to do in ``_payload``; a storage commitment report,
-        dimse/commitment.py), due now, in a durable transaction of its own."""
+        dimse/commitment.py), due ``delay`` seconds from now, in a durable transaction of its own."""
         with self._transaction() as con:
             now = self._now(con)
             con.execute(self._sql(
                 "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
                 "_rule, _enqueued, _due, _payload) VALUES (?, '', '', ?, '', ?, ?, ?, ?)"),
-                (destination, key, kind, now, now, payload))
+                (destination, key, kind, now, now + delay, payload))
 
     def insert_missing(self, entries: Iterable[Entry]) -> int:
         """Owe those of these forwards that have no row at all (of any state) for their

@@ -237,3 +237,53 @@ def test_bad_requests_are_refused(commit_dimse, requester):
         assert status.Status == 0x0120
     finally:
         assoc.release()
+
+
+def test_report_owed_across_a_sigkill(tmp_path):
+    """Success answered to the N-ACTION means owed: the listener process is SIGKILLed while
+    the requester is down, started again, and the report reaches the requester once it is up
+    (the outbox row survived, the dead process's lease freed at start)."""
+    import os
+    import signal
+
+    from .test_crash import _listener
+
+    data, port, requester = tmp_path / "data", free_port(), Requester(free_port())
+    peers = tmp_path / "peers.toml"
+    peers.write_text(f'[MODALITY]\nhost = "127.0.0.1"\nport = {requester.port}\n')
+    env = {"DICOMWEB_DIMSE_PEERS_FILE": str(peers), "DICOMWEB_DIMSE_COMMITMENT_RETRY": "0.2"}
+    os.environ.update(env)
+    try:
+        proc = _listener(data, port)
+        try:
+            ds = make_dataset()
+            store = AE(ae_title="MODALITY")
+            store.add_requested_context(CT)
+            store.add_requested_context(StorageCommitmentPushModel)
+            assoc = store.associate("127.0.0.1", port)
+            assert assoc.is_established
+            assert assoc.send_c_store(ds).Status == 0
+            tuid = str(generate_uid())
+            status, _ = assoc.send_n_action(_request(tuid, [(CT, str(ds.SOPInstanceUID))]), 1,
+                                            StorageCommitmentPushModel, StorageCommitmentPushModelInstance)
+            assert status.Status == 0
+            started = time.monotonic()
+            assoc.release()  # at once, as many modalities do: the report must not cross the release
+            assert time.monotonic() - started < 5  # (it did: 30 s, both sides waiting, commitment.REPORT_DELAY)
+            time.sleep(1.5)  # a few attempts at the requester, which is down
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            assert not requester.reports
+            requester.listen()
+            proc = _listener(data, port)
+            assert requester.arrived.wait(30), "no report after the restart"
+            [(where, event_type, info)] = requester.reports
+            assert (where, event_type, info.TransactionUID) == ("new", 1, tuid)
+            assert _refs(info.ReferencedSOPSequence) == [(CT, str(ds.SOPInstanceUID))]
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            requester.close()
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
