@@ -50,6 +50,7 @@ from pynetdicom.sop_class import StorageCommitmentPushModel, StorageCommitmentPu
 
 from ..routing.outbox import Outbox, Row, Settlement
 from ..store.base import Index
+from . import status as S
 from .peers import Peer
 
 log = logging.getLogger("dicomweb_server.dimse")
@@ -173,14 +174,14 @@ class Reporter:
             tuid, refs = parse_request(req.ActionTypeID, info)
         except RequestError as e:
             log.warning("storage commitment request from %s refused: %s", event.assoc.requestor.ae_title, e)
-            return _status(e.status, str(e)), None
+            return S.dataset(e.status, str(e)), None
         requester = str(event.assoc.requestor.ae_title).strip()
         payload = orjson.dumps({"transaction_uid": tuid, "requester": requester, "references": refs}).decode()
         try:
             self.outbox.insert_job(DESTINATION, KIND, tuid, payload, REPORT_DELAY)
         except Exception as e:  # noqa: BLE001 - not owed: not acknowledged
             log.exception("storage commitment request cannot be queued")
-            return _status(PROCESSING_FAILURE, f"cannot be queued: {e}"), None
+            return S.dataset(PROCESSING_FAILURE, f"cannot be queued: {e}"), None
         # The report may go on this association once the N-ACTION-RSP is on its way: sent
         # before it, the requester (waiting for that response) would take the report for it.
         # pynetdicom marks the association paused while the handler runs, so a send from the
@@ -319,9 +320,3 @@ def _send_report(assoc, event_type: int, info: Dataset) -> str | None:
         return f"N-EVENT-REPORT-RSP status 0x{code:04X}"
     return None
 
-
-def _status(code: int, comment: str) -> Dataset:
-    ds = Dataset()
-    ds.Status = code
-    ds.ErrorComment = comment.encode("ascii", "replace").decode()[:64]
-    return ds

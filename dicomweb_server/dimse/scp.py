@@ -65,7 +65,6 @@ from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..store.base import IndexUnavailable
-from ..dicom.worklist import WorklistError
 from ..routing import open_outbox
 from . import access, pdata, reactor, slots, store_rsp, worklist
 from .commitment import Reporter
@@ -396,14 +395,7 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
     return None
 
 
-def _status(code: int, comment: str | None = None):
-    from pydicom.dataset import Dataset
-
-    ds = Dataset()
-    ds.Status = code
-    if comment:
-        ds.ErrorComment = comment.encode("ascii", "replace").decode()[:64]
-    return ds
+_status = S.dataset
 
 
 class DimseServer:
@@ -632,22 +624,7 @@ class DimseServer:
             yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
 
     def _on_worklist_find(self, event):
-        """Modality Worklist C-FIND (PS3.4 K.4.1: the statuses of C.4.1.1.4)."""
-        identifier = self._identifier(event)
-        if identifier is None:
-            yield _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
-            return
-        try:
-            for ds in worklist.find(self.archive.index, identifier, 0):
-                if event.is_cancelled:
-                    yield S.CANCEL, None
-                    return
-                yield S.PENDING, ds
-        except WorklistError as e:
-            yield _status(S.QR_IDENTIFIER_MISMATCH, str(e)), None
-        except Exception as e:
-            log.exception("worklist C-FIND failed")
-            yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
+        yield from worklist.on_find(self.archive.index, event, self._identifier(event))
 
     # --- C-GET and C-MOVE (PS3.4 C.4.2, C.4.3) --------------------------------------------
 

@@ -11,12 +11,16 @@ index cannot answer (K.4.1.1.4, C.4.1.1.4).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from pydicom.dataset import Dataset
 
 from ..dicom.worklist import WorklistError, matches, parse_identifier, prefilter, response
 from ..store.base import Index
+from . import status as S
+
+log = logging.getLogger("dicomweb_server.dimse")
 
 
 def find(index: Index, identifier: Dataset, max_results: int) -> Iterator[Dataset]:
@@ -32,4 +36,23 @@ def find(index: Index, identifier: Dataset, max_results: int) -> Iterator[Datase
                 return
 
 
-__all__ = ["find", "WorklistError"]
+def on_find(index: Index, event, identifier: Dataset | None):
+    """The listener's ``EVT_C_FIND`` handler for this model (``identifier``: None when it
+    does not decode): pending responses, then the final status."""
+    if identifier is None:
+        yield S.dataset(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
+        return
+    try:
+        for ds in find(index, identifier, 0):
+            if event.is_cancelled:
+                yield S.CANCEL, None
+                return
+            yield S.PENDING, ds
+    except WorklistError as e:
+        yield S.dataset(S.QR_IDENTIFIER_MISMATCH, str(e)), None
+    except Exception as e:  # noqa: BLE001 - a failure status, never a dead association thread
+        log.exception("worklist C-FIND failed")
+        yield S.dataset(S.QR_UNABLE_TO_PROCESS, str(e)), None
+
+
+__all__ = ["find", "on_find", "WorklistError"]
