@@ -197,6 +197,10 @@ class Reporter:
                 answered.set()
 
         with self._lock:
+            # requests whose report another listener process sent: their closed associations go
+            for old in [t for t, a in self._associations.items() if not getattr(a, "is_established", False)]:
+                self._associations.pop(old, None)
+                self._answered.pop(old, None)
             self._associations[tuid] = assoc
             self._answered[tuid] = answered
         assoc.bind(evt.EVT_DIMSE_SENT, on_sent)
