@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import admin, changefeed, downloads, errors, landing, lifecycle, qido, reject, rendered, stow, wado
+from .api import admin, changefeed, downloads, errors, landing, lifecycle, qido, reject, rendered, stow, wado, worklist
 from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
 from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
@@ -77,7 +77,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     include_ui(app, settings)  # /docs and the operator's page /ui/, assets from the package (ui/)
     app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
-    for module in (qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads):
+    for module in (qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads, worklist):
         app.include_router(module.router, prefix=settings.prefix)
     app.include_router(reject.admin_router)  # /admin/rejected
     app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix

@@ -742,6 +742,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ae-title", dest="ae_title", help="this archive's AE title (default DICOMWEB)")
     serve.add_argument("--dimse-peers-file", dest="dimse_peers_file",
                        help="JSON/TOML of C-MOVE destinations: AE title -> {host, port}")
+    serve.add_argument("--dimse-commitment-retry", dest="dimse_commitment_retry", type=float,
+                       help="storage commitment: seconds before an undelivered report is sent again (default 10, "
+                            "doubled each attempt)")
+    serve.add_argument("--dimse-commitment-max-attempts", dest="dimse_commitment_max_attempts", type=int,
+                       help="storage commitment: attempts before a report is a dead letter (default 20)")
     serve.add_argument("--dimse-allow-ae", dest="dimse_allowed_aes", action="append",
                        help="accept associations only from this calling AE title (repeat; default any)")
     serve.add_argument("--dimse-check-called-ae", dest="dimse_check_called_ae", action="store_true", default=None,

@@ -155,6 +155,11 @@ class Settings(BaseSettings):
     dimse_max_pdu: int = Field(4 * 1024**2, ge=0, le=2**32 - 1, description="largest PDU received (bytes; announced as the "
                                "Maximum Length; a PDU whose header declares more than max(this, 1 MiB) closes the "
                                "connection when read, A-ASSOCIATE-RQ included; 0 = unlimited)")
+    dimse_commitment_retry: float = Field(10.0, gt=0, le=86400, description="storage commitment: seconds before a "
+                                          "report the requester did not take is sent again (doubled each "
+                                          "attempt, at most 60 times this)")
+    dimse_commitment_max_attempts: int = Field(20, ge=1, le=10000, description="storage commitment: attempts to "
+                                               "send a report before it is a dead letter of the outbox")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
 
     @model_validator(mode="after")

@@ -305,6 +305,13 @@ def _parse_match(attribute: Attribute, raw: str) -> Match:
     return Match(attribute, "single", (value,))
 
 
+def parse_match(attribute: Attribute, raw: str) -> Match:
+    """One matching key's value as the query model reads it (single value, wildcard, range,
+    UID list, universal: PS3.4 C.2.2.2), for an attribute outside the QIDO-RS levels too
+    (the modality worklist's keys, dicom/worklist.py)."""
+    return _parse_match(attribute, raw)
+
+
 _NORMALIZERS = {
     Kind.DATE: (normalize_date, normalize_date),
     Kind.TIME: (normalize_time, lambda v: normalize_time(v, upper=True)),

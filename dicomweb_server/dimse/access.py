@@ -10,7 +10,8 @@ own address, each within its scopes:
   DUL service-user, "calling-AE-title-not-recognized" (PS3.8 §7.1.1.9, Table 9-21);
 - on an accepted association, every DIMSE request goes through one check,
   :meth:`AccessPolicy.authorize`, before any service runs: C-ECHO needs no scope, C-STORE
-  the ``write`` scope, C-FIND, C-GET and C-MOVE the ``read`` scope, and any other service
+  the ``write`` scope, C-FIND (Modality Worklist too), C-GET and C-MOVE the ``read`` scope,
+  N-ACTION (Storage Commitment, :mod:`.commitment`) the ``write`` scope, and any other service
   (none is offered today: a service added later) is refused until it is given a scope in
   :data:`SERVICE_SCOPES`. A request refused is answered by its response with status 0x0124
   "Refused: Not Authorized" (PS3.7 Annex C, a general status every DIMSE-C and DIMSE-N
@@ -59,8 +60,10 @@ audit_log = logging.getLogger("dicomweb_server.audit")
 #: listed is refused when authentication is configured
 SERVICE_SCOPES: dict[str, str | None] = {
     "C-ECHO": None, "C-STORE": "write", "C-FIND": "read", "C-GET": "read", "C-MOVE": "read",
+    "N-ACTION": "write",  # Storage Commitment (commitment.py): asked by who stored the instances
 }
-_ACTIONS = {"C-ECHO": "echo", "C-STORE": "store", "C-FIND": "search", "C-GET": "retrieve", "C-MOVE": "retrieve"}
+_ACTIONS = {"C-ECHO": "echo", "C-STORE": "store", "C-FIND": "search", "C-GET": "retrieve", "C-MOVE": "retrieve",
+            "N-ACTION": "commit"}
 
 #: seconds a resolved peer host name is kept
 RESOLVE_TTL = 60.0
@@ -276,7 +279,12 @@ def _serve_request_checked(self, msg, context_id: int) -> None:
             and not self._sent_release and context_id in self._accepted_cx:
         if not policy.check_request(self, msg, context_id):
             return
-    _serve_request(self, msg, context_id)  # type: ignore[misc]
+    try:
+        _serve_request(self, msg, context_id)  # type: ignore[misc]
+    finally:
+        from .reactor import served_off_thread  # (pynetdicom: imported by the listener only)
+
+        served_off_thread(self)  # an N-EVENT-REPORT served in pynetdicom's own thread
 
 
 def install() -> None:

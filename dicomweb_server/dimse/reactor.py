@@ -298,6 +298,22 @@ def _create_socket_nodelay(self, address):
     return sock
 
 
+def served_off_thread(assoc) -> None:
+    """After ``Association._serve_request`` returns (called by :mod:`.access`'s dispatch hook).
+
+    pynetdicom serves an N-EVENT-REPORT request in a thread of its own (``dimse.py``
+    ``receive_primitive``: "would block the DUL otherwise"), and ``_serve_request`` ends with
+    ``_is_paused = False``, while the association's reactor may be blocked in its wait
+    having said paused: a ``release()`` (or any ``send_*``) from the application then spun
+    on ``_is_paused`` until the network timeout (a storage commitment SCU releasing right
+    after its report, tests/dimse/test_commitment.py). pynetdicom's polling loop set the
+    flag again within 1 ms; here the reactor is woken, and its next loop does."""
+    if threading.current_thread() is not assoc:
+        wake = getattr(assoc, "_wake", None)
+        if wake is not None:
+            wake.set()
+
+
 def install() -> None:
     """Replace pynetdicom's polling reactors and give requestor sockets TCP_NODELAY
     (process-wide; associations created after this)."""

@@ -1,6 +1,7 @@
 """The DIMSE listener: association policy and the handlers bound per event
-(pynetdicom). Verification (C-ECHO), Storage (C-STORE) and Query/Retrieve (C-FIND,
-C-GET, C-MOVE; Patient Root and Study Root) SCP.
+(pynetdicom). Verification (C-ECHO), Storage (C-STORE), Query/Retrieve (C-FIND,
+C-GET, C-MOVE; Patient Root and Study Root), Storage Commitment Push Model (N-ACTION,
+N-EVENT-REPORT: :mod:`.commitment`) and Modality Worklist (C-FIND: :mod:`.worklist`) SCP.
 
 One write path: a C-STORE is streamed by pynetdicom into a file in the archive's
 spool folder (``STORE_RECV_CHUNKED_DATASET``), then handed to :meth:`Archive.store`,
@@ -48,11 +49,13 @@ from pynetdicom.association import Association
 from pynetdicom.presentation import PresentationContext
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
+    ModalityWorklistInformationFind,
     PatientRootQueryRetrieveInformationModelFind,
     PatientRootQueryRetrieveInformationModelGet,
     PatientRootQueryRetrieveInformationModelMove,
     StudyRootQueryRetrieveInformationModelFind,
     StudyRootQueryRetrieveInformationModelGet,
+    StorageCommitmentPushModel,
     StudyRootQueryRetrieveInformationModelMove,
     Verification,
 )
@@ -63,7 +66,9 @@ from ..dicom.multipart import SpooledPart
 from ..policy import transcode
 from ..settings import Settings
 from ..store.base import IndexUnavailable
-from . import access, pdata, reactor, slots, store_rsp, tls
+from ..routing import open_outbox
+from . import access, pdata, reactor, slots, store_rsp, tls, worklist
+from .commitment import Reporter
 from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
@@ -412,14 +417,7 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
     return None
 
 
-def _status(code: int, comment: str | None = None):
-    from pydicom.dataset import Dataset
-
-    ds = Dataset()
-    ds.Status = code
-    if comment:
-        ds.ErrorComment = comment.encode("ascii", "replace").decode()[:64]
-    return ds
+_status = S.dataset
 
 
 class DimseServer:
@@ -436,6 +434,8 @@ class DimseServer:
         self._server = None
         self._tls_server = None
         self.tls_port: int | None = None  # the TLS port bound by start (PS3.15 Annex B)
+        self._outbox = None  # the storage commitment reports' (commitment.py), opened by start()
+        self.commitment: Reporter | None = None
 
     # --- association policy (kept out of the handlers) ----------------------------------
 
@@ -455,9 +455,22 @@ class DimseServer:
         for cx in AllStoragePresentationContexts:
             # scp_role: a C-GET requestor is the Storage SCP on this association (PS3.7 D.3.3.4)
             ae.add_supported_context(cx.abstract_syntax, TRANSFER_SYNTAXES, scu_role=True, scp_role=True)
-        for model in (*_FIND_MODELS, *_GET_MODELS, *_MOVE_MODELS):
+        for model in (*_FIND_MODELS, *_GET_MODELS, *_MOVE_MODELS, ModalityWorklistInformationFind):
             ae.add_supported_context(model)
+        # the requester is the SCU; the N-EVENT-REPORT goes back on this association (PS3.4 J.3)
+        ae.add_supported_context(StorageCommitmentPushModel)
         return ae
+
+    def _open_commitment(self) -> Reporter:
+        """The storage commitment reporter, on routing's outbox (or one opened for it)."""
+        routing = self.archive.routing
+        if routing is not None:
+            outbox = routing.outbox
+        else:
+            outbox = self._outbox = open_outbox(self.settings, self.archive.committer.writer)
+        reporter = Reporter(self.archive.index, outbox, self.peers, self.settings.ae_title, self.settings)
+        reporter.start()
+        return reporter
 
     def start(self, host: str | None = None, port: int | None = None, tls_port: int | None = None) -> int:
         """Start listening (threads: one per association); returns the bound port (the TLS
@@ -472,6 +485,8 @@ class DimseServer:
             ssl_context = tls.server_context(s.dimse_tls_cert_file, s.dimse_tls_key_file, s.dimse_tls_ca_file,
                                              s.dimse_tls_require_client_cert)
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
+        if self.commitment is None:
+            self.commitment = self._open_commitment()
         quiet_pynetdicom(self.settings.log_level)
         self.ae.dimse_slots = slots.Slots(self.settings.dimse_max_associations,  # type: ignore[attr-defined]
                                           slots.per_peer_limit(self.settings), self.slots_fd)
@@ -484,6 +499,7 @@ class DimseServer:
             (evt.EVT_C_FIND, self._on_find),
             (evt.EVT_C_GET, self._on_get),
             (evt.EVT_C_MOVE, self._on_move),
+            (evt.EVT_N_ACTION, self.commitment.on_n_action),
             (evt.EVT_ABORTED, self._on_abort),
             (evt.EVT_CONN_CLOSE, self._on_close),
             (evt.EVT_ACCEPTED, self._audit),
@@ -503,6 +519,7 @@ class DimseServer:
                 self._server.shutdown()
                 self._server = None
             self.ae.dimse_slots.close()  # type: ignore[attr-defined]
+            self._stop_commitment()
             raise
         # Everything alive now (pydicom's dictionaries, pynetdicom's 2,800 supported
         # presentation contexts, the archive) lives as long as the listener: out of the
@@ -556,6 +573,14 @@ class DimseServer:
             server.finish_request = finish_after_handshake  # type: ignore[method-assign]
         return server
 
+    def _stop_commitment(self) -> None:
+        reporter, self.commitment = self.commitment, None
+        if reporter is not None:
+            reporter.stop()
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            outbox.close()
+
     def _spool(self) -> Path:
         """``dimse/`` inside this process's spool folder (``BlobStore.spool``: locked while the
         process lives, so a starting HTTP worker's sweep never touches a data set still being
@@ -581,6 +606,7 @@ class DimseServer:
         for one in servers:
             end_associations(one, deadline - time.monotonic())
         self.ae.dimse_slots.close()  # type: ignore[attr-defined]
+        self._stop_commitment()
         if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
             gc.unfreeze()
@@ -647,6 +673,9 @@ class DimseServer:
             return None
 
     def _on_find(self, event):
+        if event.request.AffectedSOPClassUID == ModalityWorklistInformationFind:
+            yield from self._on_worklist_find(event)
+            return
         model = _FIND_MODELS.get(event.request.AffectedSOPClassUID)
         identifier = self._identifier(event)
         if model is None or identifier is None:
@@ -663,6 +692,9 @@ class DimseServer:
         except Exception as e:
             log.exception("C-FIND failed")
             yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
+
+    def _on_worklist_find(self, event):
+        yield from worklist.on_find(self.archive.index, event, self._identifier(event))
 
     # --- C-GET and C-MOVE (PS3.4 C.4.2, C.4.3) --------------------------------------------
 

@@ -35,6 +35,18 @@ QR_UNABLE_TO_PROCESS = 0xC000  # failed: unable to process
 QR_SUBOPS_WARNING = 0xB000  # sub-operations complete, one or more failures or warnings
 
 
+def dataset(code: int, comment: str | None = None):
+    """A response's status as a handler returns it to pynetdicom: Status, and Error Comment
+    (0000,0902: LO, 64 characters, ASCII here) when given."""
+    from pydicom.dataset import Dataset
+
+    ds = Dataset()
+    ds.Status = code
+    if comment:
+        ds.ErrorComment = comment.encode("ascii", "replace").decode()[:64]
+    return ds
+
+
 def store_status(reason: FailureReason) -> int:
     """C-STORE-RSP status of an archive failure: the STOW-RS FailureReason values are
     the PS3.4 B.2.3 / PS3.7 C statuses already (0xC409 is STOW-RS only: never raised

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS outbox (
   _lease_until REAL,
   _delivered REAL,
   _last_error TEXT,
-  _change INTEGER
+  _change INTEGER,
+  _payload TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(destination, _state, _due);
 CREATE INDEX IF NOT EXISTS outbox_sop ON outbox(SOPInstanceUID, destination);
@@ -100,6 +101,7 @@ class Row:
     attempts: int
     enqueued: float  # this process's clock (time.time())
     change: int | None = None  # the change log's Sequence: a webhook's notification, not a file
+    payload: str | None = None  # a job that is neither (a storage commitment report: dimse/commitment.py)
 
 
 @dataclass(slots=True)
@@ -251,6 +253,17 @@ class Outbox(ABC):
                     "_rule, _enqueued, _due, _change) VALUES (?, ?, '', ?, '', 'stable', ?, ?, 0)"),
                     (destination, study, study, now, now + delay))
 
+    def insert_job(self, destination: str, kind: str, key: str, payload: str, delay: float = 0.0) -> None:
+        """Owe ``destination`` a job that is not an instance's forward (``_rule`` ``kind``,
+        ``key`` in ``SOPInstanceUID``, what to do in ``_payload``; a storage commitment report,
+        dimse/commitment.py), due ``delay`` seconds from now, in a durable transaction of its own."""
+        with self._transaction() as con:
+            now = self._now(con)
+            con.execute(self._sql(
+                "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
+                "_rule, _enqueued, _due, _payload) VALUES (?, '', '', ?, '', ?, ?, ?, ?)"),
+                (destination, key, kind, now, now + delay, payload))
+
     def insert_missing(self, entries: Iterable[Entry]) -> int:
         """Owe those of these forwards that have no row at all (of any state) for their
         instance and destination, in a durable transaction of their own: a duplicate
@@ -326,7 +339,7 @@ class Outbox(ABC):
                 return [], first - skew
             rows = con.execute(sql(
                 "SELECT id, destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _attempts, "
-                f"_enqueued, _solo, _change {_PENDING} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
+                f"_enqueued, _solo, _change, _payload {_PENDING} AND _due <= ? AND SOPInstanceUID NOT IN (SELECT SOPInstanceUID FROM "
                 "outbox WHERE destination = ? AND _state = 'pending' AND _lease_until >= ?) ORDER BY _solo DESC, id "
                 "LIMIT ?"), (destination, now, now, destination, now, limit)).fetchall()
             if rows and rows[0][8]:
@@ -335,7 +348,7 @@ class Outbox(ABC):
             for r in rows:  # one instance once per batch (an export may repeat a routed one)
                 if r[4] not in seen and (not r[8] or not chosen):
                     seen.add(r[4])
-                    chosen.append(Row(*r[:7], r[7] - skew, r[9]))
+                    chosen.append(Row(*r[:7], r[7] - skew, r[9], r[10]))
             # only rows still pending and free: a row settled meanwhile by the worker whose lease had
             # expired (PostgreSQL's settle does not wait for the claim lock) is not sent again
             if self._many(con, sql("UPDATE outbox SET _lease_owner = ?, _lease_until = ? WHERE id = ? AND "
@@ -501,8 +514,11 @@ class SQLiteOutbox(Outbox):
         with self._writer():
             con = self._connections.get()
             con.executescript(_SCHEMA + (_LEDGER if ledger else ""))
-            if "_change" not in {row[1] for row in con.execute("PRAGMA table_info(outbox)")}:
+            have = {row[1] for row in con.execute("PRAGMA table_info(outbox)")}
+            if "_change" not in have:
                 con.execute("ALTER TABLE outbox ADD COLUMN _change INTEGER")  # an outbox from before webhooks
+            if "_payload" not in have:  # an outbox from before storage commitment
+                con.execute("ALTER TABLE outbox ADD COLUMN _payload TEXT")
 
     def close(self) -> None:
         self._connections.close()

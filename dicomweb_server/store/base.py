@@ -13,7 +13,9 @@ from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query
 from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
+from ..dicom.worklist import Entry as WorklistEntry
 from .changes import Change
+from . import worklist as worklist_table
 from .rejections import Rejection
 
 
@@ -231,6 +233,37 @@ class Index(ABC):
         one, in one durable commit; returns those still rejected until then (not restored
         nor purged meanwhile): the caller removes their files."""
         raise NotImplementedError
+
+    # --- the modality worklist (store/worklist.py, dicom/worklist.py) ---------------------
+
+    def _worklist_reading(self) -> AbstractContextManager:
+        """An :data:`changes.Execute` on the worklist table, for reads."""
+        raise NotImplementedError
+
+    def _worklist_writing(self, sps_ids: list[str]) -> AbstractContextManager:
+        """An :data:`changes.Execute` on the worklist table in a durable write transaction."""
+        raise NotImplementedError
+
+    def put_worklist(self, entries: list[WorklistEntry]) -> None:
+        """Add worklist entries (replacing those with the same Scheduled Procedure Step ID),
+        in one durable commit."""
+        with self._worklist_writing([e.sps_id for e in entries]) as x:
+            worklist_table.put(x, entries)
+
+    def worklist(self, prefilter: dict[str, tuple]) -> list[dict]:
+        """The entries (DICOM JSON) the prefilter lets through (dicom/worklist.py ``prefilter``;
+        the caller matches every key), oldest first."""
+        with self._worklist_reading() as x:
+            return worklist_table.select(x, prefilter)
+
+    def worklist_entry(self, sps_id: str) -> dict | None:
+        with self._worklist_reading() as x:
+            return worklist_table.get(x, sps_id)
+
+    def delete_worklist(self, sps_id: str) -> bool:
+        """Remove an entry; False when there was none."""
+        with self._worklist_writing([sps_id]) as x:
+            return worklist_table.drop(x, sps_id)
 
     # --- write hooks (routing's outbox) -------------------------------------------------
 

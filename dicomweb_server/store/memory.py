@@ -22,6 +22,7 @@ import sqlite3
 import threading
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from ..dicom.matching import Query, level_record, match_value
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from . import rejections
+from . import worklist as worklist_table
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 from .connections import immediate
 
@@ -126,7 +128,8 @@ class MemoryIndex(Index):
             self._journal = sqlite3.connect(journal, timeout=30.0, isolation_level=None, check_same_thread=False)
             self._journal.execute("PRAGMA journal_mode=WAL")
             self._journal.execute("PRAGMA synchronous=FULL")
-        self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema())
+        self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema()
+                                    + worklist_table.sqlite_schema())
         # the rejected instances (store/rejections.py): their rows in the journal, their UIDs here
         self._rejected = {uid for (uid,) in self._x("SELECT SOPInstanceUID FROM rejection")}
         self._rejecting: list | None = None  # inside add(): the rejections its hooks ask for (reject_in)
@@ -146,6 +149,17 @@ class MemoryIndex(Index):
             if also is not None:
                 also(self._x)
             self._run_change_hooks(con, changelog.append(self._x, changelog.now(), action, instances))
+
+    @contextmanager
+    def _worklist_reading(self) -> Iterator:
+        with self._lock:
+            yield self._x
+
+    @contextmanager
+    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
+        """(the worklist lives in the journal: kept across restarts with a journal file)"""
+        with self._lock, immediate(self._journal):
+            yield self._x
 
     def reconcile_changes(self) -> int:
         """After the start-up indexing: a delete for every instance the change log holds

@@ -27,7 +27,8 @@ SQLite index (store/sql.py); what differs is here:
   version 6 the items of the matchable sequences (store/sql.py sequence_item), version 7
   the derived date-time columns (local and UTC) of combined and time-zone matching,
   version 8 the rejected instances (store/rejections.py, IOCM), version 9 the
-  de-identification projects and pseudonyms (deid/pseudonyms.py).
+  de-identification projects and pseudonyms (deid/pseudonyms.py), version 10 the modality
+  worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from contextlib import contextmanager
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from . import rejections
+from . import worklist as worklist_table
 from .base import IndexUnavailable, Refused
 from .sql import (
     POSTGRESQL, SQLIndex, backfill_derived, backfill_items, coldefs, derived_columns, derived_indexes,
@@ -182,9 +184,15 @@ def _v9() -> list[str]:
     return postgresql_schema()
 
 
+def _v10() -> list[str]:
+    """The modality worklist (store/worklist.py) and the outbox's payload of a job that is
+    not an instance (a storage commitment report, dimse/commitment.py)."""
+    return [*worklist_table.postgresql_schema(), "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS _payload TEXT"]
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -361,6 +369,14 @@ class PostgreSQLIndex(SQLIndex):
     def purge(self, rows: list[rejections.Rejection]) -> list[rejections.Rejection]:
         with self._writing([r.sop_uid for r in rows]) as con:
             return self._purge_rows(con, rows)
+
+    @contextmanager
+    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
+        with self._writing([f"worklist:{i}" for i in sps_ids]) as con:
+            yield self._execute(con)
+
+    def worklist(self, prefilter):
+        return self._retried(lambda: SQLIndex.worklist(self, prefilter))
 
     def rejections(self, study_uid=None, series_uid=None, before=None):
         return self._retried(lambda: SQLIndex.rejections(self, study_uid, series_uid, before))

@@ -11,7 +11,7 @@ value matching give the same answers (tests/store/test_index_agreement.py).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import orjson
@@ -437,6 +437,11 @@ class SQLIndex(Index):
         rejections.drop(rx, rows)
         self._log(con, "delete", [(r.study_uid, r.series_uid, r.sop_uid) for r in rows if r.path is not None])
         return rows
+
+    @contextmanager
+    def _worklist_reading(self) -> Iterator:
+        with self._reading() as con:
+            yield self._execute(con)
 
     def rejections(self, study_uid: str | None = None, series_uid: str | None = None,
                    before: float | None = None) -> list[rejections.Rejection]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from . import rejections
+from . import worklist as worklist_table
 from .base import Refused
 from .connections import ThreadConnections, immediate
 from .sql import (
@@ -78,7 +79,7 @@ CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema() + rejections.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -174,6 +175,11 @@ class SQLiteIndex(SQLIndex):
     def reject(self, refs: list[tuple[str, str, str]], code: str, now: float) -> int:
         with immediate(self._con()) as con:
             return self._reject_rows(con, refs, code, now)
+
+    @contextmanager
+    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
+        with immediate(self._con()) as con:
+            yield self._execute(con)
 
     def unreject(self, rows: list[rejections.Rejection]) -> None:
         with immediate(self._con()) as con:

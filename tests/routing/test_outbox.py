@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -119,3 +120,27 @@ def test_delivered_rows_are_removed_after_keep_delivered(tmp_path, backend):
         assert {r["id"] for r in outbox.rows()} >= {ids[3]}  # the dead letter stays
     finally:
         archive.close()
+
+
+@pytest.mark.parametrize("backend", ALL, indirect=True)
+def test_a_job_with_a_payload_is_claimed_with_it(tmp_path, backend):
+    """A job that is not an instance forward (a storage commitment report, dimse/commitment.py):
+    its payload comes back with the claim (the _payload column: PostgreSQL schema version 9),
+    not before its delay, and is settled like any row."""
+    from dicomweb_server.routing import open_outbox
+    from dicomweb_server.routing.outbox import Settlement
+
+    settings = Settings(data_dir=tmp_path / "data", index=backend.index, **backend.settings)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    box = open_outbox(settings)
+    try:
+        box.insert_job("dimse:storage-commitment", "storage-commitment", "1.2.3", '{"a": 1}', delay=0.3)
+        assert box.claim("dimse:storage-commitment", 8, "me:1", 30, 4)[0] == []  # not due yet
+        time.sleep(0.4)
+        [row], _ = box.claim("dimse:storage-commitment", 8, "me:1", 30, 4)
+        assert (row.sop_uid, row.payload, row.change, row.attempts) == ("1.2.3", '{"a": 1}', None, 0)
+        box.settle(Settlement([row.id], [], [], []), "me:1")
+        assert [(r["SOPInstanceUID"], r["state"]) for r in box.rows("dimse:storage-commitment")] == [
+            ("1.2.3", "delivered")]
+    finally:
+        box.close()

@@ -664,3 +664,30 @@ def test_date_time_ranges_across_midnight_and_offsets(timed, level, params, want
     got = [h.study_uid if level == "study" else h.sop_uid
            for h in index.search(q(level, {**params, "PatientID": "T"}))]
     assert got == [key(recs[i]) for i in sorted(want)]
+
+
+def test_worklist_entries(index):
+    """The worklist table (store/worklist.py): put (replacing by Scheduled Procedure Step ID),
+    the SQL prefilter passing entries whose column has no single value, get, delete."""
+    from dicomweb_server.dicom import worklist as W
+
+    def entry(sps_id, stations, date, pid):
+        return W.prepare({"00100020": {"vr": "LO", "Value": [pid]}, "00400100": {"vr": "SQ", "Value": [{
+            "00400009": {"vr": "SH", "Value": [sps_id]}, "00400001": {"vr": "AE", "Value": stations},
+            "00400002": {"vr": "DA", "Value": [date]}}]}})
+
+    index.put_worklist([entry("S1", ["CT1"], "20260105", "P1"), entry("S2", ["CT1", "CT2"], "20260107", "P2"),
+                        entry("S3", ["MR1"], "20260201", "P3")])
+    ids = lambda rows: [r["00400100"]["Value"][0]["00400009"]["Value"][0] for r in rows]  # noqa: E731
+    assert ids(index.worklist({})) == ["S1", "S2", "S3"]
+    # S2 has two station AE titles (no column value): it passes the prefilter, the caller matches it
+    assert ids(index.worklist({"ScheduledStationAETitle": ("eq", "CT2")})) == ["S2"]
+    assert ids(index.worklist({"ScheduledStationAETitle": ("eq", "CT1"),
+                               "StartDate": ("range", "20260106", None)})) == ["S2"]
+    assert ids(index.worklist({"PatientID": ("eq", "P3")})) == ["S3"]
+    index.put_worklist([entry("S1", ["CT1"], "20260301", "P1")])  # replaces
+    assert ids(index.worklist({"StartDate": ("range", None, "20260131")})) == ["S2"]
+    assert index.worklist_entry("S1")["00400100"]["Value"][0]["00400002"]["Value"] == ["20260301"]
+    assert index.delete_worklist("S1") is True and index.delete_worklist("S1") is False
+    assert index.worklist_entry("S1") is None
+    assert ids(index.worklist({})) == ["S2", "S3"]
