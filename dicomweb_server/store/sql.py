@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import SEQUENCES_OF, STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record, level_values
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from ..dicom.status import FailureReason
+from . import labels as study_labels
 from . import rejections
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 
@@ -241,8 +243,26 @@ def compile_match(dialect: Dialect, m: Match, fuzzy: bool, col: str | None = Non
     raise AssertionError(t)
 
 
-def compile_search(dialect: Dialect, query: Query) -> tuple[str, list]:
-    """The QIDO-RS query as one SELECT (columns as :func:`hit` reads them)."""
+def label_condition(allowed: Filter, study: str = "s") -> tuple[list[str], list]:
+    """The conditions (and their parameters) that let through only the studies ``allowed``
+    does (access/filter.py), on the study table's alias ``study``: per clause, the study
+    carries one of its labels (an index look-up in study_label's primary key). Nothing
+    at all for an unrestricted filter."""
+    where: list[str] = []
+    params: list = []
+    for n, clause in enumerate(allowed.clauses):
+        if not clause:
+            where.append("1 = 0")
+            continue
+        where.append(f"EXISTS (SELECT 1 FROM study_label l{n} WHERE l{n}.label IN ({','.join('?' * len(clause))}) "
+                     f"AND l{n}.StudyInstanceUID = {study}.StudyInstanceUID)")
+        params += sorted(clause)
+    return where, params
+
+
+def compile_search(dialect: Dialect, query: Query, allowed: Filter = UNRESTRICTED) -> tuple[str, list]:
+    """The QIDO-RS query as one SELECT (columns as :func:`hit` reads them), among the
+    studies ``allowed`` lets through."""
     level = query.level
     select = ["s.StudyInstanceUID", "s._json", "s.ModalitiesInStudy", "s.SOPClassesInStudy",
               "s.NumberOfStudyRelatedSeries", "s.NumberOfStudyRelatedInstances"]
@@ -269,6 +289,10 @@ def compile_search(dialect: Dialect, query: Query) -> tuple[str, list]:
         if cond:
             where.append(cond)
             params += p
+    if not allowed.unrestricted:
+        conds, p = label_condition(allowed)
+        where += conds
+        params += p
     sql = f"SELECT {', '.join(select)} FROM {frm}"
     if where:
         sql += " WHERE " + " AND ".join(where)
@@ -307,9 +331,15 @@ def join_multi(values: set[str]) -> str | None:
     return "\\" + "\\".join(sorted(values)) + "\\" if values else None
 
 
-def scope(study_uid: str, series_uid: str | None, sop_uid: str | None = None) -> tuple[str, list]:
-    """WHERE clause (with ``?``) selecting a study, series or instance by its UIDs."""
+def scope(study_uid: str, series_uid: str | None, sop_uid: str | None = None,
+          allowed: Filter = UNRESTRICTED) -> tuple[str, list]:
+    """WHERE clause (with ``?``) selecting a study, series or instance by its UIDs (of a
+    study ``allowed`` lets through)."""
     where, params = ["s.StudyInstanceUID = ?"], [study_uid]
+    if not allowed.unrestricted:
+        conds, p = label_condition(allowed)
+        where += conds
+        params += p
     if series_uid is not None:
         where.append("se.SeriesInstanceUID = ?")
         params.append(series_uid)
@@ -544,6 +574,9 @@ class SQLIndex(Index):
         self._recompute(con, set(), study_pks - gone)
         if log:
             self._log(con, action, [(r[4], r[5], r[6]) for r in rows])
+            if action == "delete":  # a DELETE of a whole study drops its labels (store/labels.py)
+                for uid in {r[4] for r in rows if r[3] in gone}:
+                    study_labels.drop_study(self._execute(con), uid)
         return [r[1] for r in rows]
 
     def _emptied(self, con, pks: set[int], child: str) -> set[int]:
@@ -559,27 +592,58 @@ class SQLIndex(Index):
         with self._reading() as con:
             return con.execute(self.dialect.sql(sql), params).fetchall()
 
-    def locate(self, sop_uid: str) -> InstanceLocation | None:
-        rows = self._rows(_LOC + "WHERE i.SOPInstanceUID = ?", (sop_uid,))
+    def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
+        conds, params = label_condition(allowed)
+        rows = self._rows(_LOC + "WHERE " + " AND ".join(["i.SOPInstanceUID = ?", *conds]), (sop_uid, *params))
         return _loc(rows[0]) if rows else None
 
-    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
-        where, params = scope(study_uid, series_uid)
+    def instances(self, study_uid: str, series_uid: str | None = None,
+                  allowed: Filter = UNRESTRICTED) -> list[InstanceLocation]:
+        where, params = scope(study_uid, series_uid, allowed=allowed)
         return [_loc(r) for r in self._rows(_LOC + where + " ORDER BY se.pk, i.pk", params)]
 
-    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[bytes]:
-        where, params = scope(study_uid, series_uid, sop_uid)
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None,
+                 allowed: Filter = UNRESTRICTED) -> list[bytes]:
+        where, params = scope(study_uid, series_uid, sop_uid, allowed)
         return [bytes(r[0]) for r in self._rows(
             "SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
             "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY se.pk, i.pk", params)]
 
-    def search(self, query: Query) -> list[SearchHit]:
-        sql, params = compile_search(self.dialect, query)
+    def search(self, query: Query, allowed: Filter = UNRESTRICTED) -> list[SearchHit]:
+        sql, params = compile_search(self.dialect, query, allowed)
         with self._reading() as con:
             return [hit(query.level, row) for row in con.execute(sql, params)]
 
     def count(self) -> int:
         return self._rows("SELECT count(*) FROM instance")[0][0]
+
+    # --- study labels (store/labels.py) -----------------------------------------------
+
+    def _visible(self, study_uid: str, allowed: Filter) -> bool:
+        conds, params = label_condition(allowed)
+        return bool(self._rows("SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
+                               (study_uid, *params)))
+
+    def labels(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> list[str] | None:
+        if not self._visible(study_uid, allowed):
+            return None
+        with self._reading() as con:
+            return study_labels.of_study(self._execute(con), study_uid)
+
+    def _label_rows(self, con, study_uid: str, label: str, present: bool, allowed: Filter) -> bool | None:
+        """Index.set_label inside the caller's write transaction."""
+        conds, params = label_condition(allowed)
+        if self._x(con, "SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
+                   (study_uid, *params)).fetchone() is None:
+            return None
+        return study_labels.put(self._execute(con), study_uid, label, present,
+                                postgresql=self.dialect.name == "postgresql")
+
+    def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
+        conds, params = label_condition(allowed)
+        where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        return dict(self._rows("SELECT l.label, count(*) FROM study_label l JOIN study s ON s.StudyInstanceUID = "
+                               f"l.StudyInstanceUID{where} GROUP BY l.label ORDER BY l.label", params))
 
     def counts(self) -> IndexCounts:
         return IndexCounts(*self._rows(COUNTS)[0])
