@@ -554,7 +554,7 @@ def _update(args: argparse.Namespace) -> int:
     finally:
         archive.close()
     if settings.audit_log is not None:
-        from .api.auth import audit_log, configure_audit_file
+        from .access.audit import audit_log, configure_audit_file
 
         configure_audit_file(settings.audit_log)
         audit_log.info(orjson.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "action": "update",
@@ -662,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors-origin", dest="cors_origins", action="append", help="allowed CORS origin (repeat)")
     serve.add_argument("--access-log", dest="access_log", action="store_true", default=None)
     serve.add_argument("--api-keys-file", dest="api_keys_file", help='JSON {"token": ["read","write","delete"]}')
+    serve.add_argument("--access-rules-file", dest="access_rules_file",
+                       help='JSON {"identities": {"basic:alice": ["cardio"]}, "claim": "groups", "default": "*"}')
     serve.add_argument("--basic-users-file", dest="basic_users_file",
                        help='JSON {"user": {"password_sha256": "...", "scopes": [...]}}')
     serve.add_argument("--oidc-issuer", dest="oidc_issuer", help="expected JWT issuer (iss)")
