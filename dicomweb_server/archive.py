@@ -496,6 +496,11 @@ class Archive:
                                          duplicate=not new))
             if new is True and rec.sop_class_uid == reject.KOS_SOP_CLASS:
                 outcome.notes.append(rec)
+        if self.routing is not None and self.routing.routes.labelling:
+            # labels on arrival: the routing rules' ``labels`` (after the commit, like a PUT of each)
+            for study_uid, label in sorted({(rec.study_uid, label) for rec, new in zip(pending, added)
+                                            if new is True for label in self.routing.routes.labels_for(rec)}):
+                self.index.set_label(study_uid, label)
 
     def _acknowledge_duplicates(self, records: list[InstanceRecord], outcome: StoreOutcome) -> None:
         """Identical duplicates are a success once every forward their rules name is

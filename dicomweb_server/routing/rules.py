@@ -14,6 +14,7 @@
     name = "CT and MR to the PACS"
     match = { Modality = ["CT", "MR"], StudyDescription = "*HEAD*" }  # optional
     destinations = ["pacs"]
+    labels = ["radio"]  # optional: the study of a matching instance gets these labels (access/filter.py)
 
     [delivery]          # optional, the defaults shown (allowed ranges: DELIVERY_BOUNDS)
     batch_size = 20     concurrency = 2     max_attempts = 10    max_age = 86400
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..access.filter import validate_label
 from ..config_values import PORT, Bound, ae_title_problem, header_problem, host_problem, name_problem
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Match, QueryError, match_value, parse_query
@@ -79,6 +81,7 @@ class Rule:
     name: str
     alternatives: tuple[tuple[Match, ...], ...]  # OR of AND-ed matches (a TOML list expands)
     destinations: tuple[str, ...]
+    labels: tuple[str, ...] = ()  # put on the study of each new instance that matches
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
@@ -135,6 +138,16 @@ class Routes:
             for d in rule.destinations:
                 out.setdefault(d, rule.name)
         return list(out.items())
+
+    def labels_for(self, record: InstanceRecord) -> set[str]:
+        """The labels the matching rules give a newly stored instance's study."""
+        if not self.labelling:
+            return set()
+        return {label for rule in self._index.matching(record) for label in rule.labels}  # type: ignore[union-attr]
+
+    @property
+    def labelling(self) -> bool:
+        return any(rule.labels for rule in self.rules)
 
 
 def _match(m: Match, record: InstanceRecord) -> bool:
@@ -274,15 +287,24 @@ def _webhook(hook: object, i: int, fail) -> Webhook:
 
 
 def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
-    extra = set(r) - {"name", "match", "destinations"}
+    extra = set(r) - {"name", "match", "destinations", "labels"}
     if extra:
-        raise fail("rules", i, sorted(extra)[0], "unknown field; expected name, match, destinations")
+        raise fail("rules", i, sorted(extra)[0], "unknown field; expected name, match, destinations, labels")
     name = r.get("name", f"rule {i + 1}")
     if problem := name_problem(name):
         raise fail("rules", i, "name", problem)
-    dests = r.get("destinations")
-    if not isinstance(dests, list) or not dests or not all(isinstance(x, str) for x in dests):
-        raise fail("rules", i, "destinations", "a non-empty list of destination names is required")
+    labels = r.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise fail("rules", i, "labels", "a list of labels is required")
+    for x in labels:
+        try:
+            validate_label(x)
+        except ValueError as e:
+            raise fail("rules", i, "labels", str(e)) from None
+    dests = r.get("destinations", None if not labels else [])
+    if not isinstance(dests, list) or not (dests or labels) or not all(isinstance(x, str) for x in dests):
+        raise fail("rules", i, "destinations", "a non-empty list of destination names is required "
+                                               "(or labels)")
     for x in dests:
         if x not in destinations:
             raise fail("rules", i, "destinations", f"no destination named {x!r} "
@@ -314,7 +336,7 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
                 raise fail("rules", i, "match", f"{m.attribute.keyword} is computed over the whole study or "
                                                 "series; a rule sees one instance (use Modality, SOPClassUID)")
         alternatives.append(query.matches)
-    return Rule(name, tuple(alternatives), tuple(dict.fromkeys(dests)))
+    return Rule(name, tuple(alternatives), tuple(dict.fromkeys(dests)), tuple(dict.fromkeys(labels)))
 
 
 def _url_problem(url: object) -> str | None:

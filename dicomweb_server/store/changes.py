@@ -5,7 +5,7 @@ the webhooks (routing/webhook.py).
 
 A row: ``seq`` (the Sequence: 1, 2, 3, ... with no gap, never reused, never removed),
 ``_time`` (when, seconds since the epoch, UTC), ``action`` (create | update | delete |
-reject | restore), ``state`` (the instance's *current* state as this row's life of it
+reject | restore | label), ``state`` (the instance's *current* state as this row's life of it
 ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``version``
 (1 for an instance's first create; each later create of the same SOP Instance UID, once
 the earlier one was deleted, is the next version; a delete carries the version it
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-ACTIONS = ("create", "update", "delete", "reject", "restore")
+ACTIONS = ("create", "update", "delete", "reject", "restore", "label")
 STATES = ("current", "replaced", "deleted", "rejected")
 
 #: pg_advisory_xact_lock key serialising change-log appends across nodes ("DCMC")
@@ -135,7 +135,11 @@ def append(x: Execute, now: float | None, action: str, instances: Iterable[tuple
     for study, series, sop in instances:
         last = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
                  (sop,)).fetchone()
-        if action == "create":
+        if action == "label":  # a label of its study put or taken away (store/labels.py): the
+            # instance's version and state go on; its earlier rows are left as they are
+            version = last[2] if last is not None else 1
+            state = last[1] if last is not None else "current"
+        elif action == "create":
             if last is not None and last[1] == "current":  # (a create, or an update's version)
                 continue
             version = last[2] + 1 if last is not None else 1
@@ -191,7 +195,7 @@ def current(x: Execute) -> list[tuple[str, str, str]]:
     create, the version an update or restore made, or a version shown again after its
     rejection)."""
     return [tuple(r) for r in x("SELECT StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID FROM changelog "
-                                "WHERE state = 'current' ORDER BY seq", ()).fetchall()]
+                                "WHERE state = 'current' AND action != 'label' ORDER BY seq", ()).fetchall()]
 
 
 def last(x: Execute, sop_uid: str) -> tuple[str, str, int] | None:

@@ -315,14 +315,15 @@ class MemoryIndex(Index):
                 return []
             victims = [i for i in self._iter_instances(study, series_uid) if (sop_uid is None or i.uid == sop_uid)
                        and (only is None or i.uid in only)]
-            if log == "delete" and study_uid in self._labels and len(victims) == study.n_instances():
-                # a DELETE of the whole study drops its labels, in the change log's transaction
+            unlabel = log == "delete" and study_uid in self._labels and len(victims) == study.n_instances()
+            if unlabel:  # a DELETE of the whole study drops its labels, in the change log's transaction
                 first = also
                 also = lambda x: (first(x) if first else None, study_labels.drop_study(x, study_uid))  # noqa: E731
-                self._labels.pop(study_uid, None)
             if log:  # the change log first (durable): then the index changes
                 self._log(log, sorted(((study_uid, i.series.uid, i.uid) for i in victims),
                                       key=lambda t: self._instances[t[2]].seq), also)
+            if unlabel:
+                self._labels.pop(study_uid, None)
             touched: dict[str, _Series] = {}
             for inst in victims:
                 se = inst.series
@@ -427,8 +428,14 @@ class MemoryIndex(Index):
         with self._lock:
             if self._study(study_uid, allowed) is None:
                 return None
-            with immediate(self._journal):
+            study = self._studies[study_uid]
+            with immediate(self._journal) as con:
                 changed = study_labels.put(self._x, study_uid, label, present)
+                if changed:  # the change feed shows it: a label row per instance of the study
+                    self._run_change_hooks(con, changelog.append(
+                        self._x, changelog.now(), "label",
+                        [(study_uid, i.series.uid, i.uid) for i in sorted(self._iter_instances(study, None),
+                                                                         key=lambda i: i.seq)]))
             if present:
                 self._labels.setdefault(study_uid, set()).add(label)
             elif study_uid in self._labels:

@@ -636,8 +636,14 @@ class SQLIndex(Index):
         if self._x(con, "SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
                    (study_uid, *params)).fetchone() is None:
             return None
-        return study_labels.put(self._execute(con), study_uid, label, present,
-                                postgresql=self.dialect.name == "postgresql")
+        changed = study_labels.put(self._execute(con), study_uid, label, present,
+                                   postgresql=self.dialect.name == "postgresql")
+        if changed:  # the change feed shows it: a label row per instance of the study
+            self._log(con, "label", [tuple(r) for r in self._x(
+                con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID FROM instance i JOIN series se "
+                "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE s.StudyInstanceUID = ? ORDER BY i.pk",
+                (study_uid,)).fetchall()])
+        return changed
 
     def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
         conds, params = label_condition(allowed)

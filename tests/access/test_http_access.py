@@ -162,3 +162,32 @@ def test_stow_into_a_study_not_allowed_is_refused_and_a_new_study_gets_the_write
     other = make_dataset(study=sb, PatientID="PB")
     assert store(client, ALL, other).status_code == 200
     assert client.get(f"/studies/{sb}/labels", headers=h(ALL)).json() == ["b"]
+
+
+def test_routing_rules_label_studies_on_arrival(tmp_path):
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[rules]]\nname = "MR is research"\nmatch = { Modality = "MR" }\nlabels = ["trial-42"]\n'
+                      '[[rules]]\nmatch = { Modality = ["MR", "CT"], PatientID = "P*" }\nlabels = ["radio"]\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=routes))
+    with TestClient(create_app(archive.settings, archive=archive)) as c:
+        mr, ct, other = make_dataset(modality="MR", PatientID="P1"), make_dataset(PatientID="P2"), \
+            make_dataset(PatientID="Q3")
+        body, ctype = multipart([to_bytes(mr), to_bytes(ct), to_bytes(other)])
+        assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
+        assert c.get(f"/studies/{mr.StudyInstanceUID}/labels").json() == ["radio", "trial-42"]
+        assert c.get(f"/studies/{ct.StudyInstanceUID}/labels").json() == ["radio"]
+        assert c.get(f"/studies/{other.StudyInstanceUID}/labels").json() == []
+        assert uids(c.get("/studies?label=trial-42")) == {mr.StudyInstanceUID}
+    archive.close()
+
+
+def test_a_rule_label_must_be_a_label(tmp_path):
+    from dicomweb_server.routing.rules import RoutesError, load_routes
+
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[rules]]\nlabels = ["Not A Label"]\n')
+    with pytest.raises(RoutesError, match="line 2: .*labels: invalid label"):
+        load_routes(routes)
+    routes.write_text('[[rules]]\nmatch = { Modality = "CT" }\n')
+    with pytest.raises(RoutesError, match="destinations"):
+        load_routes(routes)

@@ -131,3 +131,18 @@ def test_memory_labels_survive_a_restart(tmp_path):
     assert again.labels(rec.study_uid) == ["cardio"]
     assert [h.study_uid for h in again.search(q("study"), only({"cardio"}))] == [rec.study_uid]
     again.close()
+
+
+def test_label_changes_are_in_the_change_log(two):
+    index, recs, sa, sb, _sn = two
+    before = index.latest_change().sequence
+    index.set_label(sb, "x")
+    index.set_label(sb, "x")  # nothing changed: nothing logged
+    index.set_label(sb, "x", present=False)
+    rows = index.changes(after=before, limit=100)
+    assert [(c.action, c.state, c.version, c.study_uid, c.sop_uid) for c in rows] == \
+        [("label", "current", 1, sb, recs[1].sop_uid), ("label", "current", 1, sb, recs[3].sop_uid)] * 2
+    # the instance's life goes on: a delete after labels marks every row deleted, once
+    index.delete(sb)
+    assert [c.action for c in index.history(recs[1].sop_uid)] == ["create", "label", "label", "label", "delete"]
+    assert {c.state for c in index.history(recs[1].sop_uid)} == {"deleted"}
