@@ -123,6 +123,15 @@ def _serve(args: argparse.Namespace) -> int:
         except RoutesError as e:
             print(f"dicomweb-server: --routes: {e}", file=sys.stderr)
             return 2
+    if settings.access_rules or settings.access_rules_file is not None:  # a bad rules document: before the workers
+        from .access.rules import AccessRules, RulesError
+
+        try:
+            AccessRules.load(settings.access_rules, settings.access_rules_file)
+        except (RulesError, OSError, ValueError) as e:
+            print(f"dicomweb-server: {e}" if isinstance(e, RulesError) else f"dicomweb-server: access rules: {e}",
+                  file=sys.stderr)
+            return 2
     refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)

@@ -50,3 +50,17 @@ def test_the_oidc_claim_is_configurable():
 def test_a_bad_document_is_refused(doc):
     with pytest.raises(RulesError):
         AccessRules.parse(doc)
+
+
+def test_serve_refuses_a_bad_rules_file_before_starting(tmp_path):
+    import subprocess
+    import sys
+
+    rules = tmp_path / "rules.json"
+    rules.write_text('{"identities": {"basic:alice": ["Cardio"]}}')
+    r = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "data"),
+                        "--port", "0", "--dimse-port", "0", "--access-rules-file", str(rules)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("dicomweb-server: access rules: 'basic:alice': invalid label 'Cardio': "
+                                "1 to 64 of a-z 0-9 . _ -, starting with a letter or digit")
