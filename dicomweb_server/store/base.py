@@ -281,14 +281,15 @@ class Index(ABC):
                 hook(con, changes)
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0) -> list[Change]:
+                skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[Change]:
         """Change-log rows with Sequence > ``after`` and ``start`` <= time < ``end``
         (seconds since the epoch), in Sequence order, ``skip`` left out, at most ``limit``.
         A reader never meets a row with a lower Sequence than one it has already seen."""
         raise NotImplementedError
 
-    def latest_change(self) -> Change | None:
-        """The change-log row with the highest Sequence (None when empty)."""
+    def latest_change(self, allowed: Filter = UNRESTRICTED) -> Change | None:
+        """The change-log row with the highest Sequence (None when empty); both of the
+        studies ``allowed`` lets through, by their labels now."""
         raise NotImplementedError
 
 

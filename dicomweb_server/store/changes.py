@@ -35,6 +35,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from ..access.filter import UNRESTRICTED, Filter
+from .labels import label_condition
+
 ACTIONS = ("create", "update", "delete", "reject", "restore", "label")
 STATES = ("current", "replaced", "deleted", "rejected")
 
@@ -170,10 +173,14 @@ def now() -> float:
 
 
 def read(x: Execute, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-         skip: int = 0) -> list[Change]:
-    """Rows with Sequence > ``after``, ``start`` <= time < ``end``, in Sequence order,
-    the first ``skip`` left out, at most ``limit``."""
+         skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[Change]:
+    """Rows with Sequence > ``after``, ``start`` <= time < ``end``, of the studies ``allowed``
+    lets through (their labels now: store/labels.py), in Sequence order, the first ``skip``
+    left out, at most ``limit``."""
     where, params = ["seq > ?"], [after]
+    conds, label_params = label_condition(allowed, "changelog")
+    where += conds
+    params += label_params
     if start is not None:
         where.append("_time >= ?")
         params.append(start)
@@ -185,8 +192,10 @@ def read(x: Execute, after: int = 0, limit: int = 10, start: float | None = None
     return [Change(*r) for r in rows]
 
 
-def latest(x: Execute) -> Change | None:
-    row = x(f"SELECT {_COLS} FROM changelog ORDER BY seq DESC LIMIT 1", ()).fetchone()
+def latest(x: Execute, allowed: Filter = UNRESTRICTED) -> Change | None:
+    conds, params = label_condition(allowed, "changelog")
+    where = f"WHERE {' AND '.join(conds)} " if conds else ""
+    row = x(f"SELECT {_COLS} FROM changelog {where}ORDER BY seq DESC LIMIT 1", params).fetchone()
     return Change(*row) if row else None
 
 

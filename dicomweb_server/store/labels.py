@@ -12,7 +12,11 @@ Statements are written with ``?`` for :data:`changes.Execute` (the caller transl
 
 from __future__ import annotations
 
-from .changes import Execute
+from collections.abc import Callable
+
+from ..access.filter import Filter
+
+Execute = Callable[[str, "list | tuple"], object]  # (as store/changes.py's)
 
 
 def sqlite_schema() -> str:
@@ -58,3 +62,21 @@ def drop_study(x: Execute, study_uid: str) -> None:
 def every(x: Execute) -> list[tuple[str, str]]:
     """(StudyInstanceUID, label) of every row (the in-memory index loads them at start)."""
     return [tuple(r) for r in x("SELECT StudyInstanceUID, label FROM study_label", ()).fetchall()]
+
+
+def label_condition(allowed: Filter, study: str = "s") -> tuple[list[str], list]:
+    """The conditions (and their parameters) that let through only the studies ``allowed``
+    does (access/filter.py), on the table or alias ``study`` (one with a StudyInstanceUID
+    column: the study table, the change log): per clause, the study carries one of its
+    labels (an index look-up in study_label's primary key). Nothing at all for an
+    unrestricted filter."""
+    where: list[str] = []
+    params: list = []
+    for n, clause in enumerate(allowed.clauses):
+        if not clause:
+            where.append("1 = 0")
+            continue
+        where.append(f"EXISTS (SELECT 1 FROM study_label l{n} WHERE l{n}.label IN ({','.join('?' * len(clause))}) "
+                     f"AND l{n}.StudyInstanceUID = {study}.StudyInstanceUID)")
+        params += sorted(clause)
+    return where, params

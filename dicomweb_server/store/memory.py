@@ -163,13 +163,13 @@ class MemoryIndex(Index):
             return len(gone)
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0) -> list[changelog.Change]:
-        with self._lock:
-            return changelog.read(self._x, after, limit, start, end, skip)
+                skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[changelog.Change]:
+        with self._lock:  # (the labels are in the journal too: the filter is part of the query)
+            return changelog.read(self._x, after, limit, start, end, skip, allowed)
 
-    def latest_change(self) -> changelog.Change | None:
+    def latest_change(self, allowed: Filter = UNRESTRICTED) -> changelog.Change | None:
         with self._lock:
-            return changelog.latest(self._x)
+            return changelog.latest(self._x, allowed)
 
     def history(self, sop_uid: str) -> list[changelog.Change]:
         with self._lock:

@@ -313,11 +313,11 @@ class PostgreSQLIndex(SQLIndex):
             return self._label_rows(con, study_uid, label, present, allowed)
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0):
-        return self._retried(lambda: SQLIndex.changes(self, after, limit, start, end, skip))
+                skip: int = 0, allowed: Filter = UNRESTRICTED):
+        return self._retried(lambda: SQLIndex.changes(self, after, limit, start, end, skip, allowed))
 
-    def latest_change(self):
-        return self._retried(lambda: SQLIndex.latest_change(self))
+    def latest_change(self, allowed: Filter = UNRESTRICTED):
+        return self._retried(lambda: SQLIndex.latest_change(self, allowed))
 
     @contextmanager
     def _writing(self, uids: Iterable[str]) -> Iterator:

@@ -24,6 +24,7 @@ from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from ..dicom.status import FailureReason
 from . import labels as study_labels
+from .labels import label_condition
 from . import rejections
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 
@@ -241,23 +242,6 @@ def compile_match(dialect: Dialect, m: Match, fuzzy: bool, col: str | None = Non
             params.append(hi)
         return "(" + " AND ".join(parts) + ")", params
     raise AssertionError(t)
-
-
-def label_condition(allowed: Filter, study: str = "s") -> tuple[list[str], list]:
-    """The conditions (and their parameters) that let through only the studies ``allowed``
-    does (access/filter.py), on the study table's alias ``study``: per clause, the study
-    carries one of its labels (an index look-up in study_label's primary key). Nothing
-    at all for an unrestricted filter."""
-    where: list[str] = []
-    params: list = []
-    for n, clause in enumerate(allowed.clauses):
-        if not clause:
-            where.append("1 = 0")
-            continue
-        where.append(f"EXISTS (SELECT 1 FROM study_label l{n} WHERE l{n}.label IN ({','.join('?' * len(clause))}) "
-                     f"AND l{n}.StudyInstanceUID = {study}.StudyInstanceUID)")
-        params += sorted(clause)
-    return where, params
 
 
 def compile_search(dialect: Dialect, query: Query, allowed: Filter = UNRESTRICTED) -> tuple[str, list]:
@@ -660,10 +644,10 @@ class SQLIndex(Index):
         yield from self._rows("SELECT SOPInstanceUID, _path FROM rejection WHERE _path IS NOT NULL")
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0) -> list[changelog.Change]:
+                skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[changelog.Change]:
         with self._reading() as con:
-            return changelog.read(lambda sql, p: self._x(con, sql, p), after, limit, start, end, skip)
+            return changelog.read(lambda sql, p: self._x(con, sql, p), after, limit, start, end, skip, allowed)
 
-    def latest_change(self) -> changelog.Change | None:
+    def latest_change(self, allowed: Filter = UNRESTRICTED) -> changelog.Change | None:
         with self._reading() as con:
-            return changelog.latest(lambda sql, p: self._x(con, sql, p))
+            return changelog.latest(lambda sql, p: self._x(con, sql, p), allowed)

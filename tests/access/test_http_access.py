@@ -191,3 +191,20 @@ def test_a_rule_label_must_be_a_label(tmp_path):
     routes.write_text('[[rules]]\nmatch = { Modality = "CT" }\n')
     with pytest.raises(RoutesError, match="destinations"):
         load_routes(routes)
+
+
+def test_the_change_feed_shows_only_the_allowed_studies(client, two):
+    a, b = two
+    sa, sb = a[0].StudyInstanceUID, b[0].StudyInstanceUID
+    every = client.get("/changefeed?limit=100", headers=h(ALL)).json()
+    assert {e["StudyInstanceUid"] for e in every} == {sa, sb}
+    seen = client.get("/changefeed?limit=100", headers=h(ONLY_A)).json()
+    assert {e["StudyInstanceUid"] for e in seen} == {sa}
+    # creates and the label row of each instance of A, its metadata with it
+    assert sorted(e["Action"] for e in seen) == ["create"] * 3 + ["label"] * 3
+    assert all(e["Metadata"]["0020000D"]["Value"] == [sa] for e in seen)
+    # v2 with paging: the offset counts A's entries only
+    page = client.get("/v2/changefeed?limit=2&offset=4", headers=h(ONLY_A)).json()
+    assert [e["Sequence"] for e in page] == [e["Sequence"] for e in seen[4:6]]
+    assert client.get("/changefeed/latest", headers=h(ONLY_A)).json()["StudyInstanceUid"] == sa
+    assert client.get("/changefeed/latest", headers=h(ALL)).json()["StudyInstanceUid"] == sb
