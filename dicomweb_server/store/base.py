@@ -187,10 +187,12 @@ class Index(ABC):
     def count(self) -> int:
         """Number of indexed instances."""
 
-    def counts(self) -> IndexCounts:
+    def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
         """Numbers of studies, series and instances and the bytes of the instances, from
         the index alone and cheaply (no scan of the instances' rows: their sizes are
-        summed from an index of the size column, or a counter)."""
+        summed from an index of the size column, or a counter). Restricted by ``allowed``:
+        those of the allowed studies (their study rows' counts; the sizes of their
+        instances summed)."""
         raise NotImplementedError
 
     @abstractmethod

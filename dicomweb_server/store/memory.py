@@ -521,9 +521,14 @@ class MemoryIndex(Index):
     def count(self) -> int:
         return len(self._instances)
 
-    def counts(self) -> IndexCounts:
+    def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
         with self._lock:
-            return IndexCounts(len(self._studies), len(self._series), len(self._instances), self._bytes)
+            if allowed.unrestricted:
+                return IndexCounts(len(self._studies), len(self._series), len(self._instances), self._bytes)
+            studies = [st for st in self._studies.values() if self._allowed(st.uid, allowed)]
+            return IndexCounts(len(studies), sum(len(st.series) for st in studies),
+                               sum(st.n_instances() for st in studies),
+                               sum(i.size for st in studies for se in st.series.values() for i in se.instances.values()))
 
     def paths(self) -> Iterator[tuple[str, str]]:
         with self._lock:

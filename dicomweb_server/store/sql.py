@@ -635,8 +635,17 @@ class SQLIndex(Index):
         return dict(self._rows("SELECT l.label, count(*) FROM study_label l JOIN study s ON s.StudyInstanceUID = "
                                f"l.StudyInstanceUID{where} GROUP BY l.label ORDER BY l.label", params))
 
-    def counts(self) -> IndexCounts:
-        return IndexCounts(*self._rows(COUNTS)[0])
+    def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
+        if allowed.unrestricted:
+            return IndexCounts(*self._rows(COUNTS)[0])
+        conds, params = label_condition(allowed)
+        where = " WHERE " + " AND ".join(conds)
+        studies, series, instances = self._rows(
+            "SELECT count(*), coalesce(sum(NumberOfStudyRelatedSeries), 0), "
+            f"coalesce(sum(NumberOfStudyRelatedInstances), 0) FROM study s{where}", params)[0]
+        (size,) = self._rows("SELECT CAST(coalesce(sum(i._size), 0) AS BIGINT) FROM instance i JOIN series se "
+                             f"ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk{where}", params)[0]
+        return IndexCounts(studies, int(series), int(instances), size)
 
     def paths(self) -> Iterator[tuple[str, str]]:
         """(the files of rejected instances are the index's too: kept until purged)"""

@@ -208,3 +208,10 @@ def test_the_change_feed_shows_only_the_allowed_studies(client, two):
     assert [e["Sequence"] for e in page] == [e["Sequence"] for e in seen[4:6]]
     assert client.get("/changefeed/latest", headers=h(ONLY_A)).json()["StudyInstanceUid"] == sa
     assert client.get("/changefeed/latest", headers=h(ALL)).json()["StudyInstanceUid"] == sb
+
+
+def test_the_landing_page_counts_only_the_allowed(client, two):
+    got = client.get("/", headers=h(ONLY_B, Accept="application/json")).json()
+    assert (got["studies"], got["series"], got["instances"]) == (1, 1, 2)
+    got = client.get("/", headers=h(ALL, Accept="application/json")).json()
+    assert (got["studies"], got["series"], got["instances"]) == (2, 3, 5)

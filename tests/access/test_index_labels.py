@@ -146,3 +146,12 @@ def test_label_changes_are_in_the_change_log(two):
     index.delete(sb)
     assert [c.action for c in index.history(recs[1].sop_uid)] == ["create", "label", "label", "label", "delete"]
     assert {c.state for c in index.history(recs[1].sop_uid)} == {"deleted"}
+
+
+def test_counts_of_the_allowed_studies(two):
+    index, recs, sa, sb, _sn = two
+    assert index.counts().instances == 6
+    a, b = index.counts(A), index.counts(B)
+    assert (a.studies, a.series, a.instances, a.stored_bytes) == (1, 2, 3, sum(r.size for r in recs[0::2][:3]))
+    assert (b.studies, b.series, b.instances, b.stored_bytes) == (1, 2, 2, recs[1].size + recs[3].size)
+    assert index.counts(only(set())) == type(a)(0, 0, 0, 0)
