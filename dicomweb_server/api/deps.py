@@ -96,3 +96,19 @@ SeriesUID = Annotated[str, Depends(_series)]
 SOPInstanceUID = Annotated[str, Depends(_instance)]
 #: the studies the request may see: handed to every Index read (access/filter.py)
 Allowed = Annotated[Filter, Depends(_allowed)]
+
+
+async def _visible_study(request: Request, study: StudyUID) -> str:
+    """The study of the path, when the request may see it; else 404 "no such study", as for
+    one that does not exist (the routes that change a study: $update, reject, export)."""
+    allowed = access_of(request).filter
+    if not allowed.unrestricted:
+        from starlette.concurrency import run_in_threadpool
+
+        if await run_in_threadpool(request.app.state.archive.index.labels, study, allowed) is None:
+            raise DICOMwebHTTPError(404, "no such study")
+    return study
+
+
+#: a StudyInstanceUID of the path that the request may see (404 otherwise)
+VisibleStudyUID = Annotated[str, Depends(_visible_study)]

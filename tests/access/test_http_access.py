@@ -215,3 +215,24 @@ def test_the_landing_page_counts_only_the_allowed(client, two):
     assert (got["studies"], got["series"], got["instances"]) == (1, 1, 2)
     got = client.get("/", headers=h(ALL, Accept="application/json")).json()
     assert (got["studies"], got["series"], got["instances"]) == (2, 3, 5)
+
+
+def test_changes_to_a_study_not_allowed_are_404_like_none(client, two):
+    """$update, reject, restore and export of B by a token allowed a: 404, as for a study
+    that does not exist; nothing changed."""
+    _a, b = two
+    sb, seb = b[0].StudyInstanceUID, b[0].SeriesInstanceUID
+    ghost = generate_uid()
+    json_body = {"Content-Type": "application/dicom+json"}
+    for path, body in ((f"/studies/{{}}/$update", b'{"00100010": {"vr": "PN", "Value": [{"Alphabetic": "X^Y"}]}}'),
+                       (f"/studies/{{}}/reject/113001%5EDCM", b""), (f"/studies/{{}}/$restore-rejected", b""),
+                       ("/admin/export/none/studies/{}", b"")):
+        seen = client.post(path.format(sb), content=body, headers=h(ONLY_A, **json_body))
+        assert seen.status_code == 404, path
+        if "admin" not in path:  # (export: the destination is looked up first, for a study that exists)
+            absent = client.post(path.format(ghost), content=body, headers=h(ONLY_A, **json_body))
+            assert (seen.status_code, seen.content.replace(sb.encode(), ghost.encode())) == \
+                (absent.status_code, absent.content), path
+    meta = client.get(f"/studies/{sb}/series/{seb}/metadata", headers=h(ALL)).json()
+    assert [m["00100010"]["Value"][0]["Alphabetic"] for m in meta] == ["Test^Patient"] * 2  # not updated
+    assert client.get("/admin/rejected", headers=h(ALL)).json() == []  # not rejected
