@@ -10,8 +10,10 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import admin, changefeed, downloads, errors, landing, lifecycle, qido, reject, rendered, stow, wado, worklist
-from .api.auth import AuthAuditMiddleware, Authenticator, configure_audit_file, load_json_file
+from .api import admin, changefeed, downloads, errors, labels, landing, lifecycle, qido, reject, rendered, stow, wado, worklist
+from .access.rules import AccessRules
+from .access.audit import configure_audit_file, load_json_file
+from .api.auth import AuthAuditMiddleware, Authenticator
 from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
 from .archive import Archive
@@ -71,13 +73,14 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.access = AccessRules.load(settings.access_rules, settings.access_rules_file)  # access/rules.py
     if archive is not None:
         app.state.archive = archive
     errors.install(app)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     include_ui(app, settings)  # /docs and the operator's page /ui/, assets from the package (ui/)
     app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
-    for module in (qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads, worklist):
+    for module in (labels, qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads, worklist):
         app.include_router(module.router, prefix=settings.prefix)
     app.include_router(reject.admin_router)  # /admin/rejected
     app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix
@@ -95,6 +98,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         oidc_issuer=settings.oidc_issuer, oidc_audience=settings.oidc_audience,
         oidc_jwks_url=settings.oidc_jwks_url, basic_users=load_json_file(settings.basic_users_file),
         jwks_timeout=settings.oidc_jwks_timeout, jwks_cache_seconds=settings.oidc_jwks_cache_seconds,
+        labels_claim=app.state.access.claim,
     )
     if settings.audit_log is not None:
         configure_audit_file(settings.audit_log)
@@ -108,7 +112,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_credentials="*" not in settings.cors_origins,
-            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
+            allow_methods=["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS"],
             allow_headers=["accept", "content-type", "authorization"],
             expose_headers=["Content-Type", "Content-Location", "Warning"],
         )

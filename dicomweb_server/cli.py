@@ -131,6 +131,15 @@ def _serve(args: argparse.Namespace) -> int:
         except PolicyError as e:
             print(f"dicomweb-server: --retention: {e}", file=sys.stderr)
             return 2
+    if settings.access_rules or settings.access_rules_file is not None:  # a bad rules document: before the workers
+        from .access.rules import AccessRules, RulesError
+
+        try:
+            AccessRules.load(settings.access_rules, settings.access_rules_file)
+        except (RulesError, OSError, ValueError) as e:
+            print(f"dicomweb-server: {e}" if isinstance(e, RulesError) else f"dicomweb-server: access rules: {e}",
+                  file=sys.stderr)
+            return 2
     refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
@@ -587,7 +596,7 @@ def _update(args: argparse.Namespace) -> int:
     finally:
         archive.close()
     if settings.audit_log is not None:
-        from .api.auth import audit_log, configure_audit_file
+        from .access.audit import audit_log, configure_audit_file
 
         configure_audit_file(settings.audit_log)
         audit_log.info(orjson.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "action": "update",
@@ -714,6 +723,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors-origin", dest="cors_origins", action="append", help="allowed CORS origin (repeat)")
     serve.add_argument("--access-log", dest="access_log", action="store_true", default=None)
     serve.add_argument("--api-keys-file", dest="api_keys_file", help='JSON {"token": ["read","write","delete"]}')
+    serve.add_argument("--access-rules-file", dest="access_rules_file",
+                       help='JSON {"identities": {"basic:alice": ["cardio"]}, "claim": "groups", "default": "*"}')
     serve.add_argument("--basic-users-file", dest="basic_users_file",
                        help='JSON {"user": {"password_sha256": "...", "scopes": [...]}}')
     serve.add_argument("--oidc-issuer", dest="oidc_issuer", help="expected JWT issuer (iss)")

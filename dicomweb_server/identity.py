@@ -15,3 +15,4 @@ class Identity:
     subject: str  # who: key name, JWT "sub", user name, or a DIMSE peer's AE title
     scopes: frozenset[str]
     method: str  # "api-key" | "oidc" | "basic" | "dimse-peer" | "anonymous"
+    groups: tuple[str, ...] = ()  # OIDC: the values of the access rules' claim (access/rules.py)

@@ -93,6 +93,11 @@ class Settings(BaseSettings):
                                        '`{"token": ["read", "write", "delete"]}`')
     basic_users_file: Path | None = Field(None, description='HTTP basic users: JSON '
                                           '`{"user": {"password_sha256": "...", "scopes": [...]}}`')
+    access_rules: dict = Field(default_factory=dict, description='who sees which studies, inline (access/rules.py): '
+                               '`{"identities": {"basic:alice": ["cardio"], "ae:CT1": ["radio"]}, '
+                               '"claim": "groups", "default": "*"}`; none: everyone sees every study')
+    access_rules_file: Path | None = Field(None, description="JSON file of access rules (the form of "
+                                                             "`access_rules`, which overrides its keys)")
     oidc_issuer: str | None = Field(None, description="OAuth2/OIDC access tokens (JWT): the expected issuer "
                                                       "(`iss`)")
     oidc_audience: str | None = Field(None, description="OAuth2/OIDC: the expected audience (`aud`)")

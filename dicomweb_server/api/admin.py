@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from .. import metrics
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, VisibleStudyUID
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Operations"])
@@ -78,20 +78,20 @@ async def _export(archive, destination: str, study: str, series: str | None = No
 
 
 @router.post("/admin/export/{destination}/studies/{study}", summary="Export a study to a destination")
-async def export_study(archive: ArchiveDep, destination: str, study: StudyUID) -> Response:
+async def export_study(archive: ArchiveDep, destination: str, study: VisibleStudyUID) -> Response:
     """Owe every instance of the study to ``destination`` (delivered by the forwarder;
     an instance already pending for it is not queued twice)."""
     return await _export(archive, destination, study)
 
 
 @router.post("/admin/export/{destination}/studies/{study}/series/{series}", summary="Export a series")
-async def export_series(archive: ArchiveDep, destination: str, study: StudyUID, series: SeriesUID) -> Response:
+async def export_series(archive: ArchiveDep, destination: str, study: VisibleStudyUID, series: SeriesUID) -> Response:
     return await _export(archive, destination, study, series)
 
 
 @router.post("/admin/export/{destination}/studies/{study}/series/{series}/instances/{instance}",
              summary="Export an instance")
-async def export_instance(archive: ArchiveDep, destination: str, study: StudyUID, series: SeriesUID,
+async def export_instance(archive: ArchiveDep, destination: str, study: VisibleStudyUID, series: SeriesUID,
                           instance: SOPInstanceUID) -> Response:
     return await _export(archive, destination, study, series, instance)
 

@@ -40,20 +40,19 @@ import hashlib
 import hmac
 import logging
 import time
-from pathlib import Path
 
 import httpx
 import jwt
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..access.audit import audit_log
 from ..identity import SCOPES, Identity
 from .errors import error_response
 
-_METHOD_SCOPE = {"GET": "read", "HEAD": "read", "POST": "write", "DELETE": "delete"}
+_METHOD_SCOPE = {"GET": "read", "HEAD": "read", "POST": "write", "PUT": "write", "DELETE": "delete"}
 _OPEN_PREFIXES = ("/docs", "/openapi.json", "/viewer", "/ui")
 
-audit_log = logging.getLogger("dicomweb_server.audit")
 log = logging.getLogger("dicomweb_server.auth")
 
 # JWS algorithms allowed per JWK key type when the JWK names none (RFC 7518 §3.1)
@@ -78,12 +77,13 @@ class Authenticator:
     def __init__(self, api_keys: dict[str, list[str]] | None = None, *, oidc_issuer: str | None = None,
                  oidc_audience: str | None = None, oidc_jwks_url: str | None = None,
                  basic_users: dict[str, dict] | None = None, jwks_timeout: float = 5.0,
-                 jwks_cache_seconds: float = 300.0) -> None:
+                 jwks_cache_seconds: float = 300.0, labels_claim: str = "groups") -> None:
         # keys are compared by their SHA-256, in constant time, never logged
         self._keys = {hashlib.sha256(k.encode()).digest(): (f"key-{hashlib.sha256(k.encode()).hexdigest()[:8]}",
                                                              _norm_scopes(v)) for k, v in (api_keys or {}).items()}
         self._basic = basic_users or {}
         self._issuer, self._audience = oidc_issuer, oidc_audience
+        self._claim = labels_claim  # the claim whose values the access rules name (access/rules.py)
         self._jwks = JWKSCache(oidc_jwks_url, ttl=jwks_cache_seconds, timeout=jwks_timeout) if oidc_jwks_url \
             else None
 
@@ -129,7 +129,7 @@ class Authenticator:
                 token, key[0].key, algorithms=key[1], audience=self._audience, issuer=self._issuer,
                 options={"require": ["exp", "iss"] + (["aud"] if self._audience else [])},
             )
-            return _identity_of(claims)
+            return _identity_of(claims, self._claim)
         except Exception as e:  # noqa: BLE001 - see the docstring
             log.info("access token refused: %s: %s", type(e).__name__, e)
             return None
@@ -143,9 +143,11 @@ def _algorithms(item: dict, key: "jwt.PyJWK") -> list[str]:
     return list(_ALGORITHMS_OF_KTY.get(key.key_type, (key.algorithm_name,)))
 
 
-def _identity_of(claims: dict) -> Identity | None:
+def _identity_of(claims: dict, groups_claim: str = "groups") -> Identity | None:
     """Scopes from ``scope`` (space-separated string, RFC 8693 §4.2) or ``scp``
-    (string or list of strings); any other JSON type is a malformed token."""
+    (string or list of strings); any other JSON type is a malformed token. The values of
+    ``groups_claim`` (a string or a list of strings; anything else: none) are what the
+    access rules' ``oidc:`` entries name (access/rules.py)."""
     raw = claims.get("scope", claims.get("scp", []))
     if isinstance(raw, str):
         scopes = raw.split()
@@ -156,7 +158,10 @@ def _identity_of(claims: dict) -> Identity | None:
     subject = claims.get("sub", "unknown")
     if not isinstance(subject, str):
         return None
-    return Identity(subject, _norm_scopes(scopes), "oidc")
+    raw_groups = claims.get(groups_claim, [])
+    groups = (raw_groups,) if isinstance(raw_groups, str) else \
+        tuple(g for g in raw_groups if isinstance(g, str)) if isinstance(raw_groups, list) else ()
+    return Identity(subject, _norm_scopes(scopes), "oidc", groups)
 
 
 class JWKSCache:
@@ -256,8 +261,10 @@ class AuthAuditMiddleware:
                 await response(scope, receive, send)
                 return
             # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
-            # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py)
-            need = ("admin" if rel.startswith("/admin/deid/") else "write" if rel.startswith("/admin/")
+            # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py);
+            # labels are changed with the write scope, a DELETE of one included
+            need = ("admin" if rel.startswith("/admin/deid/")
+                    else "write" if rel.startswith("/admin/") or (method == "DELETE" and "/labels/" in rel)
                     else _METHOD_SCOPE.get(method, "read"))
             if need not in found.scopes:
                 await self._audit(scope, found, 403, rel, method)
@@ -319,21 +326,3 @@ def _unauthenticated(header: str | None):
                                    "accepted (unknown, expired or for another service)")
     response.headers["WWW-Authenticate"] = 'Bearer realm="dicomweb", error="invalid_token"'
     return response
-
-
-def load_json_file(path: Path | None) -> dict:
-    if path is None:
-        return {}
-    return orjson.loads(Path(path).read_bytes())
-
-
-def configure_audit_file(path: Path) -> None:
-    """Send the audit logger to ``path`` (JSON lines, appended)."""
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    for old in list(audit_log.handlers):
-        if isinstance(old, logging.FileHandler) and Path(old.baseFilename) == Path(path).resolve():
-            return
-    audit_log.addHandler(handler)
-    audit_log.setLevel(logging.INFO)
-    audit_log.propagate = False

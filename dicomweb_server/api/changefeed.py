@@ -27,9 +27,10 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from ..access.filter import Filter
 from ..dicom.instance import BASE_URL_TOKEN
 from ..store.changes import Change
-from .deps import ArchiveDep, BaseURL
+from .deps import ArchiveDep, BaseURL, access_of
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Change feed"])
@@ -80,12 +81,12 @@ def _params(request: Request) -> dict[str, str]:
     return {k.lower(): v for k, v in request.query_params.items()}
 
 
-def _entries(archive, base: str, changes: list[Change], include_metadata: bool) -> list[dict]:
+def _entries(archive, base: str, changes: list[Change], include_metadata: bool, allowed: Filter) -> list[dict]:
     out = []
     for c in changes:
         metadata = None
         if include_metadata and c.state == "current":
-            found = archive.index.metadata(c.study_uid, c.series_uid, c.sop_uid)
+            found = archive.index.metadata(c.study_uid, c.series_uid, c.sop_uid, allowed)
             if found:
                 metadata = orjson.Fragment(found[0].replace(BASE_URL_TOKEN.encode(), base.encode()))
         out.append(c.entry(metadata, include_metadata))
@@ -109,18 +110,22 @@ async def _feed(request: Request, archive, base: str, version: int) -> Response:
         if start is not None and end is not None and end <= start:
             raise DICOMwebHTTPError(400, "endTime must be later than startTime")
 
+    allowed = access_of(request).filter  # the entries of the studies the reader may see (by their labels now)
+
     def read() -> list[dict]:
-        return _entries(archive, base, archive.index.changes(after, limit, start, end, skip), include)
+        return _entries(archive, base, archive.index.changes(after, limit, start, end, skip, allowed), include,
+                        allowed)
 
     return _json(await run_in_threadpool(read))
 
 
 async def _latest(request: Request, archive, base: str) -> Response:
     include = _bool(_params(request), "includemetadata", True)
+    allowed = access_of(request).filter
 
     def read() -> list[dict]:
-        latest = archive.index.latest_change()
-        return _entries(archive, base, [latest] if latest is not None else [], include)
+        latest = archive.index.latest_change(allowed)
+        return _entries(archive, base, [latest] if latest is not None else [], include, allowed)
 
     found = await run_in_threadpool(read)
     return _json(found[0]) if found else Response(status_code=204)

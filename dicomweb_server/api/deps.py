@@ -10,6 +10,8 @@ from urllib.parse import unquote
 
 from fastapi import Depends, Path, Request
 
+from ..access.filter import Filter
+from ..access.rules import FULL, Access
 from ..archive import Archive
 from ..dicom.media_types import MediaRange, accept_parameter, charset_parameter, parse_accept
 from ..dicom.uids import validate_uid
@@ -75,8 +77,38 @@ async def _instance(instance: Annotated[str, Path(description="SOPInstanceUID")]
     return checked_uid(instance, "SOPInstanceUID")
 
 
+def access_of(request: Request) -> Access:
+    """What the request's identity may see (access/rules.py); everything when no rules
+    are configured or no authentication identified anyone."""
+    rules = getattr(request.app.state, "access", None)
+    identity = request.scope.get("state", {}).get("identity")
+    return rules.access(identity) if rules is not None else FULL
+
+
+async def _allowed(request: Request) -> Filter:
+    return access_of(request).filter
+
+
 ArchiveDep = Annotated[Archive, Depends(get_archive)]
 BaseURL = Annotated[str, Depends(base_url)]
 StudyUID = Annotated[str, Depends(_study)]
 SeriesUID = Annotated[str, Depends(_series)]
 SOPInstanceUID = Annotated[str, Depends(_instance)]
+#: the studies the request may see: handed to every Index read (access/filter.py)
+Allowed = Annotated[Filter, Depends(_allowed)]
+
+
+async def _visible_study(request: Request, study: StudyUID) -> str:
+    """The study of the path, when the request may see it; else 404 "no such study", as for
+    one that does not exist (the routes that change a study: $update, reject, export)."""
+    allowed = access_of(request).filter
+    if not allowed.unrestricted:
+        from starlette.concurrency import run_in_threadpool
+
+        if await run_in_threadpool(request.app.state.archive.index.labels, study, allowed) is None:
+            raise DICOMwebHTTPError(404, "no such study")
+    return study
+
+
+#: a StudyInstanceUID of the path that the request may see (404 otherwise)
+VisibleStudyUID = Annotated[str, Depends(_visible_study)]

@@ -2,7 +2,9 @@
 QIDO-RS query matches (PS3.10 files and a DICOMDIR, export.py), and the metadata of
 the instances a QIDO-RS query matches as NDJSON. Read access as WADO-RS retrieve:
 the same archive dependency and ``read`` scope (api/auth.py: a GET), the same study
-and series look-up (Index.instances), 404 when it finds nothing. HEAD is answered by
+and series look-up (Index.instances) with the caller's access filter in the index query
+(access/filter.py: a study it may not see is one that does not exist), 404 when it finds
+nothing. HEAD is answered by
 the app's HTTPMethods middleware like every GET."""
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from .. import export, missing_data
 from ..deid import download as _deid_download  # noqa: F401 - registers "basic" in export.TRANSFORMS
 from ..dicom.dicomdir import TAGS as DICOMDIR_TAGS
 from ..dicom.matching import parse_query
+from ..access.filter import UNRESTRICTED, Filter
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID
+from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID, access_of
 from .errors import DICOMwebHTTPError, warning_header
+from .qido import with_labels
 from .threads import run_blocking
 from .wado import leave_out_missing
 
@@ -29,7 +33,7 @@ router = APIRouter(tags=["Downloads"])
 #: the most studies one ``GET /archive?<query>`` packs; a query matching more is refused (400)
 ARCHIVE_MAX_STUDIES = 100
 #: query parameters of these routes that are not QIDO-RS matching keys
-_OWN_PARAMETERS = {"deidentify", "project", "option", "allow_burned_in", "format", "accept", "charset"}
+_OWN_PARAMETERS = {"deidentify", "project", "option", "allow_burned_in", "format", "accept", "charset", "label"}
 _ZIP = "application/zip"
 NDJSON = "application/x-ndjson"
 _WANTED = set(DICOMDIR_TAGS.values())
@@ -37,6 +41,11 @@ _WANTED = set(DICOMDIR_TAGS.values())
 
 def _qido_params(request: Request) -> list[tuple[str, str]]:
     return [(k, v) for k, v in request.query_params.multi_items() if k not in _OWN_PARAMETERS]
+
+
+def _allowed(request: Request) -> Filter:
+    """The caller's access filter, narrowed by ``?label=`` as QIDO-RS narrows it."""
+    return with_labels(access_of(request).filter, request.query_params.getlist("label"))
 
 
 def _transform(request: Request, archive) -> export.InstanceTransform | None:
@@ -61,14 +70,14 @@ def _transform(request: Request, archive) -> export.InstanceTransform | None:
         raise DICOMwebHTTPError(400, str(e)) from None
 
 
-def _entries(archive, groups: list[tuple[tuple[str, str | None], list[InstanceLocation]]]
-             ) -> Iterator[export.Entry]:
+def _entries(archive, groups: list[tuple[tuple[str, str | None], list[InstanceLocation]]],
+             allowed: Filter = UNRESTRICTED) -> Iterator[export.Entry]:
     """Each instance of ``groups`` ((study, series) and its instances) with the DICOMDIR's
     keys of its stored DICOM JSON: the JSON of one group at a time, looked up as the ZIP
     reaches it (in its worker thread)."""
     for (study, series), locs in groups:
         items: dict[str, dict] = {}
-        for raw in archive.index.metadata(study, series):
+        for raw in archive.index.metadata(study, series, allowed=allowed):
             item = orjson.loads(raw)
             sop = (item.get("00080018") or {}).get("Value", [None])[0]
             items[sop] = {t: v for t, v in item.items() if t in _WANTED}
@@ -78,14 +87,15 @@ def _entries(archive, groups: list[tuple[tuple[str, str | None], list[InstanceLo
                 yield export.Entry(loc, item)
 
 
-def _located(archive, keys: list[tuple[str, str | None]]):
-    return [(key, archive.index.instances(*key)) for key in keys]
+def _located(archive, keys: list[tuple[str, str | None]], allowed: Filter):
+    return [(key, archive.index.instances(*key, allowed=allowed)) for key in keys]
 
 
 async def _zip_response(request: Request, archive, keys: list[tuple[str, str | None]], what: str,
                         filename: str) -> Response:
     transform = await run_blocking(_transform, request, archive)
-    groups = await run_blocking(_located, archive, keys)
+    allowed = access_of(request).filter
+    groups = await run_blocking(_located, archive, keys, allowed)
     locs = [loc for _, group in groups for loc in group]
     if not locs:
         raise DICOMwebHTTPError(404, f"no such {what}")
@@ -98,7 +108,7 @@ async def _zip_response(request: Request, archive, keys: list[tuple[str, str | N
     def missing(loc: InstanceLocation, e: Exception) -> None:
         missing_data.confirm(archive.index, loc, e)  # logged and counted (the answer has started)
 
-    body = export.zip_stream(archive.blobs, _entries(archive, groups), transform, missing)
+    body = export.zip_stream(archive.blobs, _entries(archive, groups, allowed), transform, missing)
     return StreamingResponse(iterate_in_threadpool(body), media_type=_ZIP, headers=headers)
 
 
@@ -125,7 +135,7 @@ async def download_studies(request: Request, archive: ArchiveDep) -> Response:
     ``limit`` and ``offset`` of ``GET /studies``), at most ARCHIVE_MAX_STUDIES: a query
     matching more is refused (400), to be narrowed or paged with limit/offset."""
     query = parse_query("study", _qido_params(request), max_results=ARCHIVE_MAX_STUDIES + 1)
-    hits = await run_blocking(archive.index.search, query)
+    hits = await run_blocking(archive.index.search, query, _allowed(request))
     if len(hits) > ARCHIVE_MAX_STUDIES:
         raise DICOMwebHTTPError(400, f"the query matches more than {ARCHIVE_MAX_STUDIES} studies, the most one "
                                      "download holds: narrow it, or page with limit and offset")
@@ -134,8 +144,8 @@ async def download_studies(request: Request, archive: ArchiveDep) -> Response:
     return await _zip_response(request, archive, [(h.study_uid, None) for h in hits], "studies", "studies.zip")
 
 
-def _metadata_lines(archive, hits, base: str, form: str,
-                    transform: export.InstanceTransform | None = None) -> Iterator[bytes]:
+def _metadata_lines(archive, hits, base: str, form: str, transform: export.InstanceTransform | None = None,
+                    allowed: Filter = UNRESTRICTED) -> Iterator[bytes]:
     """One line per hit, from the stored DICOM JSON of its series (one look-up per
     series, held while its instances follow one another); through ``transform`` when
     one is given."""
@@ -145,7 +155,7 @@ def _metadata_lines(archive, hits, base: str, form: str,
         if (h.study_uid, h.series_uid) != current:
             current = (h.study_uid, h.series_uid)
             by_sop = {}
-            for raw in archive.index.metadata(h.study_uid, h.series_uid):
+            for raw in archive.index.metadata(h.study_uid, h.series_uid, allowed=allowed):
                 sop = (orjson.loads(raw).get("00080018") or {}).get("Value", [None])[0]
                 by_sop[sop] = raw
         raw = by_sop.get(h.sop_uid)
@@ -171,9 +181,10 @@ async def export_metadata(request: Request, archive: ArchiveDep, base: BaseURL) 
         raise DICOMwebHTTPError(400, f"format {form!r}: 'dicom' (DICOM JSON) or 'flat' (keyword -> value)")
     transform = await run_blocking(_transform, request, archive)
     query = parse_query("instance", _qido_params(request), max_results=archive.settings.max_results)
-    hits = await run_blocking(archive.index.search, query)
+    allowed = _allowed(request)
+    hits = await run_blocking(archive.index.search, query, allowed)
     headers = {}
     if query.limited and len(hits) == query.limit:
         headers["Warning"] = warning_header("There are additional results that can be requested")
-    body = iterate_in_threadpool(_metadata_lines(archive, hits, base, form, transform))
+    body = iterate_in_threadpool(_metadata_lines(archive, hits, base, form, transform, allowed))
     return StreamingResponse(body, media_type=NDJSON, headers=headers)

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__, missing_data
+from .deps import access_of
 
 
 def _q_values(accept: str) -> dict[str, float]:
@@ -51,7 +52,7 @@ def describe(request: Request) -> dict:
     """The landing page's content (sync: the index count runs in FastAPI's thread pool)."""
     settings = request.app.state.settings
     archive = request.app.state.archive
-    counts = archive.index.counts()
+    counts = archive.index.counts(access_of(request).filter)  # what the caller may see (access/rules.py)
     disk = shutil.disk_usage(archive.blobs.root)
     root = str(request.base_url).rstrip("/")
     links = {"dicomweb": f"{root}{settings.prefix}/studies", "docs": f"{root}/docs",

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..lifecycle import update as lifecycle
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, VisibleStudyUID
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Lifecycle"])
@@ -53,13 +53,13 @@ async def _changes(request: Request, level: str):
 
 
 @router.post("/studies/{study}/$update")
-async def update_study(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
+async def update_study(request: Request, archive: ArchiveDep, study: VisibleStudyUID) -> Response:
     changes = await _changes(request, "study")
     return _json((await _run(request, lifecycle.update, archive, study, None, changes)).to_json())
 
 
 @router.post("/studies/{study}/series/{series}/$update")
-async def update_series(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+async def update_series(request: Request, archive: ArchiveDep, study: VisibleStudyUID, series: SeriesUID) -> Response:
     changes = await _changes(request, "series")
     return _json((await _run(request, lifecycle.update, archive, study, series, changes)).to_json())
 
@@ -73,7 +73,8 @@ async def merge(request: Request, archive: ArchiveDep, patient_id: str) -> Respo
 
 
 @router.get("/studies/{study}/series/{series}/instances/{instance}/versions")
-async def versions(archive: ArchiveDep, study: StudyUID, series: SeriesUID, instance: SOPInstanceUID) -> Response:
+async def versions(archive: ArchiveDep, study: VisibleStudyUID, series: SeriesUID,
+                   instance: SOPInstanceUID) -> Response:
     try:
         return _json(await run_in_threadpool(lifecycle.instance_versions, archive, study, series, instance))
     except lifecycle.UpdateError as e:
@@ -81,12 +82,12 @@ async def versions(archive: ArchiveDep, study: StudyUID, series: SeriesUID, inst
 
 
 @router.post("/studies/{study}/$restore")
-async def restore_study(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
+async def restore_study(request: Request, archive: ArchiveDep, study: VisibleStudyUID) -> Response:
     return _json((await _run(request, lifecycle.restore_study, archive, study)).to_json())
 
 
 @router.post("/studies/{study}/series/{series}/instances/{instance}/$restore")
-async def restore(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+async def restore(request: Request, archive: ArchiveDep, study: VisibleStudyUID, series: SeriesUID,
                   instance: SOPInstanceUID) -> Response:
     raw = request.query_params.get("version")
     if raw is None:

@@ -7,13 +7,14 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from ..access.filter import Filter, validate_label
 from ..archive import retrieve_url
 from ..dicom.attributes import Level
 from ..dicom.matching import Query, parse_query
 from ..dicom.media_types import negotiate_json
 from ..dicom.search_results import build_result
-from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID, acceptable
-from .errors import warning_header
+from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID, access_of, acceptable
+from .errors import DICOMwebHTTPError, warning_header
 from .responses import DicomJSONResponse
 
 router = APIRouter(tags=["QIDO-RS"])
@@ -25,14 +26,27 @@ async def _search(request: Request, archive, base: str, level: Level, own_levels
     the answer in a worker thread: a search can scan the whole index, and the
     in-memory index holds its lock meanwhile, so it never runs on the event loop."""
     negotiate_json(acceptable(request))
-    query = parse_query(level, request.query_params.multi_items(), study_uid=study_uid,
+    params = request.query_params.multi_items()
+    allowed = with_labels(access_of(request).filter, [v for k, v in params if k == "label"])
+    query = parse_query(level, [(k, v) for k, v in params if k != "label"], study_uid=study_uid,
                         series_uid=series_uid, max_results=archive.settings.max_results)
-    return await run_in_threadpool(_answer, archive, base, query, own_levels)
+    return await run_in_threadpool(_answer, archive, base, query, own_levels, allowed)
 
 
-def _answer(archive, base: str, query: Query, own_levels: tuple) -> Response:
+def with_labels(allowed: Filter, values: list[str]) -> Filter:
+    """``allowed`` and the ``label`` query parameters (not a DICOM attribute: this archive's
+    own; repeated or comma-separated, any of them): studies carrying one of the labels."""
+    if not values:
+        return allowed
+    try:
+        return allowed.narrow({validate_label(v.strip()) for value in values for v in value.split(",")})
+    except ValueError as e:
+        raise DICOMwebHTTPError(400, f"label: {e}") from None
+
+
+def _answer(archive, base: str, query: Query, own_levels: tuple, allowed: Filter) -> Response:
     level = query.level
-    hits = archive.index.search(query)
+    hits = archive.index.search(query, allowed)
     results = []
     for h in hits:
         url = retrieve_url(base, h.study_uid, h.series_uid if level != "study" else None,

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..lifecycle import reject as lifecycle
-from .deps import ArchiveDep, SeriesUID, StudyUID, checked_uid
+from .deps import ArchiveDep, SeriesUID, VisibleStudyUID, checked_uid
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Rejection"])
@@ -33,14 +33,14 @@ async def _reject(archive, study: str, series: str | None, reason: str) -> Respo
 
 
 @router.post("/studies/{study}/reject/{reason}", summary="Reject a study (dcm4chee, IOCM)")
-async def reject_study(archive: ArchiveDep, study: StudyUID, reason: str) -> Response:
+async def reject_study(archive: ArchiveDep, study: VisibleStudyUID, reason: str) -> Response:
     """Hides the study's instances from every search and retrieve, as a rejection note
     titled ``reason`` (``113001^DCM``: PS3.16 CID 7011) would. 200 ``{"count": n}``, 400, 404."""
     return await _reject(archive, study, None, reason)
 
 
 @router.post("/studies/{study}/series/{series}/reject/{reason}", summary="Reject a series (dcm4chee, IOCM)")
-async def reject_series(archive: ArchiveDep, study: StudyUID, series: SeriesUID, reason: str) -> Response:
+async def reject_series(archive: ArchiveDep, study: VisibleStudyUID, series: SeriesUID, reason: str) -> Response:
     return await _reject(archive, study, series, reason)
 
 
@@ -52,13 +52,13 @@ async def _restore(archive, study: str, series: str | None) -> Response:
 
 
 @router.post("/studies/{study}/$restore-rejected", summary="Restore the rejected instances of a study")
-async def restore_study(archive: ArchiveDep, study: StudyUID) -> Response:
+async def restore_study(archive: ArchiveDep, study: VisibleStudyUID) -> Response:
     """Shows the study's rejected instances again (kept ``keep_rejected`` days). 200 ``{"count": n}``, 404."""
     return await _restore(archive, study, None)
 
 
 @router.post("/studies/{study}/series/{series}/$restore-rejected", summary="Restore the rejected instances of a series")
-async def restore_series(archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+async def restore_series(archive: ArchiveDep, study: VisibleStudyUID, series: SeriesUID) -> Response:
     return await _restore(archive, study, series)
 
 

@@ -17,7 +17,7 @@ from ..dicom.media_types import MULTIPART_RELATED, MediaRange, NotAcceptable, ne
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
 from ..render_cache import RenderCache, file_version
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID, acceptable
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID, acceptable, access_of
 from .errors import DICOMwebHTTPError
 from .responses import multipart_response
 from .wado import document_response, gone_error, leave_out_missing, locate, parse_frame_list
@@ -200,25 +200,29 @@ def _routes(suffix: str, thumbnail: bool) -> None:
 
     @router.get(f"/studies/{{study}}/{suffix}", summary=f"Retrieve a {kind} study", name=f"study_{kind}")
     async def study_level(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
-        return await _many(request, archive, archive.index.instances(study), "study", thumbnail)
+        locs = archive.index.instances(study, None, access_of(request).filter)
+        return await _many(request, archive, locs, "study", thumbnail)
 
     @router.get(f"/studies/{{study}}/series/{{series}}/{suffix}", summary=f"Retrieve a {kind} series",
                 name=f"series_{kind}")
     async def series_level(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
-        return await _many(request, archive, archive.index.instances(study, series), "series", thumbnail)
+        locs = archive.index.instances(study, series, access_of(request).filter)
+        return await _many(request, archive, locs, "series", thumbnail)
 
     @router.get(f"/studies/{{study}}/series/{{series}}/instances/{{instance}}/{suffix}",
                 summary=f"Retrieve a {kind} instance", name=f"instance_{kind}")
     async def instance_level(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
                              instance: SOPInstanceUID) -> Response:
-        return await _one(request, archive, locate(archive, study, series, instance), None, thumbnail)
+        loc = locate(archive, study, series, instance, access_of(request).filter)
+        return await _one(request, archive, loc, None, thumbnail)
 
     @router.get(f"/studies/{{study}}/series/{{series}}/instances/{{instance}}/frames/{{frames}}/{suffix}",
                 summary=f"Retrieve {kind} frames", name=f"frames_{kind}")
     async def frame_level(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
                           instance: SOPInstanceUID, frames: str) -> Response:
         numbers = parse_frame_list(frames)
-        return await _one(request, archive, locate(archive, study, series, instance), numbers, thumbnail)
+        loc = locate(archive, study, series, instance, access_of(request).filter)
+        return await _one(request, archive, loc, numbers, thumbnail)
 
 
 _routes("rendered", thumbnail=False)

@@ -23,6 +23,7 @@ from .deps import (
     SeriesUID,
     SOPInstanceUID,
     StudyUID,
+    access_of,
     base_url,
     checked_uid,
 )
@@ -105,7 +106,7 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
         spooler.close()
         if not spooler.parts:
             raise DICOMwebHTTPError(400, "the multipart body holds no parts")
-        outcome = await run_blocking(archive.store, spooler.parts, study_uid)
+        outcome = await run_blocking(archive.store, spooler.parts, study_uid, access_of(request))
         request.state.audit_studies = {s.study_uid for s in outcome.stored}
     except ClientDisconnect:
         spooler.discard()
@@ -198,29 +199,34 @@ async def store_study_instances(request: Request, archive: ArchiveDep, base: Bas
     return await _stow(request, archive, base, study)
 
 
-async def _delete(archive, study: str, series: str | None = None, sop: str | None = None) -> Response:
-    try:
-        n = await run_in_threadpool(archive.delete, study, series, sop)
-    except DiskFull as e:
-        raise DICOMwebHTTPError(507, str(e)) from None  # RFC 4918 §11.5 Insufficient Storage
+async def _delete(request: Request, archive, study: str, series: str | None = None, sop: str | None = None
+                  ) -> Response:
+    allowed = access_of(request).filter
+    if not allowed.unrestricted and await run_in_threadpool(archive.index.labels, study, allowed) is None:
+        n = 0  # a study the client may not see: as one that does not exist
+    else:
+        try:
+            n = await run_in_threadpool(archive.delete, study, series, sop)
+        except DiskFull as e:
+            raise DICOMwebHTTPError(507, str(e)) from None  # RFC 4918 §11.5 Insufficient Storage
     if n == 0:
         raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
     return Response(status_code=204)
 
 
 @router.delete("/studies/{study}", status_code=204, summary="Delete a study")
-async def delete_study(archive: ArchiveDep, study: StudyUID) -> Response:
+async def delete_study(request: Request, archive: ArchiveDep, study: StudyUID) -> Response:
     """Removes the index rows (one commit), then the files. 204, or 404."""
-    return await _delete(archive, study)
+    return await _delete(request, archive, study)
 
 
 @router.delete("/studies/{study}/series/{series}", status_code=204, summary="Delete a series")
-async def delete_series(archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
-    return await _delete(archive, study, series)
+async def delete_series(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
+    return await _delete(request, archive, study, series)
 
 
 @router.delete("/studies/{study}/series/{series}/instances/{instance}", status_code=204,
                summary="Delete an instance")
-async def delete_instance(archive: ArchiveDep, study: StudyUID, series: SeriesUID,
+async def delete_instance(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID,
                           instance: SOPInstanceUID) -> Response:
-    return await _delete(archive, study, series, instance)
+    return await _delete(request, archive, study, series, instance)

@@ -35,8 +35,9 @@ from ..dicom.media_types import (
     names_pixel_media_type,
 )
 from ..dicom.multipart import closing, content_type, new_boundary, part_header
+from ..access.filter import Filter
 from ..store.base import InstanceLocation
-from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID, acceptable
+from .deps import ArchiveDep, BaseURL, SeriesUID, SOPInstanceUID, StudyUID, acceptable, access_of
 from .errors import DICOMwebHTTPError, warning_header
 from .responses import (
     DicomJSONResponse,
@@ -67,8 +68,9 @@ def transcoded_frames_cache(request: Request) -> RenderCache | None:
     return cache
 
 
-def locate(archive, study: str, series: str | None, sop: str) -> InstanceLocation:
-    loc = archive.index.locate(sop)
+def locate(archive, study: str, series: str | None, sop: str, allowed: Filter) -> InstanceLocation:
+    """The instance, of a study ``allowed`` lets through (else 404, as for none)."""
+    loc = archive.index.locate(sop, allowed)
     if loc is None or loc.study_uid != study or (series is not None and loc.series_uid != series):
         raise DICOMwebHTTPError(404, f"no instance {sop} in this study/series")
     return loc
@@ -153,7 +155,7 @@ def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
 def _metadata_response(request: Request, archive, base: str, study: str, series: str | None = None,
                        sop: str | None = None) -> Response:
     negotiate_json(acceptable(request))
-    items = archive.index.metadata(study, series, sop)
+    items = archive.index.metadata(study, series, sop, access_of(request).filter)
     if not items:
         raise DICOMwebHTTPError(404, "no such " + ("instance" if sop else "series" if series else "study"))
     body = b"[" + b",".join(items) + b"]"
@@ -193,7 +195,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     asked, single-part ``application/dicom`` (PS3.18 §10.4.1.1.1, §8.7.3.5).
     ``transfer-syntax=*`` returns the file as stored; 406 when the requested
     transfer syntax cannot be produced."""
-    loc = locate(archive, study, series, instance)
+    loc = locate(archive, study, series, instance, access_of(request).filter)
     choice = negotiate_instances(acceptable(request), loc.transfer_syntax_uid,
                                  retrieve.can_decode, single_part_allowed=True,
                                  can_produce=transcode.can_transcode)
@@ -497,12 +499,14 @@ async def retrieve_study(request: Request, archive: ArchiveDep, study: StudyUID)
     """Every instance of the study, streamed one file at a time as
     ``multipart/related; type="application/dicom"`` (PS3.18 §10.4.1.1.1).
     Single-part ``application/dicom`` is 406 for more than one instance."""
-    return await _retrieve_many(request, archive, archive.index.instances(study), "study")
+    return await _retrieve_many(request, archive, archive.index.instances(study, None, access_of(request).filter),
+                                "study")
 
 
 @router.get("/studies/{study}/series/{series}", summary="Retrieve a series")
 async def retrieve_series(request: Request, archive: ArchiveDep, study: StudyUID, series: SeriesUID) -> Response:
-    return await _retrieve_many(request, archive, archive.index.instances(study, series), "series")
+    return await _retrieve_many(request, archive, archive.index.instances(study, series, access_of(request).filter),
+                                "series")
 
 
 # --- frames and bulk data ------------------------------------------------------------------
@@ -548,7 +552,7 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
     streamed one frame at a time. 400 bad list or more items than the instance has
     frames, 404 no such frame or no pixel data, 406 unproducible type."""
     numbers = parse_frame_list(frames)
-    loc = locate(archive, study, series, instance)
+    loc = locate(archive, study, series, instance, access_of(request).filter)
     if loc.pixel is None:
         raise DICOMwebHTTPError(404, f"instance {instance} has no pixel data (SOP Class {loc.sop_class_uid})")
     n = int(loc.pixel.get("number_of_frames") or 1)
@@ -615,7 +619,7 @@ async def retrieve_bulkdata(request: Request, archive: ArchiveDep, study: StudyU
         bulkdata_tagpath_parse(tagpath)
     except ValueError as e:
         raise DICOMwebHTTPError(400, f"bulk data path {tagpath!r}: {e}") from None
-    loc = locate(archive, study, series, instance)
+    loc = locate(archive, study, series, instance, access_of(request).filter)
     accept = acceptable(request)
     document = document_media_type(loc.sop_class_uid) if tagpath.upper() == ENCAPSULATED_DOCUMENT else None
     as_document = negotiate_document(accept, document, rendered=False) if document else None

@@ -22,6 +22,7 @@ class FailureReason(IntEnum):
     DATASET_MISMATCH = 0xA900  # required UIDs missing or invalid (PS3.4 B.2.3)
     CANNOT_UNDERSTAND = 0xC000  # not a PS3.10 file, truncated, unreadable (PS3.4 B.2.3)
     STUDY_UID_MISMATCH = 0xC409  # StudyInstanceUID differs from the request URL's study
+    NOT_AUTHORIZED = 0x0124  # PS3.7 C: a study the client may not see (access/rules.py)
 
 
 class InstanceError(Exception):

@@ -26,9 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
     if settings.audit_log is not None:
-        from ..api.auth import (
-            configure_audit_file,  # the same JSON-lines audit file as HTTP
-        )
+        from ..access.audit import configure_audit_file  # the same JSON-lines audit file as HTTP
 
         configure_audit_file(settings.audit_log)
     stop = threading.Event()

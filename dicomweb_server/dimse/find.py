@@ -18,6 +18,7 @@ from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Kind, Level, vr_of
 from ..dicom.matching import TIMEZONE_OFFSET, Query, QueryError, parse_query
 from ..dicom.search_results import build_result
@@ -105,12 +106,14 @@ def build_query(identifier: Dataset, level: str, max_results: int, offset: int =
         raise IdentifierError(str(e)) from None
 
 
-def search_all(index: Index, identifier: Dataset, level: str, max_results: int) -> Iterator[tuple[Query, SearchHit]]:
-    """Every match, page by page (C-FIND has no limit; pages keep memory bounded)."""
+def search_all(index: Index, identifier: Dataset, level: str, max_results: int,
+               allowed: Filter = UNRESTRICTED) -> Iterator[tuple[Query, SearchHit]]:
+    """Every match among the studies ``allowed`` lets through (access/filter.py), page by
+    page (C-FIND has no limit; pages keep memory bounded)."""
     offset = 0
     while True:
         query, _ = build_query(identifier, level, max_results, offset)
-        hits = index.search(query)
+        hits = index.search(query, allowed)
         for hit in hits:
             yield query, hit
         if len(hits) < query.limit:
@@ -128,12 +131,14 @@ def _response(result: dict, wanted: list[int], level: str) -> Dataset:
     return ds
 
 
-def find(index: Index, identifier: Dataset, model: str, max_results: int) -> Iterator[Dataset]:
-    """The C-FIND response identifiers of ``identifier`` (Patient or Study Root)."""
+def find(index: Index, identifier: Dataset, model: str, max_results: int,
+         allowed: Filter = UNRESTRICTED) -> Iterator[Dataset]:
+    """The C-FIND response identifiers of ``identifier`` (Patient or Study Root), of the
+    studies ``allowed`` lets through."""
     level = query_level(identifier, model)
     _, wanted = build_query(identifier, level, max_results)
     seen: set[tuple] = set()
-    for query, hit in search_all(index, identifier, level, max_results):
+    for query, hit in search_all(index, identifier, level, max_results, allowed):
         result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
         if level == "PATIENT":  # patients are kept at the study level: one answer per patient
             result = {k: v for k, v in result.items()

@@ -61,6 +61,7 @@ from pynetdicom.sop_class import (
 )
 
 from .. import missing_data
+from ..access.rules import Access, AccessRules
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..policy import transcode
@@ -429,6 +430,8 @@ class DimseServer:
         self.slots_fd = slots_fd  # the node's slot table (serve's listeners); None: this listener's own
         self.peers: dict[str, Peer] = load_peers(self.settings.dimse_peers_file)
         self.access = access.AccessPolicy(self.settings, self.peers)  # who may do what (access.py)
+        # which studies each calling AE title may see (access/rules.py: "ae:" entries)
+        self.rules = AccessRules.load(self.settings.access_rules, self.settings.access_rules_file)
         self.ae = self._make_ae()
         self.ae.dicomweb_access = self.access  # type: ignore[attr-defined]
         self._server = None
@@ -635,6 +638,10 @@ class DimseServer:
     def _on_close(self, event) -> None:
         pdata.drop_partial(event.assoc)
 
+    def _access(self, event) -> Access:
+        """What the association's calling AE title may see and store into (access/rules.py)."""
+        return self.rules.access(access.identity_of(event.assoc), dimse=True)
+
     # --- C-STORE (PS3.4 B.2) --------------------------------------------------------------
 
     def _on_store(self, event):
@@ -650,7 +657,7 @@ class DimseServer:
                 log.warning("C-STORE from %s refused: %s", event.assoc.requestor.ae_title, mismatch)
                 return _status(S.STORE_DATASET_MISMATCH, mismatch)
             part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
-            outcome = self.archive.store([part])
+            outcome = self.archive.store([part], access=self._access(event))
         except Exception as e:  # never a dead association thread: a failure status instead
             log.exception("C-STORE failed")
             try:
@@ -682,7 +689,8 @@ class DimseServer:
             yield _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
             return
         try:
-            for ds in find(self.archive.index, identifier, model, self.settings.max_results):
+            for ds in find(self.archive.index, identifier, model, self.settings.max_results,
+                           self._access(event).filter):
                 if event.is_cancelled:
                     yield S.CANCEL, None
                     return
@@ -705,7 +713,8 @@ class DimseServer:
         if model is None or identifier is None:
             return None, _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded")
         try:
-            return matching_instances(self.archive.index, identifier, model, self.settings.max_results), None
+            return matching_instances(self.archive.index, identifier, model, self.settings.max_results,
+                                      self._access(event).filter), None
         except IdentifierError as e:
             return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
         except IndexUnavailable as e:  # unavailable is not out of resources: C-FIND's 0xC000

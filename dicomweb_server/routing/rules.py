@@ -21,6 +21,7 @@
     match = { Modality = ["CT", "MR"], StudyDescription = "*HEAD*" }  # optional
     destinations = ["pacs"]
     on = ["store", "update"]   # optional, default ["store"]: also forward each new version
+    labels = ["radio"]  # optional: the study of a matching instance gets these labels (access/filter.py)
 
     [delivery]          # optional, the defaults shown (allowed ranges: DELIVERY_BOUNDS)
     batch_size = 20     concurrency = 2     max_attempts = 10    max_age = 86400
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..access.filter import validate_label
 from ..config_values import PORT, Bound, ae_title_problem, header_problem, host_problem, name_problem
 from ..deid import profile as deid_profile
 from ..deid.apply import parse_safe_private
@@ -101,6 +103,7 @@ class Rule:
     alternatives: tuple[tuple[Match, ...], ...]  # OR of AND-ed matches (a TOML list expands)
     destinations: tuple[str, ...]
     on: frozenset[str] = frozenset({"store"})  # the events it forwards (:data:`EVENTS`)
+    labels: tuple[str, ...] = ()  # put on the study of each new instance that matches
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
@@ -188,6 +191,16 @@ class Routes:
     def on_update(self) -> bool:
         """Whether a rule forwards new versions (``on`` names ``update``)."""
         return any("update" in rule.on for rule in self.rules)
+
+    def labels_for(self, record: InstanceRecord) -> set[str]:
+        """The labels the matching rules give a newly stored instance's study."""
+        if not self.labelling:
+            return set()
+        return {label for rule in self._index.matching(record) for label in rule.labels}  # type: ignore[union-attr]
+
+    @property
+    def labelling(self) -> bool:
+        return any(rule.labels for rule in self.rules)
 
 
 def _match(m: Match, record: InstanceRecord) -> bool:
@@ -383,13 +396,22 @@ def _named(r: dict, table: str, i: int, fields: tuple[str, ...], default: str, f
 
 
 def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
-    name = _named(r, "rules", i, ("name", "match", "destinations", "on"), f"rule {i + 1}", fail)
+    name = _named(r, "rules", i, ("name", "match", "destinations", "on", "labels"), f"rule {i + 1}", fail)
     on = r.get("on", ["store"])
     if not isinstance(on, list) or not on or not all(isinstance(x, str) and x in EVENTS for x in on):
         raise fail("rules", i, "on", f"{on!r}: a non-empty list of {', '.join(map(repr, EVENTS))} is required")
-    dests = r.get("destinations")
-    if not isinstance(dests, list) or not dests or not all(isinstance(x, str) for x in dests):
-        raise fail("rules", i, "destinations", "a non-empty list of destination names is required")
+    labels = r.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise fail("rules", i, "labels", "a list of labels is required")
+    for x in labels:
+        try:
+            validate_label(x)
+        except ValueError as e:
+            raise fail("rules", i, "labels", str(e)) from None
+    dests = r.get("destinations", None if not labels else [])
+    if not isinstance(dests, list) or not (dests or labels) or not all(isinstance(x, str) for x in dests):
+        raise fail("rules", i, "destinations", "a non-empty list of destination names is required "
+                                               "(or labels)")
     for x in dests:
         if x not in destinations:
             raise fail("rules", i, "destinations", f"no destination named {x!r} "
@@ -401,7 +423,7 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
         alternatives = match_alternatives(r.get("match", {}))
     except ValueError as e:
         raise fail("rules", i, "match", str(e)) from None
-    return Rule(name, alternatives, tuple(dict.fromkeys(dests)), frozenset(on))
+    return Rule(name, alternatives, tuple(dict.fromkeys(dests)), frozenset(on), tuple(dict.fromkeys(labels)))
 
 
 def match_alternatives(match: object) -> tuple[tuple[Match, ...], ...]:

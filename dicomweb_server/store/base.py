@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query
 from ..dicom.patient import PatientIdentity
@@ -135,24 +136,30 @@ class Index(ABC):
         before it too)."""
 
     @abstractmethod
-    def locate(self, sop_uid: str) -> InstanceLocation | None:
-        """The instance with this SOP Instance UID, or None."""
+    def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
+        """The instance with this SOP Instance UID, or None (None too when its study is
+        not one ``allowed`` lets through: access/filter.py, applied in the look-up)."""
 
     @abstractmethod
-    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
+    def instances(self, study_uid: str, series_uid: str | None = None,
+                  allowed: Filter = UNRESTRICTED) -> list[InstanceLocation]:
         """Instances of a study (or one of its series) in a stable order:
-        series in arrival order, then instances in arrival order."""
+        series in arrival order, then instances in arrival order (none when the
+        study is not one ``allowed`` lets through)."""
 
     @abstractmethod
-    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None
-                 ) -> list[bytes]:
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None,
+                 allowed: Filter = UNRESTRICTED) -> list[bytes]:
         """Stored DICOM JSON of the instances of a study, series or one instance
-        (empty list when nothing matches), in the order of :meth:`instances`."""
+        (empty list when nothing matches, or the study is not allowed), in the order
+        of :meth:`instances`."""
 
     @abstractmethod
-    def search(self, query: Query) -> list[SearchHit]:
+    def search(self, query: Query, allowed: Filter = UNRESTRICTED) -> list[SearchHit]:
         """QIDO-RS matches of ``query`` in a stable order (arrival order of the
-        entity searched), after ``offset``, at most ``limit`` (PS3.18 §10.6).
+        entity searched), after ``offset``, at most ``limit`` (PS3.18 §10.6),
+        among the studies ``allowed`` lets through (the filter is part of the
+        query: the offset and the limit count allowed matches only).
 
         The study's (series') record, for matching and returning, is that of its
         earliest received instance still stored; computed attributes count only
@@ -182,10 +189,12 @@ class Index(ABC):
     def count(self) -> int:
         """Number of indexed instances."""
 
-    def counts(self) -> IndexCounts:
+    def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
         """Numbers of studies, series and instances and the bytes of the instances, from
         the index alone and cheaply (no scan of the instances' rows: their sizes are
-        summed from an index of the size column, or a counter)."""
+        summed from an index of the size column, or a counter). Restricted by ``allowed``:
+        those of the allowed studies (their study rows' counts; the sizes of their
+        instances summed)."""
         raise NotImplementedError
 
     @abstractmethod
@@ -197,6 +206,25 @@ class Index(ABC):
         that share this index. One machine needs none beyond the blob store's
         ``flock`` stripes; a shared index (store/postgresql.py) takes its locks."""
         return nullcontext()
+
+    # --- study labels (access/filter.py) -------------------------------------------------
+
+    def labels(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> list[str] | None:
+        """The labels of a study, sorted; None when the study is not indexed (or not
+        allowed: the same answer)."""
+        raise NotImplementedError
+
+    def set_label(self, study_uid: str, label: str, present: bool = True,
+                  allowed: Filter = UNRESTRICTED) -> bool | None:
+        """Put (``present``) or take away a label of a study, durably. None when the study
+        is not indexed or not allowed; else whether anything changed. Labels are kept by
+        StudyInstanceUID: an update or a rejection keeps them, a DELETE of the whole
+        study drops them."""
+        raise NotImplementedError
+
+    def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
+        """Every label carried by an allowed study -> how many allowed studies carry it."""
+        raise NotImplementedError
 
     def close(self) -> None:  # pragma: no cover - default no-op
         """Release resources."""
@@ -307,14 +335,15 @@ class Index(ABC):
                 hook(con, changes)
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0) -> list[Change]:
+                skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[Change]:
         """Change-log rows with Sequence > ``after`` and ``start`` <= time < ``end``
         (seconds since the epoch), in Sequence order, ``skip`` left out, at most ``limit``.
         A reader never meets a row with a lower Sequence than one it has already seen."""
         raise NotImplementedError
 
-    def latest_change(self) -> Change | None:
-        """The change-log row with the highest Sequence (None when empty)."""
+    def latest_change(self, allowed: Filter = UNRESTRICTED) -> Change | None:
+        """The change-log row with the highest Sequence (None when empty); both of the
+        studies ``allowed`` lets through, by their labels now."""
         raise NotImplementedError
 
     def received(self, study_uid: str | None = None) -> dict[str, tuple[float, float]]:

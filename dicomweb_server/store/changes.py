@@ -5,7 +5,7 @@ the webhooks (routing/webhook.py).
 
 A row: ``seq`` (the Sequence: 1, 2, 3, ... with no gap, never reused, never removed),
 ``_time`` (when, seconds since the epoch, UTC), ``action`` (create | update | delete |
-reject | restore), ``state`` (the instance's *current* state as this row's life of it
+reject | restore | label), ``state`` (the instance's *current* state as this row's life of it
 ends or goes on: current | replaced | deleted | rejected), the three UIDs, ``version``
 (1 for an instance's first create; each later create of the same SOP Instance UID, once
 the earlier one was deleted, is the next version; a delete carries the version it
@@ -35,7 +35,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-ACTIONS = ("create", "update", "delete", "reject", "restore")
+from ..access.filter import UNRESTRICTED, Filter
+from .labels import label_condition
+
+ACTIONS = ("create", "update", "delete", "reject", "restore", "label")
 STATES = ("current", "replaced", "deleted", "rejected")
 
 #: pg_advisory_xact_lock key serialising change-log appends across nodes ("DCMC")
@@ -135,7 +138,11 @@ def append(x: Execute, now: float | None, action: str, instances: Iterable[tuple
     for study, series, sop in instances:
         last = x("SELECT action, state, version FROM changelog WHERE SOPInstanceUID = ? ORDER BY seq DESC LIMIT 1",
                  (sop,)).fetchone()
-        if action == "create":
+        if action == "label":  # a label of its study put or taken away (store/labels.py): the
+            # instance's version and state go on; its earlier rows are left as they are
+            version = last[2] if last is not None else 1
+            state = last[1] if last is not None else "current"
+        elif action == "create":
             if last is not None and last[1] == "current":  # (a create, or an update's version)
                 continue
             version = last[2] + 1 if last is not None else 1
@@ -166,10 +173,14 @@ def now() -> float:
 
 
 def read(x: Execute, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-         skip: int = 0) -> list[Change]:
-    """Rows with Sequence > ``after``, ``start`` <= time < ``end``, in Sequence order,
-    the first ``skip`` left out, at most ``limit``."""
+         skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[Change]:
+    """Rows with Sequence > ``after``, ``start`` <= time < ``end``, of the studies ``allowed``
+    lets through (their labels now: store/labels.py), in Sequence order, the first ``skip``
+    left out, at most ``limit``."""
     where, params = ["seq > ?"], [after]
+    conds, label_params = label_condition(allowed, "changelog")
+    where += conds
+    params += label_params
     if start is not None:
         where.append("_time >= ?")
         params.append(start)
@@ -181,8 +192,10 @@ def read(x: Execute, after: int = 0, limit: int = 10, start: float | None = None
     return [Change(*r) for r in rows]
 
 
-def latest(x: Execute) -> Change | None:
-    row = x(f"SELECT {_COLS} FROM changelog ORDER BY seq DESC LIMIT 1", ()).fetchone()
+def latest(x: Execute, allowed: Filter = UNRESTRICTED) -> Change | None:
+    conds, params = label_condition(allowed, "changelog")
+    where = f"WHERE {' AND '.join(conds)} " if conds else ""
+    row = x(f"SELECT {_COLS} FROM changelog {where}ORDER BY seq DESC LIMIT 1", params).fetchone()
     return Change(*row) if row else None
 
 
@@ -191,7 +204,7 @@ def current(x: Execute) -> list[tuple[str, str, str]]:
     create, the version an update or restore made, or a version shown again after its
     rejection)."""
     return [tuple(r) for r in x("SELECT StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID FROM changelog "
-                                "WHERE state = 'current' ORDER BY seq", ()).fetchall()]
+                                "WHERE state = 'current' AND action != 'label' ORDER BY seq", ()).fetchall()]
 
 
 def last(x: Execute, sop_uid: str) -> tuple[str, str, int] | None:

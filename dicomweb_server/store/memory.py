@@ -28,11 +28,13 @@ from pathlib import Path
 
 import orjson
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import SEQUENCES_OF, STORED, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import Query, level_record, match_value
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
+from . import labels as study_labels
 from . import rejections
 from . import worklist as worklist_table
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
@@ -129,7 +131,12 @@ class MemoryIndex(Index):
             self._journal.execute("PRAGMA journal_mode=WAL")
             self._journal.execute("PRAGMA synchronous=FULL")
         self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema()
-                                    + worklist_table.sqlite_schema())
+                                    + worklist_table.sqlite_schema()
+                                    + study_labels.sqlite_schema())
+        # study labels (store/labels.py): their rows in the journal, a set per study here
+        self._labels: dict[str, set[str]] = {}
+        for study_uid, label in study_labels.every(self._x):
+            self._labels.setdefault(study_uid, set()).add(label)
         # the rejected instances (store/rejections.py): their rows in the journal, their UIDs here
         self._rejected = {uid for (uid,) in self._x("SELECT SOPInstanceUID FROM rejection")}
         self._rejecting: list | None = None  # inside add(): the rejections its hooks ask for (reject_in)
@@ -171,13 +178,13 @@ class MemoryIndex(Index):
             return len(gone)
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0) -> list[changelog.Change]:
-        with self._lock:
-            return changelog.read(self._x, after, limit, start, end, skip)
+                skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[changelog.Change]:
+        with self._lock:  # (the labels are in the journal too: the filter is part of the query)
+            return changelog.read(self._x, after, limit, start, end, skip, allowed)
 
-    def latest_change(self) -> changelog.Change | None:
+    def latest_change(self, allowed: Filter = UNRESTRICTED) -> changelog.Change | None:
         with self._lock:
-            return changelog.latest(self._x)
+            return changelog.latest(self._x, allowed)
 
     def received(self, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
         with self._lock:
@@ -377,9 +384,15 @@ class MemoryIndex(Index):
                 return []
             victims = [i for i in self._iter_instances(study, series_uid) if (sop_uid is None or i.uid == sop_uid)
                        and (only is None or i.uid in only)]
+            unlabel = log == "delete" and study_uid in self._labels and len(victims) == study.n_instances()
+            if unlabel:  # a DELETE of the whole study drops its labels, in the change log's transaction
+                first = also
+                also = lambda x: (first(x) if first else None, study_labels.drop_study(x, study_uid))  # noqa: E731
             if log:  # the change log first (durable): then the index changes
                 self._log(log, sorted(((study_uid, i.series.uid, i.uid) for i in victims),
                                       key=lambda t: self._instances[t[2]].seq), also)
+            if unlabel:
+                self._labels.pop(study_uid, None)
             touched: dict[str, _Series] = {}
             for inst in victims:
                 se = inst.series
@@ -413,18 +426,29 @@ class MemoryIndex(Index):
             return list(se.instances.values()) if se is not None else []
         return [i for se in study.series.values() for i in se.instances.values()]
 
-    def locate(self, sop_uid: str) -> InstanceLocation | None:
-        inst = self._instances.get(sop_uid)
-        return inst.location() if inst is not None else None
+    def _allowed(self, study_uid: str, allowed: Filter) -> bool:
+        return allowed.unrestricted or allowed.allows(self._labels.get(study_uid, ()))
 
-    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
+    def _study(self, study_uid: str, allowed: Filter) -> _Study | None:
+        study = self._studies.get(study_uid)
+        return study if study is not None and self._allowed(study_uid, allowed) else None
+
+    def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
+        inst = self._instances.get(sop_uid)
+        if inst is None or not self._allowed(inst.series.study.uid, allowed):
+            return None
+        return inst.location()
+
+    def instances(self, study_uid: str, series_uid: str | None = None,
+                  allowed: Filter = UNRESTRICTED) -> list[InstanceLocation]:
         with self._lock:
-            study = self._studies.get(study_uid)
+            study = self._study(study_uid, allowed)
             return [i.location() for i in self._iter_instances(study, series_uid)] if study else []
 
-    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[bytes]:
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None,
+                 allowed: Filter = UNRESTRICTED) -> list[bytes]:
         with self._lock:
-            study = self._studies.get(study_uid)
+            study = self._study(study_uid, allowed)
             if study is None:
                 return []
             return [i.json for i in self._iter_instances(study, series_uid)
@@ -460,22 +484,67 @@ class MemoryIndex(Index):
                 return False
         return True
 
-    def search(self, query: Query) -> list[SearchHit]:
+    # --- study labels (store/labels.py) -----------------------------------------------
+
+    def labels(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> list[str] | None:
+        with self._lock:
+            if self._study(study_uid, allowed) is None:
+                return None
+            return sorted(self._labels.get(study_uid, ()))
+
+    def set_label(self, study_uid: str, label: str, present: bool = True,
+                  allowed: Filter = UNRESTRICTED) -> bool | None:
+        with self._lock:
+            if self._study(study_uid, allowed) is None:
+                return None
+            study = self._studies[study_uid]
+            with immediate(self._journal) as con:
+                changed = study_labels.put(self._x, study_uid, label, present)
+                if changed:  # the change feed shows it: a label row per instance of the study
+                    self._run_change_hooks(con, changelog.append(
+                        self._x, changelog.now(), "label",
+                        [(study_uid, i.series.uid, i.uid) for i in sorted(self._iter_instances(study, None),
+                                                                         key=lambda i: i.seq)]))
+            if present:
+                self._labels.setdefault(study_uid, set()).add(label)
+            elif study_uid in self._labels:
+                self._labels[study_uid].discard(label)
+                if not self._labels[study_uid]:
+                    del self._labels[study_uid]
+            return changed
+
+    def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
+        with self._lock:
+            out: dict[str, int] = {}
+            for study_uid, names in self._labels.items():
+                if study_uid in self._studies and self._allowed(study_uid, allowed):
+                    for name in names:
+                        out[name] = out.get(name, 0) + 1
+            return dict(sorted(out.items()))
+
+    def search(self, query: Query, allowed: Filter = UNRESTRICTED) -> list[SearchHit]:
         with self._lock:
             if query.study_uid is not None:
-                s = self._studies.get(query.study_uid)
+                s = self._study(query.study_uid, allowed)
                 studies = [s] if s is not None else []
             else:
                 studies = list(self._studies.values())
-            gen = self._generate(query, studies)
+            gen = self._generate(query, studies, allowed)
             return list(islice(gen, query.offset, query.offset + query.limit))
 
-    def _generate(self, query: Query, studies: list[_Study]) -> Iterator[SearchHit]:
+    def _generate(self, query: Query, studies: list[_Study], allowed: Filter = UNRESTRICTED) -> Iterator[SearchHit]:
         level = query.level
+        if not allowed.unrestricted:  # the label filter is part of the match of the study level
+            query_matches = self._matches
+
+            def matches(q: Query, lv: str, entity) -> bool:
+                return (lv != "study" or self._allowed(entity.uid, allowed)) and query_matches(q, lv, entity)
+        else:
+            matches = self._matches
         # stable order = arrival order of the entity searched
         if level == "study":
             for st in studies:
-                if self._matches(query, "study", st):
+                if matches(query, "study", st):
                     yield SearchHit(st.uid, None, None, st.json, None, None, self._computed(st, None))
             return
         if level == "series":
@@ -484,7 +553,7 @@ class MemoryIndex(Index):
             for se in candidates:
                 if query.series_uid is not None and se.uid != query.series_uid:
                     continue
-                if self._matches(query, "study", se.study) and self._matches(query, "series", se):
+                if matches(query, "study", se.study) and matches(query, "series", se):
                     yield SearchHit(se.study.uid, se.uid, None, se.study.json, se.json, None,
                                     self._computed(se.study, se))
             return
@@ -499,10 +568,10 @@ class MemoryIndex(Index):
                 continue
             st = se.study
             if st.uid not in ok_study:
-                ok_study[st.uid] = self._matches(query, "study", st)
+                ok_study[st.uid] = matches(query, "study", st)
             if se.uid not in ok_series:
-                ok_series[se.uid] = self._matches(query, "series", se)
-            if ok_study[st.uid] and ok_series[se.uid] and self._matches(query, "instance", inst):
+                ok_series[se.uid] = matches(query, "series", se)
+            if ok_study[st.uid] and ok_series[se.uid] and matches(query, "instance", inst):
                 yield SearchHit(st.uid, se.uid, inst.uid, st.json, se.json, inst.json,
                                 self._computed(st, se))
 
@@ -521,9 +590,14 @@ class MemoryIndex(Index):
     def count(self) -> int:
         return len(self._instances)
 
-    def counts(self) -> IndexCounts:
+    def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
         with self._lock:
-            return IndexCounts(len(self._studies), len(self._series), len(self._instances), self._bytes)
+            if allowed.unrestricted:
+                return IndexCounts(len(self._studies), len(self._series), len(self._instances), self._bytes)
+            studies = [st for st in self._studies.values() if self._allowed(st.uid, allowed)]
+            return IndexCounts(len(studies), sum(len(st.series) for st in studies),
+                               sum(st.n_instances() for st in studies),
+                               sum(i.size for st in studies for se in st.series.values() for i in se.instances.values()))
 
     def paths(self) -> Iterator[tuple[str, str]]:
         with self._lock:

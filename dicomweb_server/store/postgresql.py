@@ -28,7 +28,8 @@ SQLite index (store/sql.py); what differs is here:
   the derived date-time columns (local and UTC) of combined and time-zone matching,
   version 8 the rejected instances (store/rejections.py, IOCM), version 9 the
   de-identification projects and pseudonyms (deid/pseudonyms.py), version 10 the modality
-  worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports).
+  worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports),
+  version 11 the study labels (store/labels.py).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
+from . import labels as study_labels
 from . import rejections
 from . import worklist as worklist_table
 from .base import IndexUnavailable, Refused
@@ -190,9 +193,14 @@ def _v10() -> list[str]:
     return [*worklist_table.postgresql_schema(), "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS _payload TEXT"]
 
 
+def _v11() -> list[str]:
+    """Study labels (store/labels.py; access/filter.py)."""
+    return study_labels.postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -308,15 +316,24 @@ class PostgreSQLIndex(SQLIndex):
     def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
         return self._retried(lambda: SQLIndex._rows(self, sql, params))
 
-    def search(self, query):
-        return self._retried(lambda: SQLIndex.search(self, query))
+    def search(self, query, allowed: Filter = UNRESTRICTED):
+        return self._retried(lambda: SQLIndex.search(self, query, allowed))
+
+    def labels(self, study_uid: str, allowed: Filter = UNRESTRICTED):
+        return self._retried(lambda: SQLIndex.labels(self, study_uid, allowed))
+
+    def set_label(self, study_uid: str, label: str, present: bool = True,
+                  allowed: Filter = UNRESTRICTED) -> bool | None:
+        # the study lock: serialised with every add into the study and every delete of it
+        with self._writing([study_uid]) as con:
+            return self._label_rows(con, study_uid, label, present, allowed)
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0):
-        return self._retried(lambda: SQLIndex.changes(self, after, limit, start, end, skip))
+                skip: int = 0, allowed: Filter = UNRESTRICTED):
+        return self._retried(lambda: SQLIndex.changes(self, after, limit, start, end, skip, allowed))
 
-    def latest_change(self):
-        return self._retried(lambda: SQLIndex.latest_change(self))
+    def latest_change(self, allowed: Filter = UNRESTRICTED):
+        return self._retried(lambda: SQLIndex.latest_change(self, allowed))
 
     def received(self, study_uid=None):
         return self._retried(lambda: SQLIndex.received(self, study_uid))

@@ -16,12 +16,15 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import SEQUENCES_OF, STORED, Attribute, Kind
 from ..dicom.instance import InstanceRecord, dumps
 from ..dicom.matching import PN_WORD_SEPARATORS, Match, Query, fuzzy_tokens, level_record, level_values
 from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from ..dicom.status import FailureReason
+from . import labels as study_labels
+from .labels import label_condition
 from . import rejections
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 
@@ -241,8 +244,9 @@ def compile_match(dialect: Dialect, m: Match, fuzzy: bool, col: str | None = Non
     raise AssertionError(t)
 
 
-def compile_search(dialect: Dialect, query: Query) -> tuple[str, list]:
-    """The QIDO-RS query as one SELECT (columns as :func:`hit` reads them)."""
+def compile_search(dialect: Dialect, query: Query, allowed: Filter = UNRESTRICTED) -> tuple[str, list]:
+    """The QIDO-RS query as one SELECT (columns as :func:`hit` reads them), among the
+    studies ``allowed`` lets through."""
     level = query.level
     select = ["s.StudyInstanceUID", "s._json", "s.ModalitiesInStudy", "s.SOPClassesInStudy",
               "s.NumberOfStudyRelatedSeries", "s.NumberOfStudyRelatedInstances"]
@@ -269,6 +273,10 @@ def compile_search(dialect: Dialect, query: Query) -> tuple[str, list]:
         if cond:
             where.append(cond)
             params += p
+    if not allowed.unrestricted:
+        conds, p = label_condition(allowed)
+        where += conds
+        params += p
     sql = f"SELECT {', '.join(select)} FROM {frm}"
     if where:
         sql += " WHERE " + " AND ".join(where)
@@ -307,9 +315,15 @@ def join_multi(values: set[str]) -> str | None:
     return "\\" + "\\".join(sorted(values)) + "\\" if values else None
 
 
-def scope(study_uid: str, series_uid: str | None, sop_uid: str | None = None) -> tuple[str, list]:
-    """WHERE clause (with ``?``) selecting a study, series or instance by its UIDs."""
+def scope(study_uid: str, series_uid: str | None, sop_uid: str | None = None,
+          allowed: Filter = UNRESTRICTED) -> tuple[str, list]:
+    """WHERE clause (with ``?``) selecting a study, series or instance by its UIDs (of a
+    study ``allowed`` lets through)."""
     where, params = ["s.StudyInstanceUID = ?"], [study_uid]
+    if not allowed.unrestricted:
+        conds, p = label_condition(allowed)
+        where += conds
+        params += p
     if series_uid is not None:
         where.append("se.SeriesInstanceUID = ?")
         params.append(series_uid)
@@ -553,6 +567,9 @@ class SQLIndex(Index):
         self._recompute(con, set(), study_pks - gone)
         if log:
             self._log(con, action, [(r[4], r[5], r[6]) for r in rows])
+            if action == "delete":  # a DELETE of a whole study drops its labels (store/labels.py)
+                for uid in {r[4] for r in rows if r[3] in gone}:
+                    study_labels.drop_study(self._execute(con), uid)
         return [r[1] for r in rows]
 
     def _emptied(self, con, pks: set[int], child: str) -> set[int]:
@@ -568,30 +585,76 @@ class SQLIndex(Index):
         with self._reading() as con:
             return con.execute(self.dialect.sql(sql), params).fetchall()
 
-    def locate(self, sop_uid: str) -> InstanceLocation | None:
-        rows = self._rows(_LOC + "WHERE i.SOPInstanceUID = ?", (sop_uid,))
+    def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
+        conds, params = label_condition(allowed)
+        rows = self._rows(_LOC + "WHERE " + " AND ".join(["i.SOPInstanceUID = ?", *conds]), (sop_uid, *params))
         return _loc(rows[0]) if rows else None
 
-    def instances(self, study_uid: str, series_uid: str | None = None) -> list[InstanceLocation]:
-        where, params = scope(study_uid, series_uid)
+    def instances(self, study_uid: str, series_uid: str | None = None,
+                  allowed: Filter = UNRESTRICTED) -> list[InstanceLocation]:
+        where, params = scope(study_uid, series_uid, allowed=allowed)
         return [_loc(r) for r in self._rows(_LOC + where + " ORDER BY se.pk, i.pk", params)]
 
-    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[bytes]:
-        where, params = scope(study_uid, series_uid, sop_uid)
+    def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None,
+                 allowed: Filter = UNRESTRICTED) -> list[bytes]:
+        where, params = scope(study_uid, series_uid, sop_uid, allowed)
         return [bytes(r[0]) for r in self._rows(
             "SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
             "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY se.pk, i.pk", params)]
 
-    def search(self, query: Query) -> list[SearchHit]:
-        sql, params = compile_search(self.dialect, query)
+    def search(self, query: Query, allowed: Filter = UNRESTRICTED) -> list[SearchHit]:
+        sql, params = compile_search(self.dialect, query, allowed)
         with self._reading() as con:
             return [hit(query.level, row) for row in con.execute(sql, params)]
 
     def count(self) -> int:
         return self._rows("SELECT count(*) FROM instance")[0][0]
 
-    def counts(self) -> IndexCounts:
-        return IndexCounts(*self._rows(COUNTS)[0])
+    # --- study labels (store/labels.py) -----------------------------------------------
+
+    def _visible(self, study_uid: str, allowed: Filter) -> bool:
+        conds, params = label_condition(allowed)
+        return bool(self._rows("SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
+                               (study_uid, *params)))
+
+    def labels(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> list[str] | None:
+        if not self._visible(study_uid, allowed):
+            return None
+        with self._reading() as con:
+            return study_labels.of_study(self._execute(con), study_uid)
+
+    def _label_rows(self, con, study_uid: str, label: str, present: bool, allowed: Filter) -> bool | None:
+        """Index.set_label inside the caller's write transaction."""
+        conds, params = label_condition(allowed)
+        if self._x(con, "SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
+                   (study_uid, *params)).fetchone() is None:
+            return None
+        changed = study_labels.put(self._execute(con), study_uid, label, present,
+                                   postgresql=self.dialect.name == "postgresql")
+        if changed:  # the change feed shows it: a label row per instance of the study
+            self._log(con, "label", [tuple(r) for r in self._x(
+                con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID FROM instance i JOIN series se "
+                "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE s.StudyInstanceUID = ? ORDER BY i.pk",
+                (study_uid,)).fetchall()])
+        return changed
+
+    def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
+        conds, params = label_condition(allowed)
+        where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        return dict(self._rows("SELECT l.label, count(*) FROM study_label l JOIN study s ON s.StudyInstanceUID = "
+                               f"l.StudyInstanceUID{where} GROUP BY l.label ORDER BY l.label", params))
+
+    def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
+        if allowed.unrestricted:
+            return IndexCounts(*self._rows(COUNTS)[0])
+        conds, params = label_condition(allowed)
+        where = " WHERE " + " AND ".join(conds)
+        studies, series, instances = self._rows(
+            "SELECT count(*), coalesce(sum(NumberOfStudyRelatedSeries), 0), "
+            f"coalesce(sum(NumberOfStudyRelatedInstances), 0) FROM study s{where}", params)[0]
+        (size,) = self._rows("SELECT CAST(coalesce(sum(i._size), 0) AS BIGINT) FROM instance i JOIN series se "
+                             f"ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk{where}", params)[0]
+        return IndexCounts(studies, int(series), int(instances), size)
 
     def paths(self) -> Iterator[tuple[str, str]]:
         """(the files of rejected instances are the index's too: kept until purged)"""
@@ -599,13 +662,13 @@ class SQLIndex(Index):
         yield from self._rows("SELECT SOPInstanceUID, _path FROM rejection WHERE _path IS NOT NULL")
 
     def changes(self, after: int = 0, limit: int = 10, start: float | None = None, end: float | None = None,
-                skip: int = 0) -> list[changelog.Change]:
+                skip: int = 0, allowed: Filter = UNRESTRICTED) -> list[changelog.Change]:
         with self._reading() as con:
-            return changelog.read(lambda sql, p: self._x(con, sql, p), after, limit, start, end, skip)
+            return changelog.read(lambda sql, p: self._x(con, sql, p), after, limit, start, end, skip, allowed)
 
-    def latest_change(self) -> changelog.Change | None:
+    def latest_change(self, allowed: Filter = UNRESTRICTED) -> changelog.Change | None:
         with self._reading() as con:
-            return changelog.latest(lambda sql, p: self._x(con, sql, p))
+            return changelog.latest(lambda sql, p: self._x(con, sql, p), allowed)
 
     def received(self, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
         with self._reading() as con:

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.instance import InstanceRecord
 from . import changes as changelog
+from . import labels as study_labels
 from . import rejections
 from . import worklist as worklist_table
 from .base import Refused
@@ -79,7 +81,7 @@ CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -193,6 +195,11 @@ class SQLiteIndex(SQLIndex):
                 sop_uid: str | None = None, action: str = "update") -> None:
         with immediate(self._con()) as con:
             self._replace_rows(con, records, study_uid, series_uid, sop_uid, action)
+
+    def set_label(self, study_uid: str, label: str, present: bool = True,
+                  allowed: Filter = UNRESTRICTED) -> bool | None:
+        with immediate(self._con()) as con:
+            return self._label_rows(con, study_uid, label, present, allowed)
 
     # --- reads: store/sql.py SQLReads ------------------------------------------------
 
