@@ -35,7 +35,7 @@ async def queue(archive: ArchiveDep) -> Response:
 
 
 @router.get("/admin/queue/studies/{study}", summary="Routing state of one study per destination")
-async def study_queue(archive: ArchiveDep, study: StudyUID) -> Response:
+async def study_queue(archive: ArchiveDep, study: VisibleStudyUID) -> Response:
     """Every configured destination (``kind``: ``stow``, ``dimse`` or ``webhook``) with the
     study's outbox rows for it: pending, in_flight, delivered, failed (dead letters) and the
     last error of a row not delivered (zeros when nothing was ever owed). Read only: the

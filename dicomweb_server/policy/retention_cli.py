@@ -39,7 +39,7 @@ def main(args: argparse.Namespace, settings, open_archive) -> int:
         print(f"dicomweb-server retention: --retention: {e}", file=sys.stderr)
         return 2
     if settings.audit_log is not None:
-        from ..api.auth import configure_audit_file
+        from ..access.audit import configure_audit_file
 
         configure_audit_file(settings.audit_log)
     archive = open_archive(settings, "retention")

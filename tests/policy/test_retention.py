@@ -222,7 +222,7 @@ destinations = ["pacs", "backup"]
 
 
 def test_dry_run_lists_exactly_what_the_run_removes(open_archive, tmp_path):
-    from dicomweb_server.api.auth import configure_audit_file
+    from dicomweb_server.access.audit import configure_audit_file
 
     audit = tmp_path / "audit.jsonl"
     configure_audit_file(audit)
