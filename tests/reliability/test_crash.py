@@ -38,14 +38,16 @@ class Server:
              "--workers", "1", "--port", str(self.port)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a loaded machine (parallel tests) starts slowly
         while True:
             try:
                 httpx.get(self.url + "/studies?limit=1", timeout=1)
                 return
             except httpx.HTTPError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(self.proc.stderr.read().decode())  # type: ignore[union-attr]
+                    # alive past the deadline: its stderr ends only when it does (a read hung here)
+                    self.proc.kill()
+                    raise RuntimeError(f"the server did not answer: {self.proc.communicate()[1].decode()}")
                 time.sleep(0.05)
 
     def kill(self) -> None:
