@@ -27,4 +27,13 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 pip install --quiet -e '.[test,interop,load,docs]'
-python -m pytest -q "$@"
+# Every core for the tests that may share the machine (pytest-xdist, whole files per
+# worker), then the serial ones alone (tests/conftest.py SERIAL: SIGKILL, timing, browser).
+# Exit status 5 (no test selected, e.g. a path of one kind only) is not a failure.
+set +e
+python -m pytest -q -n "${TEST_WORKERS:-auto}" --dist loadfile -m "not serial" "$@"; parallel=$?
+python -m pytest -q -m serial "$@"; serial=$?
+set -e
+for rc in "$parallel" "$serial"; do
+  [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
+done

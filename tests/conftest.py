@@ -7,6 +7,25 @@ from tests.helpers import LiveServer
 from tests.postgres import PostgresServer, skipped
 
 
+#: modules whose tests run alone (scripts/test.sh runs ``-m "not serial"`` on every core
+#: with pytest-xdist, then ``-m serial`` in one process): real SIGKILLs with deadlines,
+#: load tests, timing assertions and the browser, which a second test's load distorts
+SERIAL = (
+    "tests/reliability/test_crash.py", "tests/reliability/test_update_crash.py",
+    "tests/reliability/test_reject_crash.py", "tests/reliability/test_lifecycle.py",
+    "tests/reliability/test_process_tree.py", "tests/reliability/test_resources.py",
+    "tests/routing/test_crash.py", "tests/routing/test_orphans.py", "tests/routing/test_webhook.py",
+    "tests/dimse/test_reactor.py", "tests/dimse/test_commitment.py", "tests/loadtests/", "tests/interop/",
+    "tests/benchmarks/",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+
+
 def pytest_generate_tests(metafunc) -> None:
     """``index_kind``: sqlite and memory everywhere, postgresql too in the modules
     that say ``POSTGRESQL = True`` (the conformance cases: cheap enough), and

@@ -25,8 +25,11 @@ def test_association_threads_never_sleep(tmp_path, monkeypatch):
     real_sleep = time.sleep
     main = threading.main_thread()
 
+    earlier = set(threading.enumerate())  # (other tests' daemon threads, e.g. serve's announcer)
+
     def counting_sleep(seconds):
-        if threading.current_thread() is not main:  # the association and DUL threads
+        me = threading.current_thread()
+        if me is not main and me not in earlier:  # the association and DUL threads
             sleeps.append(threading.current_thread().name)
         real_sleep(seconds)
 
