@@ -371,6 +371,13 @@ def test_operator_page_with_basic_auth_read_only(browser, tmp_path):  # noqa: F8
         _confirm(page, "Delete")
         page.locator("#status.error", has_text="403").wait_for()
         assert "lack the scope" in page.locator("#status").inner_text()
+        page.get_by_label("New label").fill("read-only")  # labels: shown (none), adding one needs write
+        page.get_by_role("button", name="Add label").click()
+        with page.expect_response(lambda x: x.url.endswith("/labels/read-only")) as put:
+            _confirm(page, "Add")
+        assert (put.value.request.method, put.value.status) == ("PUT", 403)
+        page.locator("#label-list", has_text="No label.").wait_for()
+        assert httpx.get(f"{a.url}/studies/{uid}/labels", headers=AUTH).json() == []
         assert len(_studies(a.url, AUTH, StudyInstanceUID=uid)) == 1
         assert refused == []
     finally:
