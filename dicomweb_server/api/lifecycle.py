@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..lifecycle import update as lifecycle
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, VisibleStudyUID
+from .deps import Allowed, ArchiveDep, SeriesUID, SOPInstanceUID, VisibleStudyUID
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Lifecycle"])
@@ -65,10 +65,10 @@ async def update_series(request: Request, archive: ArchiveDep, study: VisibleStu
 
 
 @router.post("/patients/{patient_id}/$merge")
-async def merge(request: Request, archive: ArchiveDep, patient_id: str) -> Response:
+async def merge(request: Request, archive: ArchiveDep, patient_id: str, allowed: Allowed) -> Response:
     target = await _changes(request, "study")
     issuer = request.query_params.get("IssuerOfPatientID")
-    done = await _run(request, lifecycle.merge, archive, patient_id, target, issuer)
+    done = await _run(request, lifecycle.merge, archive, patient_id, target, issuer, allowed)  # the caller's studies only
     return _json({"studies": [d.to_json() for d in done]})
 
 

@@ -43,6 +43,7 @@ from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.valuerep import validate_value
 
 from .. import faults
+from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS
 from ..dicom.instance import InstanceRecord, describe_instance
 from ..dicom.status import InstanceError
@@ -351,11 +352,13 @@ MERGE_TAGS = frozenset({"00100010", "00100020", "00100021", "00100022", "0010003
                         "00101001", "00101002"})
 
 
-def merge(archive, patient_id: str, target: Dataset, issuer: str | None = None) -> list[Updated]:
-    """Move every study of the patient ``patient_id`` (and ``issuer``, when given) under
-    the identity ``target`` names: a study update of each (each study atomic on its own,
-    one after another: a crash between two studies leaves those done merged, the others
-    not; sending the merge again finishes it)."""
+def merge(archive, patient_id: str, target: Dataset, issuer: str | None = None,
+          allowed: Filter = UNRESTRICTED) -> list[Updated]:
+    """Move every study of the patient ``patient_id`` (and ``issuer``, when given) that
+    ``allowed`` lets the caller see under the identity ``target`` names: a study update of
+    each (each study atomic on its own, one after another: a crash between two studies
+    leaves those done merged, the others not; sending the merge again finishes it). The
+    studies the caller may not see are not touched: none visible answers as none at all."""
     if "PatientID" not in target:
         raise UpdateError(400, "the target patient needs its PatientID (00100020)")
     for elem in target:
@@ -367,7 +370,7 @@ def merge(archive, patient_id: str, target: Dataset, issuer: str | None = None) 
     studies: list[str] = []
     while True:
         q = parse_query("study", params + [("offset", str(len(studies)))], max_results=1000)
-        hits = archive.index.search(q)
+        hits = archive.index.search(q, allowed)
         studies += [h.study_uid for h in hits]
         if len(hits) < q.limit:
             break

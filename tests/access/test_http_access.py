@@ -236,3 +236,20 @@ def test_changes_to_a_study_not_allowed_are_404_like_none(client, two):
     meta = client.get(f"/studies/{sb}/series/{seb}/metadata", headers=h(ALL)).json()
     assert [m["00100010"]["Value"][0]["Alphabetic"] for m in meta] == ["Test^Patient"] * 2  # not updated
     assert client.get("/admin/rejected", headers=h(ALL)).json() == []  # not rejected
+
+
+def test_merge_of_a_patient_whose_studies_are_not_allowed_is_404_like_none(client, two):
+    """$merge by a token allowed a, of patient PB (study B, label b): 404, the body that of
+    a patient with no study; B keeps its patient. Of PA (its own study): merged."""
+    a, b = two
+    json_body = {"Content-Type": "application/dicom+json"}
+    target = b'{"00100020": {"vr": "LO", "Value": ["P-NEW"]}}'
+    seen = client.post("/patients/PB/$merge", content=target, headers=h(ONLY_A, **json_body))
+    absent = client.post("/patients/PZ/$merge", content=target, headers=h(ONLY_A, **json_body))
+    assert (seen.status_code, seen.content.replace(b"PB", b"PZ")) == (absent.status_code, absent.content) == \
+        (404, absent.content)
+    assert uids(client.get("/studies", params={"PatientID": "PB"}, headers=h(ALL))) == {b[0].StudyInstanceUID}
+    merged = client.post("/patients/PA/$merge", content=target, headers=h(ONLY_A, **json_body))
+    assert merged.status_code == 200 and [s["StudyInstanceUID"] for s in merged.json()["studies"]] == \
+        [a[0].StudyInstanceUID]
+    assert uids(client.get("/studies", params={"PatientID": "P-NEW"}, headers=h(ALL))) == {a[0].StudyInstanceUID}

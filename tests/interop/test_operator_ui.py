@@ -70,6 +70,15 @@ def _confirm(page, label: str) -> None:
     dialog.wait_for(state="hidden", timeout=TIMEOUT_MS)
 
 
+def _zip_members(path) -> list[str]:
+    """The names in a downloaded ZIP, after zipfile's CRC check of every member."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+        return z.namelist()
+
+
 def _routing_row(page, destination: str):
     return page.locator("#routing tbody tr", has=page.locator("td", has_text=destination)).first
 
@@ -184,6 +193,45 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         page.wait_for_function("[...document.querySelectorAll('#series img.thumb')].every(i => i.naturalWidth > 0)")
         assert page.get_by_role("link", name="Open in the viewer").get_attribute("href") == \
             f"/viewer/viewer?StudyInstanceUIDs={uid}"
+        # with credentials in use, the viewer link says OHIF sends none
+        assert "sends no credentials" in page.locator("#viewer-note").inner_text()
+
+        # ZIP downloads (GET .../archive, with the page's key): the study, then one series
+        with page.expect_download() as dl:
+            page.get_by_role("button", name="Download study (ZIP with DICOMDIR)").click()
+        assert dl.value.suggested_filename == f"study-{uid}.zip"
+        members = _zip_members(dl.value.path())
+        assert members[-1] == "DICOMDIR" and len(members) == 7, members  # 6 instances and the DICOMDIR
+        series_uid = str(study[0].SeriesInstanceUID)
+        with page.expect_download() as dl:
+            page.locator("#series tbody tr", has_text=series_uid).get_by_role("button", name="Download series").click()
+        assert dl.value.suggested_filename == f"series-{series_uid}.zip"
+        members = _zip_members(dl.value.path())
+        assert members[-1] == "DICOMDIR" and len(members) == 4, members
+
+        # Labels: add one (confirm), find by it, remove it (confirm); the API's answers each time
+        page.locator("#label-list", has_text="No label.").wait_for()
+        page.get_by_label("New label").fill("op-check")
+        page.get_by_role("button", name="Add label").click()
+        _confirm(page, "Add")
+        page.get_by_role("button", name="Remove label op-check").wait_for()
+        assert httpx.get(f"{a.url}/studies/{uid}/labels", headers=AUTH).json() == ["op-check"]
+        page.locator("#label-list").get_by_role("link", name="op-check").click()  # Find, by this label
+        page.get_by_label("Label", exact=True).wait_for()
+        assert page.get_by_label("Label", exact=True).input_value() == "op-check"
+        page.locator("#results tbody tr").first.wait_for()
+        assert page.locator("#results tbody tr td:first-child").all_inner_texts() == ["Operator^Find"]
+        with page.expect_response(lambda x: "/studies?" in x.url and "label=nobody-has-it" in x.url) as q:
+            page.get_by_label("Label", exact=True).fill("nobody-has-it")
+            page.get_by_role("button", name="Search").click()
+        assert q.value.status == 200 and q.value.json() == []
+        page.get_by_text("No study matches.").wait_for()
+        page.goto(f"{a.url}/ui/#/study/{uid}")
+        page.get_by_role("button", name="Remove label op-check").click()
+        _confirm(page, "Remove")
+        page.locator("#label-list", has_text="No label.").wait_for()
+        assert httpx.get(f"{a.url}/studies/{uid}/labels", headers=AUTH).json() == []
+        assert _studies(a.url, AUTH, label="op-check") == []
         _routing_row(page, "second").wait_for()
         page.set_viewport_size({"width": 768, "height": 1024})  # a tablet: nothing wider than the screen
         assert page.evaluate("document.documentElement.scrollWidth") <= 768
@@ -232,6 +280,20 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         _confirm(page, "Restore")
         page.locator("#rejection-state", has_text="Not rejected.").wait_for()
         assert len(_studies(a.url, AUTH, StudyInstanceUID=uid)) == 1
+
+        # Merge ($merge): the uploaded study's patient OP-2 into OP-4 (the dropped file's patient)
+        page.goto(f"{a.url}/ui/#/study/{extra.StudyInstanceUID}")
+        page.get_by_role("heading", name="Study of Operator^Upload").wait_for()
+        page.get_by_label("Target patient ID").fill("OP-4")
+        page.get_by_label("Target patient name").fill("Operator^Dropped")
+        page.get_by_role("button", name="Merge patient").click()
+        page.locator("#confirm-text", has_text="Merge patient OP-2 into OP-4 (Operator^Dropped): 1 study of OP-2").wait_for()
+        _confirm(page, "Merge")
+        page.get_by_role("heading", name="Study of Operator^Dropped").wait_for()
+        assert page.locator("#fact-patient-id").inner_text() == "OP-4"
+        assert _studies(a.url, AUTH, PatientID="OP-2") == []
+        assert sorted(s["0020000D"]["Value"][0] for s in _studies(a.url, AUTH, PatientID="OP-4")) == \
+            sorted([str(extra.StudyInstanceUID), str(dropped.StudyInstanceUID)])
 
         # Watch: the numbers of /metrics, refreshed
         page.get_by_role("link", name="Watch").click()
@@ -309,6 +371,13 @@ def test_operator_page_with_basic_auth_read_only(browser, tmp_path):  # noqa: F8
         _confirm(page, "Delete")
         page.locator("#status.error", has_text="403").wait_for()
         assert "lack the scope" in page.locator("#status").inner_text()
+        page.get_by_label("New label").fill("read-only")  # labels: shown (none), adding one needs write
+        page.get_by_role("button", name="Add label").click()
+        with page.expect_response(lambda x: x.url.endswith("/labels/read-only")) as put:
+            _confirm(page, "Add")
+        assert (put.value.request.method, put.value.status) == ("PUT", 403)
+        page.locator("#label-list", has_text="No label.").wait_for()
+        assert httpx.get(f"{a.url}/studies/{uid}/labels", headers=AUTH).json() == []
         assert len(_studies(a.url, AUTH, StudyInstanceUID=uid)) == 1
         assert refused == []
     finally:

@@ -140,7 +140,7 @@ async function act(text, label, fn) {
 const FIELDS = [
   ["PatientName", "Patient name", "text"], ["PatientID", "Patient ID", "text"],
   ["AccessionNumber", "Accession number", "text"], ["ModalitiesInStudy", "Modality", "text"],
-  ["from", "Study date from", "date"], ["to", "Study date to", "date"],
+  ["from", "Study date from", "date"], ["to", "Study date to", "date"], ["label", "Label", "text"],
 ];
 const STUDY_FIELDS = "includefield=00081030&includefield=00201206&includefield=00201208&includefield=00080061";
 
@@ -151,7 +151,9 @@ async function renderFind(params) {
   const offset = Math.max(0, parseInt(params.get("offset") || "0", 10));
   const form = el("form", { class: "search", role: "search", "aria-label": "Find studies" },
     FIELDS.map(([name, label, type]) => el("label", {}, label,
-      el("input", { name, type, value: params.get(name) || "", placeholder: type === "text" ? (name === "ModalitiesInStudy" ? "CT" : "any") : null }))),
+      el("input", { name, type, value: params.get(name) || "", list: name === "label" ? "labels-in-use" : null,
+        placeholder: type === "text" ? (name === "ModalitiesInStudy" ? "CT" : "any") : null }))),
+    el("datalist", { id: "labels-in-use" }),
     el("label", {}, "Per page", el("select", { name: "limit" },
       [10, 25, 50, 100].map((n) => el("option", { value: n, selected: n === limit }, n)))),
     el("button", { type: "submit", class: "primary" }, "Search"));
@@ -169,12 +171,16 @@ async function renderFind(params) {
   }
   if (params.get("ModalitiesInStudy")) q.set("ModalitiesInStudy", params.get("ModalitiesInStudy").toUpperCase());
   if (params.get("from") || params.get("to")) q.set("StudyDate", `${dicomDate(params.get("from") || "")}-${dicomDate(params.get("to") || "")}`);
+  if (params.get("label")) q.set("label", params.get("label").trim());  // any of label=a,b (docs/notes/access-labels.md)
   if (q.has("PatientName")) q.set("fuzzymatching", "true");
   q.set("limit", limit + 1);  // one more than shown: is there a next page?
   q.set("offset", offset);
 
   const results = el("div", { id: "results" }, "Searching…");
   view.replaceChildren(el("h1", {}, "Find studies"), form, results, uploadBox());
+  json(dw("/labels")).then((used) => {  // the labels in use, as suggestions for the Label field
+    form.querySelector("#labels-in-use").replaceChildren(...Object.keys(used || {}).map((l) => el("option", { value: l })));
+  }).catch(() => {});
   let found;
   try {
     found = await json(dw("/studies?" + q.toString() + "&" + STUDY_FIELDS));
@@ -317,11 +323,16 @@ async function renderStudy(uid) {
       el("dt", {}, "Description"), el("dd", {}, value(study, "00081030")),
       el("dt", {}, "Series / instances"), el("dd", {}, `${value(study, "00201206")} / ${value(study, "00201208")}`),
       el("dt", {}, "Study UID"), el("dd", {}, el("code", {}, uid))) : null,
-    el("p", {}, el("a", { href: `/viewer/viewer?StudyInstanceUIDs=${uid}` }, "Open in the viewer"), " (when the archive runs with --viewer)"),
+    el("p", { id: "viewer-link" }, el("a", { href: `/viewer/viewer?StudyInstanceUIDs=${uid}` }, "Open in the viewer"), " (when the archive runs with --viewer)",
+      authorization() ? el("span", { class: "note", id: "viewer-note" },
+        " Note: the viewer sends no credentials, so with the archive's authentication on it shows nothing (its requests get 401); use the download below, or a viewer on a network the archive trusts.") : null),
+    study ? el("p", { class: "downloads" }, downloadButton(dw(`/studies/${uid}/archive`), `study-${uid}.zip`, "Download study (ZIP with DICOMDIR)")) : null,
     await section("series", "Series", () => seriesList(uid)),
+    study ? await section("labels", "Labels", () => labelBox(uid)) : null,  // a rejected study: hidden, 404
     await section("routing", "Routing: sent to destinations", () => routing(uid)),
     await section("rejection", "Rejection", () => rejection(uid, rejected)),
     study ? await section("edit", "Edit patient and study attributes ($update)", () => editForm(uid, study)) : null,
+    study ? await section("merge", "Merge this patient into another ($merge)", () => mergeForm(study)) : null,
     await section("versions", "Versions", () => versionList(uid)),
     await section("history", "Change history (change feed)", () => history(uid)),
     await section("delete", "Delete", () => deleteBox(uid)),
@@ -340,7 +351,94 @@ async function seriesList(uid) {
     { label: "Instances", num: true, cell: (s) => value(s, "00201209") },
     { label: "Series date", cell: (s) => fmtDate(value(s, "00080021")) },
     { label: "Series UID", cell: (s) => el("code", {}, value(s, "0020000E")) },
+    { label: "Download", cell: (s) => downloadButton(dw(`/studies/${uid}/series/${value(s, "0020000E")}/archive`),
+      `series-${value(s, "0020000E")}.zip`, "ZIP", `Download series ${value(s, "00200011")} (ZIP with DICOMDIR)`) },
   ], series);
+}
+
+/* ZIP downloads (docs/downloads.md): fetched with the page's credentials (a plain link cannot send
+ * the Authorization header), then handed to the browser as a file */
+function downloadButton(path, filename, text, label) {
+  return el("button", { type: "button", "aria-label": label || null, onclick: async (ev) => {
+    const b = ev.currentTarget;
+    b.disabled = true;
+    say(`Downloading ${filename}…`);
+    try {
+      const r = await api(path, { headers: { Accept: "application/zip" } });
+      const m = (r.headers.get("Content-Disposition") || "").match(/filename="([^"]+)"/);
+      const url = URL.createObjectURL(await r.blob());
+      const a = el("a", { href: url, download: m ? m[1] : filename });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+      say(`Downloaded ${m ? m[1] : filename}.`);
+    } catch (e) {
+      say(e.message, true);
+    } finally {
+      b.disabled = false;
+    }
+  } }, text);
+}
+
+/* Labels of a study (docs/notes/access-labels.md): PUT/DELETE /studies/{study}/labels/{label} */
+const LABEL_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+
+async function labelBox(uid) {
+  const labels = (await json(dw(`/studies/${uid}/labels`))) || [];
+  const input = el("input", { id: "label-new", name: "label", placeholder: "e.g. cardio", pattern: LABEL_RE.source, list: "labels-in-use" });
+  const form = el("form", { class: "labels", "aria-label": "Add a label" },
+    el("label", { for: "label-new" }, "New label (a-z 0-9 . _ -) "), input, " ",
+    el("button", { type: "submit" }, "Add label"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const label = input.value.trim();
+    if (!LABEL_RE.test(label)) { say(`"${label}" is not a label: 1 to 64 of a-z 0-9 . _ -, first a letter or digit.`, true); return; }
+    if (await act(`Put the label "${label}" on this study? Who may see the study can change with it (access rules).`, "Add",
+      async () => { const r = await json(dw(`/studies/${uid}/labels/${encodeURIComponent(label)}`), { method: "PUT" });
+        return `Labels now: ${r.join(", ")}.`; })) refreshLabels(uid);
+  });
+  return [
+    labels.length ? el("ul", { id: "label-list", class: "labels" }, labels.map((l) => el("li", {},
+      el("a", { href: `#/find?label=${encodeURIComponent(l)}` }, l), " ",
+      el("button", { type: "button", "aria-label": `Remove label ${l}`, onclick: async () => {
+        if (await act(`Take the label "${l}" off this study?`, "Remove",
+          async () => { const r = await json(dw(`/studies/${uid}/labels/${encodeURIComponent(l)}`), { method: "DELETE" });
+            return r.length ? `Labels now: ${r.join(", ")}.` : "No label left."; })) refreshLabels(uid);
+      } }, "Remove"))))
+      : el("p", { id: "label-list" }, "No label."),
+    form];
+}
+
+async function refreshLabels(uid) {
+  const s = document.getElementById("labels");
+  if (!s) return;
+  try { s.replaceChildren(s.firstChild, ...(await labelBox(uid))); } catch (e) { say(e.message, true); }
+}
+
+/* $merge (docs/updates.md): every study of this study's patient moves under another patient */
+function mergeForm(study) {
+  const from = value(study, "00100020");
+  const form = el("form", { class: "edit", "aria-label": "Merge this patient into another" },
+    el("p", {}, `Moves every study of patient ID ${from || "(none)"} (not only this one) under the patient you name; each study gets a new version.`),
+    el("label", {}, "Target patient ID", el("input", { name: "target-id", required: true })),
+    el("label", {}, "Target patient name", el("input", { name: "target-name", placeholder: "kept if empty" })),
+    el("button", { type: "submit" }, "Merge patient"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const id = form.elements["target-id"].value.trim();
+    const name = form.elements["target-name"].value.trim();
+    if (!id) return;
+    const doc = { "00100020": { vr: "LO", Value: [id] } };
+    if (name) doc["00100010"] = { vr: "PN", Value: [{ Alphabetic: name }] };
+    const others = await json(dw(`/studies?PatientID=${encodeURIComponent(from)}&limit=1000`)).catch(() => null);
+    const n = others ? others.length : "all";
+    if (await act(`Merge patient ${from} into ${id}${name ? ` (${name})` : ""}: ${n} stud${n === 1 ? "y" : "ies"} of ${from} move to ${id}?`, "Merge",
+      async () => { const r = await json(dw(`/patients/${encodeURIComponent(from)}/$merge`), { method: "POST", body: JSON.stringify(doc), headers: { "Content-Type": "application/dicom+json" } });
+        return `Merged: ${r.studies.length} stud${r.studies.length === 1 ? "y" : "ies"} now under patient ${id}.`; }))
+      route();
+  });
+  return form;
 }
 
 async function routing(uid) {
