@@ -171,6 +171,9 @@ def implementation() -> str:
         "(setting `dimse_max_associations_per_peer`) |",
         f"| Timeouts (default): ACSE, DIMSE, network | {ae.acse_timeout:g} s, {ae.dimse_timeout:g} s, "
         f"{ae.network_timeout:g} s |",
+        f"| DIMSE port (default) | {settings.dimse_port} (setting `dimse_port`) |",
+        f"| DICOM TLS port (default) | {settings.dimse_tls_port or 'off'} (setting `dimse_tls_port`; "
+        "PS3.15 B.9 Non-downgrading BCP 195 TLS profile) |",
     ])
 
 
@@ -179,7 +182,8 @@ def dimse_contexts() -> str:
 
     ae = _listener_ae()
     storage = {cx.abstract_syntax for cx in _storage_contexts(ae)}
-    rows = ["Verification and Query/Retrieve (accepted, one presentation context each):", "",
+    rows = [("Verification, Storage Commitment, Query/Retrieve and Modality Worklist "
+             "(accepted, one presentation context each):"), "",
             "| SOP class | UID | transfer syntaxes | role |", "|---|---|---|---|"]
     for cx in ae.supported_contexts:
         if cx.abstract_syntax in storage:
