@@ -192,3 +192,18 @@ def test_each_use_is_audited_and_the_token_never_is(client, two):
         (f"share-{link['id']}", "share", "/studies", 200),
         (None, None, f"/studies/{sa}/metadata", 401)]
     assert uses[1]["query"] == ""
+
+
+def test_the_change_feed_and_downloads_of_a_share_link_hold_its_study_only(client, two):
+    a, b = two
+    sa, sb = a[0].StudyInstanceUID, b[0].StudyInstanceUID
+    token = share(client, sa).json()["token"]
+    seen = client.get("/changefeed?limit=100", headers=h(token)).json()
+    assert {e["StudyInstanceUid"] for e in seen} == {sa} and len(seen) == 4  # 2 creates, 2 label rows
+    assert client.get("/changefeed/latest", headers=h(token)).json()["StudyInstanceUid"] == sa
+    zipped = client.get(f"/studies/{sa}/archive", headers=h(token))
+    assert zipped.status_code == 200 and zipped.content[:2] == b"PK"
+    assert client.get(f"/studies/{sb}/archive", headers=h(token)).status_code == 404
+    ndjson = client.get("/export/metadata", headers=h(token))
+    assert ndjson.status_code == 200
+    assert {orjson.loads(line)["0020000D"]["Value"][0] for line in ndjson.text.splitlines()} == {sa}
