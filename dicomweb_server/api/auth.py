@@ -45,7 +45,7 @@ import hashlib
 import hmac
 import logging
 import time
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import unquote_plus
 
 import httpx
 import jwt
@@ -344,12 +344,12 @@ def _take_share_parameter(scope: Scope) -> str | None:
     raw = scope.get("query_string") or b""
     if b"share=" not in raw:
         return None
-    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
-    token = next((v for k, v in pairs if k == "share"), None)
-    if token is None:
+    items = raw.split(b"&")  # the other parameters are passed on byte for byte
+    found = [i for i in items if i.startswith(b"share=")]
+    if not found:
         return None
-    scope["query_string"] = urlencode([(k, v) for k, v in pairs if k != "share"]).encode("latin-1")
-    return token
+    scope["query_string"] = b"&".join(i for i in items if not i.startswith(b"share="))
+    return unquote_plus(found[0][len(b"share="):].decode("latin-1"))
 
 
 async def _share_of(scope: Scope, token: str) -> Share | None:

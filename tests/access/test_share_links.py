@@ -93,6 +93,8 @@ def test_a_share_link_reads_its_study_and_nothing_else(client, two):
     # the token as the share query parameter (a viewer's first request, a link to a rendered image)
     assert uids(client.get(f"/studies?share={token}")) == {sa}
     assert uids(client.get(f"/studies?PatientID=PA&share={token}")) == {sa}
+    # the other parameters reach the route byte for byte (their escapes kept)
+    assert uids(client.get(f"/studies?share={token}&PatientID=P%41&includefield=00100010%2C00100020")) == {sa}
     assert client.get(f"/studies/{sa}/rendered?share={token}").status_code == 200
     assert client.get(f"/studies/{sb}/metadata?share={token}").status_code == 404
 
