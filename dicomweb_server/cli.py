@@ -731,6 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--oidc-audience", dest="oidc_audience", help="expected JWT audience (aud)")
     serve.add_argument("--oidc-jwks-url", dest="oidc_jwks_url", help="the issuer's JWKS URL")
     serve.add_argument("--audit-log", dest="audit_log", help="append one JSON line per request to this file")
+    serve.add_argument("--share-max-seconds", dest="share_max_seconds", type=int,
+                       help="the longest a share link may live, in seconds (default 30 days)")
     serve.add_argument("--insecure", action="store_true", default=None,
                        help="allow a non-loopback --host without authentication")
     serve.add_argument("--log-level", dest="log_level")

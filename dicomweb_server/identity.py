@@ -14,5 +14,5 @@ SCOPES = ("read", "write", "delete", "admin")  # admin: re-identification (GET /
 class Identity:
     subject: str  # who: key name, JWT "sub", user name, or a DIMSE peer's AE title
     scopes: frozenset[str]
-    method: str  # "api-key" | "oidc" | "basic" | "dimse-peer" | "anonymous"
+    method: str  # "api-key" | "oidc" | "basic" | "dimse-peer" | "anonymous" | "share" (api/shares.py)
     groups: tuple[str, ...] = ()  # OIDC: the values of the access rules' claim (access/rules.py)

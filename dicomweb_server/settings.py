@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     oidc_jwks_timeout: float = Field(5.0, gt=0, le=300, description="seconds one JWKS fetch may take (then the old keys "
                                                             "are kept)")
     oidc_jwks_cache_seconds: float = Field(300.0, ge=0, le=7 * 86400, description="seconds the JWKS keys are kept")
+    share_max_seconds: int = Field(30 * 86400, ge=1, le=10 * 366 * 86400,
+                                   description="the longest a share link (`POST /studies/{study}/share`) may "
+                                               "live, in seconds (`expires_in` above it: 400; the default "
+                                               "`expires_in`, 7 days, is capped by it)")
     audit_log: Path | None = Field(None, description="append one JSON line per DICOMweb request (and DIMSE "
                                                      "association) to this file")
     insecure: bool = Field(False, description="allow a non-loopback `host` without authentication")

@@ -27,6 +27,11 @@ before authentication, the same for every path (allowed methods and headers, or
 400 for an origin not allowed); without CORS configured there is no cross-origin
 access to grant, and a preflight is an OPTIONS like any other.
 
+A share link's token (api/shares.py), as ``Authorization: Bearer`` or as the ``share``
+query parameter (taken out of the query the routes see, and of the audit log's),
+yields an identity with the read scope only, for its one study (api/deps.py
+:func:`~.deps.access_of`); an expired or revoked one: 401 "invalid credentials".
+
 The audit log (JSON lines, one per DICOMweb request) records who did what to
 which study, when, from where, and the outcome: the questions of an IHE ATNA
 audit (ITI-20), in a simple form.
@@ -40,6 +45,7 @@ import hashlib
 import hmac
 import logging
 import time
+from urllib.parse import unquote_plus
 
 import httpx
 import jwt
@@ -47,6 +53,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..access.audit import audit_log
+from ..store.shares import Share
 from ..identity import SCOPES, Identity
 from .errors import error_response
 
@@ -252,26 +259,37 @@ class AuthAuditMiddleware:
         path = scope["path"]
         rel = path[len(self.prefix):] if self.prefix and path.startswith(self.prefix) else path
         identity = Identity("anonymous", frozenset(SCOPES), "anonymous")
-        if self.auth.enabled and not rel.startswith(_OPEN_PREFIXES):  # OPTIONS too: see the module docstring
+        state = scope.setdefault("state", {})
+        if not rel.startswith(_OPEN_PREFIXES):  # OPTIONS too: see the module docstring
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-            found = await self.auth.identify(header)
-            if found is None:
-                response = _unauthenticated(header)
+            in_query = _take_share_parameter(scope)
+            found = await self.auth.identify(header) if self.auth.enabled and in_query is None else None
+            token = in_query if in_query is not None else _bearer(header) if found is None else None
+            share = await _share_of(scope, token) if token else None
+            if share is not None:  # a share link's token (api/shares.py): read, its one study
+                state["share"] = share
+                if share.valid(time.time()):
+                    found = Identity(f"share-{share.id}", frozenset({"read"}), "share")
+            if found is None and (self.auth.enabled or in_query is not None or share is not None):
+                response = _unauthenticated(header or token)
                 await self._audit(scope, None, 401, rel, method)
                 await response(scope, receive, send)
                 return
-            # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
-            # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py);
-            # labels are changed with the write scope, a DELETE of one included
-            need = ("admin" if rel.startswith("/admin/deid/")
-                    else "write" if rel.startswith("/admin/") or (method == "DELETE" and "/labels/" in rel)
-                    else _METHOD_SCOPE.get(method, "read"))
-            if need not in found.scopes:
-                await self._audit(scope, found, 403, rel, method)
-                await error_response(403, f"the credentials lack the '{need}' scope")(scope, receive, send)
-                return
-            identity = found
-        scope.setdefault("state", {})["identity"] = identity
+            if found is not None:
+                # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
+                # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py);
+                # labels are changed with the write scope, a DELETE of one included; the share
+                # links are listed and revoked with the write scope (api/shares.py)
+                need = ("admin" if rel.startswith("/admin/deid/")
+                        else "write" if rel.startswith(("/admin/", "/shares"))
+                        or (method == "DELETE" and "/labels/" in rel)
+                        else _METHOD_SCOPE.get(method, "read"))
+                if need not in found.scopes:
+                    await self._audit(scope, found, 403, rel, method)
+                    await error_response(403, f"the credentials lack the '{need}' scope")(scope, receive, send)
+                    return
+                identity = found
+        state["identity"] = identity
         if not self.audit or rel.startswith(_OPEN_PREFIXES) or method == "OPTIONS":
             await self.app(scope, receive, send)
             return
@@ -305,11 +323,45 @@ class AuthAuditMiddleware:
             "study": _study_of(rel),
             "outcome": status,
         }
+        if state.get("share") is not None:  # each use of a share link (its id; never its token)
+            record["share"] = state["share"].id
         if state.get("audit_studies"):
             record["studies_stored"] = sorted(state["audit_studies"])
         if state.get("audit_changes"):  # an update: what changed from what to what (api/lifecycle.py)
             record["changes"] = state["audit_changes"]
         audit_log.info(orjson.dumps(record).decode())
+
+
+def _bearer(header: str | None) -> str | None:
+    scheme, _, cred = (header or "").strip().partition(" ")
+    return cred.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _take_share_parameter(scope: Scope) -> str | None:
+    """The ``share`` query parameter's value (a share link's token), taken out of the
+    request's query string (the routes, QIDO-RS's matching keys among them, and the audit
+    log never see it); None when there is none."""
+    raw = scope.get("query_string") or b""
+    if b"share=" not in raw:
+        return None
+    items = raw.split(b"&")  # the other parameters are passed on byte for byte
+    found = [i for i in items if i.startswith(b"share=")]
+    if not found:
+        return None
+    scope["query_string"] = b"&".join(i for i in items if not i.startswith(b"share="))
+    return unquote_plus(found[0][len(b"share="):].decode("latin-1"))
+
+
+async def _share_of(scope: Scope, token: str) -> Share | None:
+    """The share link of ``token`` (by its SHA-256), whatever its state; None when none."""
+    from starlette.concurrency import run_in_threadpool
+
+    from .shares import token_hash
+
+    archive = getattr(scope["app"].state, "archive", None) if "app" in scope else None
+    if archive is None:
+        return None
+    return await run_in_threadpool(archive.index.share, None, token_hash(token))
 
 
 def _unauthenticated(header: str | None):

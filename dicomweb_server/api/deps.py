@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 from fastapi import Depends, Path, Request
 
-from ..access.filter import Filter
+from ..access.filter import Filter, only_study
 from ..access.rules import FULL, Access
 from ..archive import Archive
 from ..dicom.media_types import MediaRange, accept_parameter, charset_parameter, parse_accept
@@ -79,9 +79,13 @@ async def _instance(instance: Annotated[str, Path(description="SOPInstanceUID")]
 
 def access_of(request: Request) -> Access:
     """What the request's identity may see (access/rules.py); everything when no rules
-    are configured or no authentication identified anyone."""
+    are configured or no authentication identified anyone. A share link's identity
+    (api/auth.py, api/shares.py): its one study, whatever the rules."""
+    state = request.scope.get("state", {})
+    identity = state.get("identity")
+    if identity is not None and identity.method == "share":
+        return Access(only_study(state["share"].study_uid))
     rules = getattr(request.app.state, "access", None)
-    identity = request.scope.get("state", {}).get("identity")
     return rules.access(identity) if rules is not None else FULL
 
 

@@ -16,6 +16,7 @@ from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
 from ..dicom.worklist import Entry as WorklistEntry
 from .changes import Change
+from . import shares as shares_table
 from . import worklist as worklist_table
 from .rejections import Rejection
 
@@ -264,34 +265,58 @@ class Index(ABC):
 
     # --- the modality worklist (store/worklist.py, dicom/worklist.py) ---------------------
 
-    def _worklist_reading(self) -> AbstractContextManager:
-        """An :data:`changes.Execute` on the worklist table, for reads."""
+    def _table_reading(self) -> AbstractContextManager:
+        """An :data:`changes.Execute` on the index's side tables (the worklist, the share
+        links), for reads."""
         raise NotImplementedError
 
-    def _worklist_writing(self, sps_ids: list[str]) -> AbstractContextManager:
-        """An :data:`changes.Execute` on the worklist table in a durable write transaction."""
+    def _table_writing(self, keys: list[str]) -> AbstractContextManager:
+        """An :data:`changes.Execute` on the index's side tables in a durable write
+        transaction (``keys``: what it writes, for the nodes' locks of PostgreSQL)."""
         raise NotImplementedError
 
     def put_worklist(self, entries: list[WorklistEntry]) -> None:
         """Add worklist entries (replacing those with the same Scheduled Procedure Step ID),
         in one durable commit."""
-        with self._worklist_writing([e.sps_id for e in entries]) as x:
+        with self._table_writing([f"worklist:{e.sps_id}" for e in entries]) as x:
             worklist_table.put(x, entries)
 
     def worklist(self, prefilter: dict[str, tuple]) -> list[dict]:
         """The entries (DICOM JSON) the prefilter lets through (dicom/worklist.py ``prefilter``;
         the caller matches every key), oldest first."""
-        with self._worklist_reading() as x:
+        with self._table_reading() as x:
             return worklist_table.select(x, prefilter)
 
     def worklist_entry(self, sps_id: str) -> dict | None:
-        with self._worklist_reading() as x:
+        with self._table_reading() as x:
             return worklist_table.get(x, sps_id)
 
     def delete_worklist(self, sps_id: str) -> bool:
         """Remove an entry; False when there was none."""
-        with self._worklist_writing([sps_id]) as x:
+        with self._table_writing([f"worklist:{sps_id}"]) as x:
             return worklist_table.drop(x, sps_id)
+
+    # --- share links (store/shares.py, api/shares.py) ------------------------------------
+
+    def put_share(self, share: "shares_table.Share") -> None:
+        """Keep a new share link, durably."""
+        with self._table_writing([f"share:{share.id}"]) as x:
+            shares_table.put(x, share)
+
+    def share(self, share_id: str | None = None, token_sha256: str | None = None) -> "shares_table.Share | None":
+        """The link by its id or by its token's SHA-256 (hex); None when there is none."""
+        with self._table_reading() as x:
+            return shares_table.by_id(x, share_id) if share_id is not None else shares_table.by_token(x, token_sha256)
+
+    def shares(self) -> "list[shares_table.Share]":
+        """Every link, revoked and expired ones too, newest first."""
+        with self._table_reading() as x:
+            return shares_table.every(x)
+
+    def revoke_share(self, share_id: str) -> bool:
+        """Revoke a link, durably; False when there is none by that id."""
+        with self._table_writing([f"share:{share_id}"]) as x:
+            return shares_table.revoke(x, share_id)
 
     # --- write hooks (routing's outbox) -------------------------------------------------
 

@@ -68,10 +68,16 @@ def label_condition(allowed: Filter, study: str = "s") -> tuple[list[str], list]
     """The conditions (and their parameters) that let through only the studies ``allowed``
     does (access/filter.py), on the table or alias ``study`` (one with a StudyInstanceUID
     column: the study table, the change log): per clause, the study carries one of its
-    labels (an index look-up in study_label's primary key). Nothing at all for an
-    unrestricted filter."""
+    labels (an index look-up in study_label's primary key); with the filter's ``studies``
+    (a share link), the study is one of them. Nothing at all for an unrestricted filter."""
     where: list[str] = []
     params: list = []
+    if allowed.studies is not None:
+        if allowed.studies:
+            where.append(f"{study}.StudyInstanceUID IN ({','.join('?' * len(allowed.studies))})")
+            params += sorted(allowed.studies)
+        else:
+            where.append("1 = 0")
     for n, clause in enumerate(allowed.clauses):
         if not clause:
             where.append("1 = 0")

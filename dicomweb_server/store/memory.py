@@ -36,6 +36,7 @@ from ..dicom.patient import PatientIdentity, patient_identity
 from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
+from . import shares as shares_table
 from . import worklist as worklist_table
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 from .connections import immediate
@@ -132,7 +133,7 @@ class MemoryIndex(Index):
             self._journal.execute("PRAGMA synchronous=FULL")
         self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema()
                                     + worklist_table.sqlite_schema()
-                                    + study_labels.sqlite_schema())
+                                    + study_labels.sqlite_schema() + shares_table.sqlite_schema())
         # study labels (store/labels.py): their rows in the journal, a set per study here
         self._labels: dict[str, set[str]] = {}
         for study_uid, label in study_labels.every(self._x):
@@ -158,13 +159,13 @@ class MemoryIndex(Index):
             self._run_change_hooks(con, changelog.append(self._x, changelog.now(), action, instances))
 
     @contextmanager
-    def _worklist_reading(self) -> Iterator:
+    def _table_reading(self) -> Iterator:
         with self._lock:
             yield self._x
 
     @contextmanager
-    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
-        """(the worklist lives in the journal: kept across restarts with a journal file)"""
+    def _table_writing(self, keys: list[str]) -> Iterator:
+        """(the worklist and the share links live in the journal: kept across restarts with a journal file)"""
         with self._lock, immediate(self._journal):
             yield self._x
 
@@ -427,7 +428,7 @@ class MemoryIndex(Index):
         return [i for se in study.series.values() for i in se.instances.values()]
 
     def _allowed(self, study_uid: str, allowed: Filter) -> bool:
-        return allowed.unrestricted or allowed.allows(self._labels.get(study_uid, ()))
+        return allowed.unrestricted or allowed.allows(self._labels.get(study_uid, ()), study_uid)
 
     def _study(self, study_uid: str, allowed: Filter) -> _Study | None:
         study = self._studies.get(study_uid)

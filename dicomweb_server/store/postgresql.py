@@ -29,7 +29,8 @@ SQLite index (store/sql.py); what differs is here:
   version 8 the rejected instances (store/rejections.py, IOCM), version 9 the
   de-identification projects and pseudonyms (deid/pseudonyms.py), version 10 the modality
   worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports),
-  version 11 the study labels (store/labels.py).
+  version 11 the study labels (store/labels.py), version 12 the share links
+  (store/shares.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
+from . import shares as shares_table
 from . import worklist as worklist_table
 from .base import IndexUnavailable, Refused
 from .sql import (
@@ -198,9 +200,14 @@ def _v11() -> list[str]:
     return study_labels.postgresql_schema()
 
 
+def _v12() -> list[str]:
+    """Share links (store/shares.py; api/shares.py)."""
+    return shares_table.postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -388,12 +395,15 @@ class PostgreSQLIndex(SQLIndex):
             return self._purge_rows(con, rows)
 
     @contextmanager
-    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
-        with self._writing([f"worklist:{i}" for i in sps_ids]) as con:
+    def _table_writing(self, keys: list[str]) -> Iterator:
+        with self._writing(keys) as con:
             yield self._execute(con)
 
     def worklist(self, prefilter):
         return self._retried(lambda: SQLIndex.worklist(self, prefilter))
+
+    def share(self, share_id=None, token_sha256=None):
+        return self._retried(lambda: SQLIndex.share(self, share_id, token_sha256))
 
     def rejections(self, study_uid=None, series_uid=None, before=None):
         return self._retried(lambda: SQLIndex.rejections(self, study_uid, series_uid, before))

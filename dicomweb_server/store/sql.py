@@ -453,7 +453,7 @@ class SQLIndex(Index):
         return rows
 
     @contextmanager
-    def _worklist_reading(self) -> Iterator:
+    def _table_reading(self) -> Iterator:
         with self._reading() as con:
             yield self._execute(con)
 

@@ -18,6 +18,7 @@ from ..dicom.instance import InstanceRecord
 from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
+from . import shares as shares_table
 from . import worklist as worklist_table
 from .base import Refused
 from .connections import ThreadConnections, immediate
@@ -81,7 +82,7 @@ CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + shares_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -179,7 +180,7 @@ class SQLiteIndex(SQLIndex):
             return self._reject_rows(con, refs, code, now)
 
     @contextmanager
-    def _worklist_writing(self, sps_ids: list[str]) -> Iterator:
+    def _table_writing(self, keys: list[str]) -> Iterator:
         with immediate(self._con()) as con:
             yield self._execute(con)
 
