@@ -1,4 +1,4 @@
-"""Share links (issue 28; docs/notes/share-links.md): a link that opens one study in the
+"""Share links (issue 28; docs/share-links.md): a link that opens one study in the
 viewer and in DICOMweb, read only, until it expires or is revoked.
 
 ``POST /studies/{study}/share`` (write scope, a study the caller may see, else 404)

@@ -1,4 +1,4 @@
-"""Share links (api/shares.py, docs/notes/share-links.md): one row per link, in the
+"""Share links (api/shares.py, docs/share-links.md): one row per link, in the
 index's database (the in-memory index's journal). The token itself is never stored:
 only its SHA-256 (hex), by which a request's token is looked up (a unique index).
 
