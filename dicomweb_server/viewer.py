@@ -138,7 +138,46 @@ _CONFIG_TEMPLATE = """\
     strictZSpacingForVolumeViewport: true,
     groupEnabledModesFirst: true,
     investigationalUseDialog: { option: 'never' },
-    customizationService: { global: { 'ohif.tours': { $set: [] } } },
+    customizationService: { global: {
+      'ohif.tours': { $set: [] },
+      // OHIF 3.13 has the data source's reject.series (supportsReject) but no menu item
+      // that calls it: "Reject series" in the study browser's thumbnail menu (docs/rejection.md)
+      'studyBrowser.thumbnailMenuItems': { $push: [{
+        id: 'rejectSeries',
+        label: 'Reject series',
+        iconName: 'Delete',
+        // OHIF's menu runs `commands` (a function is run with the thumbnail's props)
+        commands: function (props) {
+          var services = window.services;
+          var ds = services.displaySetService.getDisplaySetByUID(props.displaySetInstanceUID);
+          var source = window.extensionManager.getActiveDataSource()[0];
+          if (!ds || !source.reject) { return; }
+          var name = ds.SeriesDescription || ds.SeriesInstanceUID;
+          if (!window.confirm('Reject series "' + name + '" (113001^DCM, Rejected for Quality Reasons)? '
+                              + 'It is hidden from every search and retrieve, and can be restored.')) { return; }
+          // OHIF 3.13.2's reject.series throws "getAuthrorizationHeader is not a function" (its
+          // dcm4cheeReject gets the header function before the data source's initialize sets
+          // it): then the same request (URL, code, 200/204 = done) with the user's header
+          var post = function () {
+            var url = root + '/studies/' + ds.StudyInstanceUID + '/series/' + ds.SeriesInstanceUID
+                      + '/reject/113001%5EDCM';
+            var auth = services.userAuthenticationService.getAuthorizationHeader() || {};
+            return fetch(url, { method: 'POST', headers: auth }).then(function (r) {
+              if (r.status !== 200 && r.status !== 204) { throw new Error('Unexpected status code: ' + r.status); }
+              return r.text();
+            });
+          };
+          new Promise(function (resolve) { resolve(source.reject.series(ds.StudyInstanceUID, ds.SeriesInstanceUID)); })
+            .catch(function (error) { if (error instanceof TypeError) { return post(); } throw error; })
+            .then(function () {
+              services.displaySetService.deleteDisplaySet(ds.displaySetInstanceUID);
+              services.uiNotificationService.show({ title: 'Series rejected', message: name, type: 'success' });
+            }, function (error) {
+              services.uiNotificationService.show({ title: 'Reject failed', message: String(error), type: 'error' });
+            });
+        },
+      }] },
+    } },
     maxNumRequests: { interaction: 100, thumbnail: 10, prefetch: 25 },
     showErrorDetails: 'always',
     defaultDataSourceName: 'archive',

@@ -13,6 +13,7 @@ from ..dicom.attributes import Level
 from ..dicom.matching import Query, parse_query
 from ..dicom.media_types import negotiate_json
 from ..dicom.search_results import build_result
+from ..lifecycle import rejected_search
 from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID, access_of, acceptable
 from .errors import DICOMwebHTTPError, warning_header
 from .responses import DicomJSONResponse
@@ -28,9 +29,26 @@ async def _search(request: Request, archive, base: str, level: Level, own_levels
     negotiate_json(acceptable(request))
     params = request.query_params.multi_items()
     allowed = with_labels(access_of(request).filter, [v for k, v in params if k == "label"])
-    query = parse_query(level, [(k, v) for k, v in params if k != "label"], study_uid=study_uid,
-                        series_uid=series_uid, max_results=archive.settings.max_results)
-    return await run_in_threadpool(_answer, archive, base, query, own_levels, allowed)
+    rejected = _include_rejected(request, [v for k, v in params if k.lower() == rejected_search.PARAMETER])
+    query = parse_query(level, [(k, v) for k, v in params if k != "label" and k.lower() != rejected_search.PARAMETER],
+                        study_uid=study_uid, series_uid=series_uid, max_results=archive.settings.max_results)
+    scope = rejected_search.uid_scope(query) if rejected else None
+    return await run_in_threadpool(_answer, archive, base, query, own_levels, allowed, scope)
+
+
+def _include_rejected(request: Request, values: list[str]) -> bool:
+    """``includerejected=true`` (lifecycle/rejected_search.py): the ``write`` scope, as
+    ``GET /admin/rejected``; 403 without it, 400 for a value not true/false."""
+    if not values:
+        return False
+    if len(values) > 1 or values[0].strip().lower() not in ("true", "false"):
+        raise DICOMwebHTTPError(400, f"{rejected_search.PARAMETER}: one value, true or false")
+    if values[0].strip().lower() == "false":
+        return False
+    identity = request.scope.get("state", {}).get("identity")
+    if identity is not None and "write" not in identity.scopes:
+        raise DICOMwebHTTPError(403, f"{rejected_search.PARAMETER}=true needs the 'write' scope")
+    return True
 
 
 def with_labels(allowed: Filter, values: list[str]) -> Filter:
@@ -44,7 +62,8 @@ def with_labels(allowed: Filter, values: list[str]) -> Filter:
         raise DICOMwebHTTPError(400, f"label: {e}") from None
 
 
-def _answer(archive, base: str, query: Query, own_levels: tuple, allowed: Filter) -> Response:
+def _answer(archive, base: str, query: Query, own_levels: tuple, allowed: Filter,
+            rejected_scope: dict | None = None) -> Response:
     level = query.level
     hits = archive.index.search(query, allowed)
     results = []
@@ -53,6 +72,8 @@ def _answer(archive, base: str, query: Query, own_levels: tuple, allowed: Filter
                            h.sop_uid if level == "instance" else None)
         results.append(build_result(query, h.study_json, h.series_json, h.instance_json, h.computed, url,
                                     own_levels))
+    if rejected_scope is not None:
+        results += rejected_search.rejected_entries(archive.index, query, rejected_scope, allowed)
     headers = {}
     if query.limited and len(hits) == query.limit:
         # PS3.18 §8.3.4.4: the server maximum cut the answer
