@@ -64,24 +64,38 @@ SEND_PDU_MAX = 1 << 20
 
 class StoredInstance(Dataset):
     """A stored instance to send as a C-STORE sub-operation: only its UIDs and transfer
-    syntax in memory, its data set read from ``path`` fragment by fragment."""
+    syntax in memory, its data set read from ``path`` fragment by fragment. For a C-MOVE,
+    ``move_originator``: the calling AE title of the C-MOVE's requester."""
 
-    def __init__(self, path: Path | None, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str) -> None:
+    def __init__(self, path: Path | None, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str,
+                 move_originator: str | None = None) -> None:
         super().__init__()
         self.file_meta = FileMetaDataset()
         self.file_meta.TransferSyntaxUID = transfer_syntax_uid
         self.SOPClassUID = sop_class_uid
         self.SOPInstanceUID = sop_uid
         self.stored_path = path
+        self.move_originator = move_originator
 
 
 def _send_c_store_from_file(self, dataset, *args, **kwargs):
     """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file when the
     peer accepted its stored transfer syntax; otherwise (e.g. stored Explicit VR LE, accepted
-    Implicit VR LE only) it is read and pynetdicom converts it, as before."""
+    Implicit VR LE only) it is read and pynetdicom converts it, as before.
+
+    PS3.7 9.1.1.1: the Move Originator Application Entity Title of a C-MOVE's sub-operation is
+    the AE that invoked the C-MOVE; pynetdicom's Move SCP passes its own AE title
+    (``originator_aet=self.ae.ae_title``): replaced by the requester's. A SOP class the peer
+    accepted no presentation context for fails here, before its file is read (PS3.4
+    C.4.2.3.1, C.4.3.3.1: that sub-operation fails, the others go on)."""
     if isinstance(dataset, StoredInstance):
+        if dataset.move_originator is not None and kwargs.get("originator_aet") is not None:
+            kwargs["originator_aet"] = dataset.move_originator
         if dataset.stored_path is None:  # a failed sub-operation, counted with its UID (_send)
             raise FileNotFoundError(f"{missing_data.MESSAGE}: instance {dataset.SOPInstanceUID} cannot be read")
+        if not any(cx.abstract_syntax == dataset.SOPClassUID for cx in self.accepted_contexts):
+            raise ValueError(f"the peer accepted no presentation context for SOP Class {dataset.SOPClassUID} "
+                             f"of instance {dataset.SOPInstanceUID}")
         try:
             self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
                                     allow_conversion=False)
@@ -140,7 +154,7 @@ class RetrieveSCP:
             log.exception("C-GET/C-MOVE matching failed")
             return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
 
-    def _send(self, event, locations, failure):
+    def _send(self, event, locations, failure, move_originator: str | None = None):
         """The number of sub-operations, then pending responses with the data sets;
         pynetdicom sends each as a C-STORE sub-operation and counts
         remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 1, then its status
@@ -175,7 +189,8 @@ class RetrieveSCP:
                     if not missing_data.confirm(self.archive.index, loc, e):
                         log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
                     path = None
-                yield S.PENDING, StoredInstance(path, loc.sop_class_uid, loc.sop_uid, loc.transfer_syntax_uid)
+                yield S.PENDING, StoredInstance(path, loc.sop_class_uid, loc.sop_uid, loc.transfer_syntax_uid,
+                                                move_originator)
 
     def _on_get(self, event):
         locations, failure = self._matches(event, GET_MODELS)
@@ -190,14 +205,18 @@ class RetrieveSCP:
             yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
             return
         locations, failure = self._matches(event, MOVE_MODELS)
-        # propose only what will be sent: the stored SOP classes and transfer syntaxes (<= 128 contexts)
+        # propose what will be sent: the stored SOP classes and transfer syntaxes (<= 127 contexts)
         pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
-        contexts = [build_context(cls, proposed_syntaxes(ts))
-                    for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
+        # and Verification: a destination that accepts none of the stored SOP classes still
+        # associates, and each sub-operation fails on its own (0xA702, each instance listed),
+        # where pynetdicom answered the association's refusal 0xA801 (destination unknown)
+        contexts = [build_context(cls, proposed_syntaxes(ts)) for cls, ts in list(pairs)[:127]]
+        contexts.append(build_context(Verification))
         yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
                                      "tls_args": tls.tls_args(peer.tls, peer.host),  # PS3.15 Annex B
                                      "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
-        yield from self._send(event, locations, failure)
+        requester = event.assoc.requestor.ae_title  # PS3.7 9.1.1.1: Move Originator AE Title
+        yield from self._send(event, locations, failure, str(requester).strip())
 
 
 def _sub_operation_socket_timeout(event) -> None:
