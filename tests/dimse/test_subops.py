@@ -14,7 +14,6 @@ import socket
 import subprocess
 import time
 
-import httpx
 import pytest
 from pydicom.dataset import Dataset
 from pynetdicom import AE, build_context, build_role, evt
@@ -27,9 +26,9 @@ from pynetdicom.sop_class import (
 )
 
 from dicomweb_server.dimse import status as S
-from tests.helpers import LiveServer, free_port, make_dataset
+from tests.helpers import free_port, make_dataset
 
-from .conftest import Dimse
+from .conftest import archive_moving_to
 
 STUDY = "1.2.826.0.1.3680043.8.498.31"
 MR = str(MRImageStorage)
@@ -69,14 +68,8 @@ def dest():
 
 @pytest.fixture
 def archive(tmp_path, dest):
-    peers = tmp_path / "peers.toml"
-    peers.write_text(f'[MOVEDEST]\nhost = "127.0.0.1"\nport = {dest.port}\n')
-    port = free_port()
-    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True,
-                     dimse_peers_file=peers).start()
-    with httpx.Client(base_url=srv.url, timeout=60) as client:
-        yield Dimse(srv, port, client)
-    srv.stop()
+    with archive_moving_to(tmp_path, dest.port) as d:
+        yield d
 
 
 @pytest.fixture
@@ -294,13 +287,7 @@ def dcmtk_dest(tmp_path):
 @pytest.mark.skipif(not DCMTK, reason="DCMTK not installed")
 def test_dcmtk_movescu_to_a_storescp_that_takes_ct_only(tmp_path, dcmtk_dest):
     port, out = dcmtk_dest
-    peers = tmp_path / "peers.toml"
-    peers.write_text(f'[MOVEDEST]\nhost = "127.0.0.1"\nport = {port}\n')
-    dimse_port = free_port()
-    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=dimse_port, dimse_in_worker=True,
-                     dimse_peers_file=peers).start()
-    try:
-        archive = Dimse(srv, dimse_port, httpx.Client(base_url=srv.url, timeout=60))
+    with archive_moving_to(tmp_path, port) as archive:
         dss = [make_dataset(study=STUDY, series=STUDY + ".1"),
                make_dataset(study=STUDY, series=STUDY + ".2", modality="MR", sop_class=MR)]
         assert archive.store(dss) == [S.SUCCESS] * 2
@@ -316,5 +303,3 @@ def test_dcmtk_movescu_to_a_storescp_that_takes_ct_only(tmp_path, dcmtk_dest):
         assert text.count("Received Final Move Response") == 1, text
         names = [p.name for p in out.iterdir()]
         assert len(names) == 1 and dss[0].SOPInstanceUID in names[0], names
-    finally:
-        srv.stop()
