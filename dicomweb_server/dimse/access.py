@@ -272,15 +272,19 @@ def context_mismatch(assoc, msg, context_id: int) -> str | None:
     """Why ``msg`` may not be served on presentation context ``context_id``, or None.
 
     A presentation context is the SOP class the peers agreed to use it for (PS3.8 7.1.1.13:
-    its abstract syntax; PS3.7 6.3.1: each DIMSE message is sent on the context of its
-    SOP class): the request's Affected (or Requested) SOP Class UID must be that abstract
-    syntax. pynetdicom chooses the service by the request's SOP class alone, so a C-ECHO on
-    a CT Image Storage context was answered Success and a C-STORE of an MR instance on it
-    stored. Refused with 0x0122 (PS3.7 Annex C: Refused: SOP Class Not Supported), the
-    association going on, as DCMTK's SCPs refuse a SOP class they did not negotiate."""
+    its Abstract Syntax Name): the request's Affected (or Requested) SOP Class UID must be
+    that abstract syntax, or a Related General SOP Class of it agreed by SOP Class Common
+    Extended Negotiation (PS3.7 D.3.3.6, PS3.4 B.3.1.4). pynetdicom chooses the service by
+    the request's SOP class alone, so a C-ECHO on a CT Image Storage context was answered
+    Success and a C-STORE of an MR instance on it stored. Refused with 0x0122 (PS3.7 Annex C:
+    Refused: SOP Class Not Supported), the association going on."""
     cx = assoc._accepted_cx.get(context_id)
     sop_class = getattr(msg, "AffectedSOPClassUID", None) or getattr(msg, "RequestedSOPClassUID", None)
     if cx is None or not sop_class or str(sop_class) == str(cx.abstract_syntax):
+        return None
+    extended = getattr(assoc.acceptor, "accepted_common_extended", None) or {}
+    related = extended.get(str(sop_class))
+    if related is not None and str(cx.abstract_syntax) in {str(u) for u in related[1] or []}:
         return None
     return f"SOP Class {str(sop_class)[:24]} not of context {context_id}"
 
