@@ -303,3 +303,35 @@ def test_dcmtk_movescu_to_a_storescp_that_takes_ct_only(tmp_path, dcmtk_dest):
         assert text.count("Received Final Move Response") == 1, text
         names = [p.name for p in out.iterdir()]
         assert len(names) == 1 and dss[0].SOPInstanceUID in names[0], names
+
+
+#: a storage SOP class DCMTK's getscu does not propose (Tractography Results Storage)
+NOT_PROPOSED_BY_GETSCU = "1.2.840.10008.5.1.4.1.1.66.6"
+
+
+@pytest.mark.skipif(not shutil.which("getscu", path="/usr/bin"), reason="DCMTK not installed")
+def test_dcmtk_getscu_without_a_context_for_one_sop_class(archive, tmp_path):
+    """DCMTK's getscu offers Storage contexts (SCP role) for a fixed list of SOP classes: a
+    C-GET of a study holding a CT and an instance of a class outside it sends the CT over
+    the association, fails the other, and ends with one final 0xB000. (getscu 3.6.7 does not
+    read the identifier of that final C-GET-RSP, the Failed SOP Instance UID List the
+    pynetdicom test above checks: its A-RELEASE then meets that P-DATA and it aborts.)"""
+    dss = [make_dataset(study=STUDY, series=STUDY + ".1"),
+           make_dataset(study=STUDY, series=STUDY + ".3", modality="MR", sop_class=NOT_PROPOSED_BY_GETSCU,
+                        pixels=False)]
+    assert archive.store(dss) == [S.SUCCESS] * 2
+    out = tmp_path / "got"
+    out.mkdir()
+    r = subprocess.run([shutil.which("getscu", path="/usr/bin"), "-d", "-S", "-aet", "GETSCU", "-aec", "DICOMWEB",
+                        "-od", str(out), "-k", "QueryRetrieveLevel=STUDY", "-k", f"StudyInstanceUID={STUDY}",
+                        "127.0.0.1", str(archive.port)], capture_output=True, text=True, timeout=60)
+    text = r.stdout + r.stderr
+    assert NOT_PROPOSED_BY_GETSCU not in text.split("Requesting Association")[1].split("Association Accepted")[0], \
+        "getscu proposed it: pick another SOP class"
+    assert text.count("DIMSE Status                  : 0xb000") == 1, text  # one final response
+    final = text[text.rindex("Received C-GET Response"):]
+    assert re.search(r"Completed Suboperations\s+: 1\b", final), text
+    assert re.search(r"Failed Suboperations\s+: 1\b", final), text
+    assert "DIMSE Status                  : 0xb000" in final, text
+    names = [p.name for p in out.iterdir()]
+    assert len(names) == 1 and dss[0].SOPInstanceUID in names[0], names
