@@ -244,8 +244,8 @@ def _request_details(assoc, msg, context_id: int, service: str) -> dict:
     return out
 
 
-def _refuse(assoc, msg, context_id: int, why: str) -> None:
-    """Answer ``msg`` with status 0x0124 and nothing else (PS3.7 Annex C)."""
+def _refuse(assoc, msg, context_id: int, why: str, status: int = S.NOT_AUTHORIZED) -> None:
+    """Answer ``msg`` with ``status`` (0x0124 unless told) and nothing else (PS3.7 Annex C)."""
     rsp = type(msg)()
     rsp.MessageIDBeingRespondedTo = msg.MessageID
     sop_class = getattr(msg, "AffectedSOPClassUID", None) or getattr(msg, "RequestedSOPClassUID", None)
@@ -254,8 +254,8 @@ def _refuse(assoc, msg, context_id: int, why: str) -> None:
     sop_uid = getattr(msg, "AffectedSOPInstanceUID", None) or getattr(msg, "RequestedSOPInstanceUID", None)
     if sop_uid and hasattr(rsp, "AffectedSOPInstanceUID"):
         rsp.AffectedSOPInstanceUID = sop_uid
-    rsp.Status = S.NOT_AUTHORIZED
-    rsp.ErrorComment = why.encode("ascii", "replace").decode()[:64]  # (the status says "not authorized")
+    rsp.Status = status
+    rsp.ErrorComment = why.encode("ascii", "replace").decode()[:64]
     path = getattr(msg, "_dataset_path", None)  # a C-STORE's data set, received into the spool folder
     if path is not None:
         try:
@@ -267,16 +267,43 @@ def _refuse(assoc, msg, context_id: int, why: str) -> None:
 
 # --- the dispatch hook ---------------------------------------------------------------------
 
+
+def context_mismatch(assoc, msg, context_id: int) -> str | None:
+    """Why ``msg`` may not be served on presentation context ``context_id``, or None.
+
+    A presentation context is the SOP class the peers agreed to use it for (PS3.8 7.1.1.13:
+    its Abstract Syntax Name): the request's Affected (or Requested) SOP Class UID must be
+    that abstract syntax, or a Related General SOP Class of it agreed by SOP Class Common
+    Extended Negotiation (PS3.7 D.3.3.6, PS3.4 B.3.1.4). pynetdicom chooses the service by
+    the request's SOP class alone, so a C-ECHO on a CT Image Storage context was answered
+    Success and a C-STORE of an MR instance on it stored. Refused with 0x0122 (PS3.7 Annex C:
+    Refused: SOP Class Not Supported), the association going on."""
+    cx = assoc._accepted_cx.get(context_id)
+    sop_class = getattr(msg, "AffectedSOPClassUID", None) or getattr(msg, "RequestedSOPClassUID", None)
+    if cx is None or not sop_class or str(sop_class) == str(cx.abstract_syntax):
+        return None
+    extended = getattr(assoc.acceptor, "accepted_common_extended", None) or {}
+    related = extended.get(str(sop_class))
+    if related is not None and str(cx.abstract_syntax) in {str(u) for u in related[1] or []}:
+        return None
+    return f"SOP Class {str(sop_class)[:24]} not of context {context_id}"
+
 _serve_request = None  # pynetdicom's, while installed (pynetdicom is imported by the listener only)
 
 
 def _serve_request_checked(self, msg, context_id: int) -> None:
-    """``Association._serve_request`` behind :meth:`AccessPolicy.check_request` for the
-    associations of a listener with a policy (``ae.dicomweb_access``); others (a test's
+    """``Association._serve_request`` behind :func:`context_mismatch` and
+    :meth:`AccessPolicy.check_request` for the associations of a listener with a policy (``ae.dicomweb_access``); others (a test's
     own Storage SCP, C-MOVE sub-operation associations) as pynetdicom does."""
     policy = getattr(self.ae, "dicomweb_access", None)
     if policy is not None and self.is_acceptor and getattr(msg, "is_valid_request", False) \
             and not self._sent_release and context_id in self._accepted_cx:
+        why = context_mismatch(self, msg, context_id)
+        if why is not None:
+            log.warning("DIMSE %s from %s refused: %s", type(msg).__name__.replace("_", "-"),
+                        _text(self.requestor.ae_title), why)
+            _refuse(self, msg, context_id, why, S.SOP_CLASS_NOT_SUPPORTED)
+            return
         if not policy.check_request(self, msg, context_id):
             return
     try:

@@ -17,7 +17,6 @@ meta: Media Storage SOP Class/Instance UID, Transfer Syntax, Source AE Title).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import gc
@@ -32,7 +31,6 @@ from pathlib import Path
 
 import orjson
 from pydicom import dcmread
-from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom import uid as U
 from pynetdicom import (
     AE,
@@ -40,7 +38,6 @@ from pynetdicom import (
     PYNETDICOM_IMPLEMENTATION_VERSION,
     AllStoragePresentationContexts,
     _config,
-    build_context,
     dimse_messages,
     evt,
     transport,
@@ -51,22 +48,15 @@ from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
     ModalityWorklistInformationFind,
     PatientRootQueryRetrieveInformationModelFind,
-    PatientRootQueryRetrieveInformationModelGet,
-    PatientRootQueryRetrieveInformationModelMove,
     StudyRootQueryRetrieveInformationModelFind,
-    StudyRootQueryRetrieveInformationModelGet,
     StorageCommitmentPushModel,
-    StudyRootQueryRetrieveInformationModelMove,
     Verification,
 )
 
-from .. import missing_data
 from ..access.rules import Access, AccessRules
 from ..archive import Archive
 from ..dicom.multipart import SpooledPart
-from ..policy import transcode
 from ..settings import Settings
-from ..store.base import IndexUnavailable
 from ..routing import open_outbox
 from . import access, pdata, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
@@ -74,7 +64,7 @@ from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, find
 from .peers import Peer, load_peers
-from .retrieve import matching_instances, proposed_syntaxes, sendable_syntax
+from .retrieve_scp import GET_MODELS, MOVE_MODELS, SEND_PDU_MAX, RetrieveSCP, _send_c_store_from_file
 from .shutdown import CLOSE_WAIT, end_associations, exit_after
 
 log = logging.getLogger("dicomweb_server.dimse")
@@ -88,9 +78,6 @@ TRANSFER_SYNTAXES = [
     U.HTJ2KLossless, U.HTJ2KLosslessRPCL, U.HTJ2K, U.RLELossless,
 ]
 _FIND_MODELS = {PatientRootQueryRetrieveInformationModelFind: "patient", StudyRootQueryRetrieveInformationModelFind: "study"}
-_GET_MODELS = {PatientRootQueryRetrieveInformationModelGet: "patient", StudyRootQueryRetrieveInformationModelGet: "study"}
-_MOVE_MODELS = {PatientRootQueryRetrieveInformationModelMove: "patient",
-                StudyRootQueryRetrieveInformationModelMove: "study"}
 
 # --- the received file: in the spool folder, with Source AE Title in its file meta --------
 #
@@ -222,76 +209,10 @@ def _bounded_recv(self, nr_bytes: int) -> bytearray:
     return buf
 
 
-# --- C-GET / C-MOVE sub-operations sent from the stored file -------------------------------
-#
-# pynetdicom's Get/Move SCP takes a Dataset from the handler and sends it with
-# ``send_c_store``: read whole (dcmread), then encoded whole into a buffer before the first
-# P-DATA: a 600 MB enhanced MR sat in memory twice. ``send_c_store`` can send a file's data
-# set in PDU-sized reads (``STORE_SEND_CHUNKED_DATASET``), but the SCPs accept only a
-# Dataset from the handler, so the handler yields this small stand-in and the listener's
-# ``send_c_store`` sends its file.
-
-#: largest P-DATA PDU the listener sends (a peer announcing 0, "unlimited", PS3.8 D.1.1,
-#: would otherwise get a file's whole data set read into one PDU)
-SEND_PDU_MAX = 1 << 20
-
-
-class StoredInstance(Dataset):
-    """A stored instance to send as a C-STORE sub-operation: only its UIDs and transfer
-    syntax in memory, its data set read from ``path`` fragment by fragment."""
-
-    def __init__(self, path: Path | None, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str) -> None:
-        super().__init__()
-        self.file_meta = FileMetaDataset()
-        self.file_meta.TransferSyntaxUID = transfer_syntax_uid
-        self.SOPClassUID = sop_class_uid
-        self.SOPInstanceUID = sop_uid
-        self.stored_path = path
-
-
-def _send_c_store_from_file(self, dataset, *args, **kwargs):
-    """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file when the
-    peer accepted its stored transfer syntax; otherwise (e.g. stored Explicit VR LE, accepted
-    Implicit VR LE only) it is read and pynetdicom converts it, as before."""
-    if isinstance(dataset, StoredInstance):
-        if dataset.stored_path is None:  # a failed sub-operation, counted with its UID (_send)
-            raise FileNotFoundError(f"{missing_data.MESSAGE}: instance {dataset.SOPInstanceUID} cannot be read")
-        try:
-            self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
-                                    allow_conversion=False)
-        except ValueError:
-            dataset = _transcoded_for(self, dataset)
-        else:
-            dataset = dataset.stored_path  # STORE_SEND_CHUNKED_DATASET: read per fragment
-    return _send_c_store(self, dataset, *args, **kwargs)
-
-
-def _transcoded_for(assoc: Association, stored: StoredInstance) -> Dataset:
-    """The stored instance in a transfer syntax the peer accepted for its SOP class
-    (PS3.4 C.4.2.3.1, C.4.3.3.1): decoded (and re-encoded losslessly) by
-    policy/transcode.py, e.g. JPEG-LS stored, Explicit VR Little Endian accepted only.
-    When none can be produced the file as stored goes to pynetdicom, whose refusal
-    fails that sub-operation as before."""
-    def accepted(ts: str) -> bool:
-        try:
-            assoc._get_valid_context(stored.SOPClassUID, ts, "scu", allow_conversion=False)
-        except ValueError:
-            return False
-        return True
-
-    stored_ts = stored.file_meta.TransferSyntaxUID
-    dataset = dcmread(stored.stored_path)
-    target = sendable_syntax(stored_ts, accepted)
-    if target is None or target == stored_ts:
-        return dataset
-    return transcode.transcode(dataset, target)
-
-
 def _encode_msg_capped(self, context_id: int, max_pdu_length: int):
     return _encode_msg(self, context_id, min(max_pdu_length or SEND_PDU_MAX, SEND_PDU_MAX))
 
 
-_send_c_store = Association.send_c_store
 _write_file_meta_info = dimse_messages.write_file_meta_info  # type: ignore[attr-defined]
 _encode_msg = dimse_messages.DIMSEMessage.encode_msg
 
@@ -330,7 +251,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     rule or an unparsable command set aborts the association), a cheap copy of the
     presentation contexts, PDUs no longer than ``max_pdu`` (at least 1 MiB; 0: unlimited,
     as announced) and no slower than ``PDU_MIN_RATE`` past the network timeout; C-GET/C-MOVE
-    sub-operations sent from the stored file in PDUs of at most ``SEND_PDU_MAX``;
+    sub-operations sent from the stored file (:mod:`.retrieve_scp`) in PDUs of at most ``SEND_PDU_MAX``;
     blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`); the
     C-STORE-RSP encoded by hand (:mod:`.store_rsp`), without pynetdicom's debug handlers."""
     global _pdu_limit, _generation
@@ -421,7 +342,7 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
 _status = S.dataset
 
 
-class DimseServer:
+class DimseServer(RetrieveSCP):
     """The listener of one archive; :meth:`start` returns once it accepts associations."""
 
     def __init__(self, archive: Archive, settings: Settings | None = None, slots_fd: int | None = None) -> None:
@@ -458,7 +379,7 @@ class DimseServer:
         for cx in AllStoragePresentationContexts:
             # scp_role: a C-GET requestor is the Storage SCP on this association (PS3.7 D.3.3.4)
             ae.add_supported_context(cx.abstract_syntax, TRANSFER_SYNTAXES, scu_role=True, scp_role=True)
-        for model in (*_FIND_MODELS, *_GET_MODELS, *_MOVE_MODELS, ModalityWorklistInformationFind):
+        for model in (*_FIND_MODELS, *GET_MODELS, *MOVE_MODELS, ModalityWorklistInformationFind):
             ae.add_supported_context(model)
         # the requester is the SCU; the N-EVENT-REPORT goes back on this association (PS3.4 J.3)
         ae.add_supported_context(StorageCommitmentPushModel)
@@ -703,96 +624,6 @@ class DimseServer:
 
     def _on_worklist_find(self, event):
         yield from worklist.on_find(self.archive.index, event, self._identifier(event))
-
-    # --- C-GET and C-MOVE (PS3.4 C.4.2, C.4.3) --------------------------------------------
-
-    def _matches(self, event, models):
-        """(locations, None) or (None, failure status)."""
-        model = models.get(event.request.AffectedSOPClassUID)
-        identifier = self._identifier(event)
-        if model is None or identifier is None:
-            return None, _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded")
-        try:
-            return matching_instances(self.archive.index, identifier, model, self.settings.max_results,
-                                      self._access(event).filter), None
-        except IdentifierError as e:
-            return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
-        except IndexUnavailable as e:  # unavailable is not out of resources: C-FIND's 0xC000
-            log.error("C-GET/C-MOVE matching failed: %s", e)
-            return None, _status(S.QR_UNABLE_TO_PROCESS, str(e))
-        except Exception as e:
-            log.exception("C-GET/C-MOVE matching failed")
-            return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
-
-    def _send(self, event, locations, failure):
-        """The number of sub-operations, then pending responses with the data sets;
-        pynetdicom sends each as a C-STORE sub-operation and counts
-        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 1, then its status
-        (pynetdicom answers a count of 0 with Success at once: an identifier that does not match
-        the SOP class, or an index that cannot be reached, was a Success with nothing sent; it
-        counts the one announced as failed; a C-MOVE first associates with its destination,
-        proposing Verification only, and answers 0xA801 if it refuses that)."""
-        if failure is not None:
-            yield 1
-            yield failure, None
-            return
-        yield len(locations)
-        for loc in locations:
-            if event.is_cancelled:
-                yield S.CANCEL, None
-                return
-            # sent from its file (StoredInstance). Objects (S3) are first copied to the spool,
-            # one at a time: pynetdicom sends each yielded instance before it asks for the next,
-            # so the copy lives for one send. A file or object gone since the match (a DELETE, or
-            # missing data: logged and counted, missing_data.py) fails that sub-operation with its
-            # UID in the Failed SOP Instance UID List (PS3.4 C.4.2.1.4): pynetdicom counts an
-            # exception in send_c_store as a failure (a None data set is not counted at all).
-            with contextlib.ExitStack() as copies:
-                try:
-                    if self.archive.blobs.local_files:
-                        path = self.archive.blobs.resolve(loc.path)
-                        if os.stat(path).st_size != loc.size:
-                            raise FileNotFoundError(f"{loc.path} is not {loc.size} bytes long")
-                    else:
-                        path = copies.enter_context(self.archive.blobs.local_copy(loc.path))
-                except Exception as e:  # noqa: BLE001 - unreadable in any way: that sub-operation fails
-                    if not missing_data.confirm(self.archive.index, loc, e):
-                        log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
-                    path = None
-                yield S.PENDING, StoredInstance(path, loc.sop_class_uid, loc.sop_uid, loc.transfer_syntax_uid)
-
-    def _on_get(self, event):
-        locations, failure = self._matches(event, _GET_MODELS)
-        yield from self._send(event, locations, failure)
-
-    def _on_move(self, event):
-        dest = event.move_destination
-        dest = (dest.decode("ascii", "replace") if isinstance(dest, bytes) else str(dest)).strip()
-        peer = self.peers.get(dest)
-        if peer is None or peer.port is None:
-            log.warning("C-MOVE to unknown destination %r%s", dest, " (no port in the peers file)" if peer else "")
-            yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
-            return
-        locations, failure = self._matches(event, _MOVE_MODELS)
-        # propose only what will be sent: the stored SOP classes and transfer syntaxes (<= 128 contexts)
-        pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
-        contexts = [build_context(cls, proposed_syntaxes(ts))
-                    for cls, ts in list(pairs)[:128]] or [build_context(Verification)]
-        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
-                                     "tls_args": tls.tls_args(peer.tls, peer.host),  # PS3.15 Annex B
-                                     "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
-        yield from self._send(event, locations, failure)
-
-
-def _sub_operation_socket_timeout(event) -> None:
-    """The C-MOVE destination's socket (connected: pynetdicom leaves it without a timeout)
-    gets the network timeout: a destination that stops reading fails the sub-operation being
-    sent and ends that association within it (PS3.4 C.4.2.3: the sub-operation fails, the
-    C-MOVE goes on to its final response). Its DUL thread blocked in ``send`` for as long as
-    the destination liked, and the C-MOVE with it."""
-    sock = getattr(event.assoc.dul.socket, "socket", None)
-    if sock is not None:
-        sock.settimeout(event.assoc.network_timeout)
 
 
 def _server_bind_reuseport(self) -> None:

@@ -18,6 +18,7 @@ PENDING = 0xFF00  # C-FIND/C-GET/C-MOVE: matches/sub-operations are continuing (
 CANCEL = 0xFE00  # matching/sub-operations terminated due to a C-CANCEL (PS3.4 C.4)
 PROCESSING_FAILURE = 0x0110  # PS3.7 C
 DUPLICATE_SOP_INSTANCE = 0x0111  # PS3.7 C
+SOP_CLASS_NOT_SUPPORTED = 0x0122  # PS3.7 C: Refused: SOP Class Not Supported (also: not on this context)
 NOT_AUTHORIZED = 0x0124  # PS3.7 C: Refused: Not Authorized (any DIMSE service; dimse/access.py)
 
 # Storage SCP (PS3.4 B.2.3)

@@ -3,6 +3,7 @@ worker, sharing the archive, as with --index memory), and pynetdicom as the SCU.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import httpx
@@ -57,3 +58,19 @@ def dimse(tmp_path, request, index_kind):
     with httpx.Client(base_url=srv.url, timeout=60) as client:
         yield Dimse(srv, port, client)
     srv.stop()
+
+
+@contextlib.contextmanager
+def archive_moving_to(tmp_path, dest_port: int, ae_title: str = "MOVEDEST"):
+    """A live archive (sqlite) whose peers file names one C-MOVE destination, ``ae_title``
+    on ``dest_port``."""
+    peers = tmp_path / "peers.toml"
+    peers.write_text(f'[{ae_title}]\nhost = "127.0.0.1"\nport = {dest_port}\n')
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True,
+                     dimse_peers_file=peers).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as client:
+            yield Dimse(srv, port, client)
+    finally:
+        srv.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import pytest
 from pydicom.dataset import Dataset
 from pynetdicom import AE, StoragePresentationContexts, build_context, build_role, evt
@@ -19,9 +18,9 @@ from pynetdicom.sop_class import (
 )
 
 from dicomweb_server.dimse import status as S
-from tests.helpers import LiveServer, free_port, make_dataset
+from tests.helpers import free_port, make_dataset
 
-from .conftest import Dimse
+from .conftest import archive_moving_to
 
 S3 = True  # tests/conftest.py: the dimse fixture runs with the instances in a local S3 server too
 
@@ -196,14 +195,8 @@ def store_scp():
 
 @pytest.fixture
 def move_dimse(tmp_path, store_scp):
-    peers = tmp_path / "peers.toml"
-    peers.write_text(f'[MOVEDEST]\nhost = "127.0.0.1"\nport = {store_scp[0]}\n')
-    port = free_port()
-    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True,
-                     dimse_peers_file=peers).start()
-    with httpx.Client(base_url=srv.url, timeout=60) as client:
-        yield Dimse(srv, port, client)
-    srv.stop()
+    with archive_moving_to(tmp_path, store_scp[0]) as d:
+        yield d
 
 
 @pytest.mark.parametrize("make,expected", RETRIEVES)

@@ -1,0 +1,230 @@
+"""The C-GET and C-MOVE SCP (PS3.4 C.4.2, C.4.3): the handlers :class:`~.scp.DimseServer`
+binds for them, and the C-STORE sub-operations sent from the stored files.
+
+Matching is :mod:`.retrieve` (the C-FIND query); counting the sub-operations, the pending
+and the final responses (PS3.4 C.4.2.1.5, C.4.3.1.4) are pynetdicom's Query/Retrieve
+service class, which calls ``Association.send_c_store`` for each instance the handler
+yields: :func:`_send_c_store_from_file` replaces it while the listener runs
+(``scp._receive_into``).
+
+References
+----------
+PS3.4 C.4.2 (C-MOVE), C.4.3 (C-GET), PS3.7 9.1.1.1 (C-STORE sub-operation parameters),
+9.1.3 (C-GET), 9.1.4 (C-MOVE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from pydicom import dcmread
+from pydicom.dataset import Dataset, FileMetaDataset
+from pynetdicom import build_context, evt
+from pynetdicom.association import Association
+from pynetdicom.sop_class import (
+    PatientRootQueryRetrieveInformationModelGet,
+    PatientRootQueryRetrieveInformationModelMove,
+    StudyRootQueryRetrieveInformationModelGet,
+    StudyRootQueryRetrieveInformationModelMove,
+    Verification,
+)
+
+from .. import missing_data
+from ..policy import transcode
+from ..store.base import IndexUnavailable
+from . import status as S
+from . import tls
+from .find import IdentifierError
+from .retrieve import matching_instances, proposed_syntaxes, sendable_syntax
+
+log = logging.getLogger("dicomweb_server.dimse")
+
+GET_MODELS = {PatientRootQueryRetrieveInformationModelGet: "patient", StudyRootQueryRetrieveInformationModelGet: "study"}
+MOVE_MODELS = {PatientRootQueryRetrieveInformationModelMove: "patient",
+               StudyRootQueryRetrieveInformationModelMove: "study"}
+
+_status = S.dataset
+
+# --- C-GET / C-MOVE sub-operations sent from the stored file -------------------------------
+#
+# pynetdicom's Get/Move SCP takes a Dataset from the handler and sends it with
+# ``send_c_store``: read whole (dcmread), then encoded whole into a buffer before the first
+# P-DATA: a 600 MB enhanced MR sat in memory twice. ``send_c_store`` can send a file's data
+# set in PDU-sized reads (``STORE_SEND_CHUNKED_DATASET``), but the SCPs accept only a
+# Dataset from the handler, so the handler yields this small stand-in and the listener's
+# ``send_c_store`` sends its file.
+
+#: largest P-DATA PDU the listener sends (a peer announcing 0, "unlimited", PS3.8 D.1.1,
+#: would otherwise get a file's whole data set read into one PDU)
+SEND_PDU_MAX = 1 << 20
+
+
+class StoredInstance(Dataset):
+    """A stored instance to send as a C-STORE sub-operation: only its UIDs and transfer
+    syntax in memory, its data set read from ``path`` fragment by fragment. For a C-MOVE,
+    ``move_originator``: the calling AE title of the C-MOVE's requester."""
+
+    def __init__(self, path: Path | None, sop_class_uid: str, sop_uid: str, transfer_syntax_uid: str,
+                 move_originator: str | None = None) -> None:
+        super().__init__()
+        self.file_meta = FileMetaDataset()
+        self.file_meta.TransferSyntaxUID = transfer_syntax_uid
+        self.SOPClassUID = sop_class_uid
+        self.SOPInstanceUID = sop_uid
+        self.stored_path = path
+        self.move_originator = move_originator
+
+
+def _send_c_store_from_file(self, dataset, *args, **kwargs):
+    """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file when the
+    peer accepted its stored transfer syntax; otherwise (e.g. stored Explicit VR LE, accepted
+    Implicit VR LE only) it is read and pynetdicom converts it, as before.
+
+    PS3.7 9.1.1.1: the Move Originator Application Entity Title of a C-MOVE's sub-operation is
+    the AE that invoked the C-MOVE; pynetdicom's Move SCP passes its own AE title
+    (``originator_aet=self.ae.ae_title``): replaced by the requester's. A SOP class the peer
+    accepted no presentation context for fails here, before its file is read (PS3.4
+    C.4.2.3.1, C.4.3.3.1: that sub-operation fails, the others go on)."""
+    if isinstance(dataset, StoredInstance):
+        if dataset.move_originator is not None and kwargs.get("originator_aet") is not None:
+            kwargs["originator_aet"] = dataset.move_originator
+        if dataset.stored_path is None:  # a failed sub-operation, counted with its UID (_send)
+            raise FileNotFoundError(f"{missing_data.MESSAGE}: instance {dataset.SOPInstanceUID} cannot be read")
+        if not any(cx.abstract_syntax == dataset.SOPClassUID for cx in self.accepted_contexts):
+            raise ValueError(f"the peer accepted no presentation context for SOP Class {dataset.SOPClassUID} "
+                             f"of instance {dataset.SOPInstanceUID}")
+        try:
+            self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
+                                    allow_conversion=False)
+        except ValueError:
+            dataset = _transcoded_for(self, dataset)
+        else:
+            dataset = dataset.stored_path  # STORE_SEND_CHUNKED_DATASET: read per fragment
+    return _send_c_store(self, dataset, *args, **kwargs)
+
+
+def _transcoded_for(assoc: Association, stored: StoredInstance) -> Dataset:
+    """The stored instance in a transfer syntax the peer accepted for its SOP class
+    (PS3.4 C.4.2.3.1, C.4.3.3.1): decoded (and re-encoded losslessly) by
+    policy/transcode.py, e.g. JPEG-LS stored, Explicit VR Little Endian accepted only.
+    When none can be produced the file as stored goes to pynetdicom, whose refusal
+    fails that sub-operation as before."""
+    def accepted(ts: str) -> bool:
+        try:
+            assoc._get_valid_context(stored.SOPClassUID, ts, "scu", allow_conversion=False)
+        except ValueError:
+            return False
+        return True
+
+    stored_ts = stored.file_meta.TransferSyntaxUID
+    dataset = dcmread(stored.stored_path)
+    target = sendable_syntax(stored_ts, accepted)
+    if target is None or target == stored_ts:
+        return dataset
+    return transcode.transcode(dataset, target)
+
+
+_send_c_store = Association.send_c_store
+
+
+class RetrieveSCP:
+    """The C-GET and C-MOVE handlers of :class:`~.scp.DimseServer` (which provides
+    ``archive``, ``settings``, ``peers``, ``_identifier`` and ``_access``)."""
+
+    # --- C-GET and C-MOVE (PS3.4 C.4.2, C.4.3) --------------------------------------------
+
+    def _matches(self, event, models):
+        """(locations, None) or (None, failure status)."""
+        model = models.get(event.request.AffectedSOPClassUID)
+        identifier = self._identifier(event)
+        if model is None or identifier is None:
+            return None, _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded")
+        try:
+            return matching_instances(self.archive.index, identifier, model, self.settings.max_results,
+                                      self._access(event).filter), None
+        except IdentifierError as e:
+            return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
+        except IndexUnavailable as e:  # unavailable is not out of resources: C-FIND's 0xC000
+            log.error("C-GET/C-MOVE matching failed: %s", e)
+            return None, _status(S.QR_UNABLE_TO_PROCESS, str(e))
+        except Exception as e:
+            log.exception("C-GET/C-MOVE matching failed")
+            return None, _status(S.QR_OUT_OF_RESOURCES_MATCHES, str(e))
+
+    def _send(self, event, locations, failure, move_originator: str | None = None):
+        """The number of sub-operations, then pending responses with the data sets;
+        pynetdicom sends each as a C-STORE sub-operation and counts
+        remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 1, then its status
+        (pynetdicom answers a count of 0 with Success at once: an identifier that does not match
+        the SOP class, or an index that cannot be reached, was a Success with nothing sent; it
+        counts the one announced as failed; a C-MOVE first associates with its destination,
+        proposing Verification only, and answers 0xA801 if it refuses that)."""
+        if failure is not None:
+            yield 1
+            yield failure, None
+            return
+        yield len(locations)
+        for loc in locations:
+            if event.is_cancelled:
+                yield S.CANCEL, None
+                return
+            # sent from its file (StoredInstance). Objects (S3) are first copied to the spool,
+            # one at a time: pynetdicom sends each yielded instance before it asks for the next,
+            # so the copy lives for one send. A file or object gone since the match (a DELETE, or
+            # missing data: logged and counted, missing_data.py) fails that sub-operation with its
+            # UID in the Failed SOP Instance UID List (PS3.4 C.4.2.1.4): pynetdicom counts an
+            # exception in send_c_store as a failure (a None data set is not counted at all).
+            with contextlib.ExitStack() as copies:
+                try:
+                    if self.archive.blobs.local_files:
+                        path = self.archive.blobs.resolve(loc.path)
+                        if os.stat(path).st_size != loc.size:
+                            raise FileNotFoundError(f"{loc.path} is not {loc.size} bytes long")
+                    else:
+                        path = copies.enter_context(self.archive.blobs.local_copy(loc.path))
+                except Exception as e:  # noqa: BLE001 - unreadable in any way: that sub-operation fails
+                    if not missing_data.confirm(self.archive.index, loc, e):
+                        log.warning("C-GET/C-MOVE cannot read %s: %s", loc.sop_uid, e)
+                    path = None
+                yield S.PENDING, StoredInstance(path, loc.sop_class_uid, loc.sop_uid, loc.transfer_syntax_uid,
+                                                move_originator)
+
+    def _on_get(self, event):
+        locations, failure = self._matches(event, GET_MODELS)
+        yield from self._send(event, locations, failure)
+
+    def _on_move(self, event):
+        dest = event.move_destination
+        dest = (dest.decode("ascii", "replace") if isinstance(dest, bytes) else str(dest)).strip()
+        peer = self.peers.get(dest)
+        if peer is None or peer.port is None:
+            log.warning("C-MOVE to unknown destination %r%s", dest, " (no port in the peers file)" if peer else "")
+            yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
+            return
+        locations, failure = self._matches(event, MOVE_MODELS)
+        # propose what will be sent: the stored SOP classes and transfer syntaxes (<= 127 contexts)
+        pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
+        # and Verification: a destination that accepts none of the stored SOP classes still
+        # associates, and each sub-operation fails on its own (0xA702, each instance listed),
+        # where pynetdicom answered the association's refusal 0xA801 (destination unknown)
+        contexts = [build_context(cls, proposed_syntaxes(ts)) for cls, ts in list(pairs)[:127]]
+        contexts.append(build_context(Verification))
+        yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
+                                     "tls_args": tls.tls_args(peer.tls, peer.host),  # PS3.15 Annex B
+                                     "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
+        requester = event.assoc.requestor.ae_title  # PS3.7 9.1.1.1: Move Originator AE Title
+        yield from self._send(event, locations, failure, str(requester).strip())
+
+
+def _sub_operation_socket_timeout(event) -> None:
+    """The C-MOVE destination's socket (connected: pynetdicom leaves it without a timeout)
+    gets the network timeout: a destination that stops reading fails the sub-operation being
+    sent and ends that association within it (PS3.4 C.4.2.3: the sub-operation fails, the
+    C-MOVE goes on to its final response). Its DUL thread blocked in ``send`` for as long as
+    the destination liked, and the C-MOVE with it."""
+    sock = getattr(event.assoc.dul.socket, "socket", None)
+    if sock is not None:
+        sock.settimeout(event.assoc.network_timeout)
