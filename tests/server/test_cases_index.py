@@ -216,13 +216,13 @@ def test_searches_run_off_the_event_loop(http, server):
     seen = []
     search = archive.index.search
 
-    def spy(query):
+    def spy(query, *args):
         try:
             asyncio.get_running_loop()
             seen.append("event loop")
         except RuntimeError:
             seen.append("thread")
-        return search(query)
+        return search(query, *args)
 
     archive.index.search = spy
     try:
