@@ -66,7 +66,7 @@ def test_conformance_lists_what_the_listener_accepts():
     text = (DOCS / "conformance.md").read_text()
     uids = [str(ts) for ts in scp.TRANSFER_SYNTAXES]
     uids += [cx.abstract_syntax for cx in AllStoragePresentationContexts]
-    uids += [str(m) for m in (*scp._FIND_MODELS, *scp._GET_MODELS, *scp._MOVE_MODELS)]  # noqa: SLF001
+    uids += [str(m) for m in (*scp._FIND_MODELS, *scp.GET_MODELS, *scp.MOVE_MODELS)]  # noqa: SLF001
     missing = [u for u in uids if f"`{u}`" not in text]
     assert not missing, missing
 
