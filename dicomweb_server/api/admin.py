@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from .. import metrics
-from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, VisibleStudyUID
+from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, VisibleStudyUID, read_body
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Operations"])
@@ -119,7 +119,7 @@ async def add_pseudonyms(archive: ArchiveDep, project: str, request: Request) ->
     a second pseudonym, or a pseudonym given to two patients, is refused (400)."""
     from ..deid.pseudonyms import PseudonymError
 
-    body = await request.body()
+    body = await read_body(request, 64 * 1024 * 1024, "a pseudonym CSV")
     try:
         n = await run_in_threadpool(archive.pseudonyms.load_csv, project, body.decode("utf-8"))
     except (UnicodeDecodeError, PseudonymError) as e:

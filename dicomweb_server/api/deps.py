@@ -93,6 +93,29 @@ async def _allowed(request: Request) -> Filter:
     return access_of(request).filter
 
 
+async def read_body(request: Request, limit: int, what: str = "the body") -> bytes:
+    """The request body, read as it arrives and refused (413) once past ``limit`` bytes
+    (a Content-Length above it before any is read): never held whole when too large."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise DICOMwebHTTPError(413, f"{what} is at most {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise DICOMwebHTTPError(413, f"{what} is at most {limit} bytes")
+    return bytes(body)
+
+
+async def _unrestricted(request: Request) -> None:
+    """Resources that are not studies (the modality worklist, the list of rejected
+    instances' UIDs across studies) are for callers who may see every study: a caller
+    restricted by access rules, or a share link, gets 403."""
+    if not access_of(request).filter.unrestricted:
+        raise DICOMwebHTTPError(403, "this resource needs access to every study; these credentials are "
+                                     "restricted by access rules (labels) or to one shared study")
+
+
 ArchiveDep = Annotated[Archive, Depends(get_archive)]
 BaseURL = Annotated[str, Depends(base_url)]
 StudyUID = Annotated[str, Depends(_study)]
@@ -100,6 +123,8 @@ SeriesUID = Annotated[str, Depends(_series)]
 SOPInstanceUID = Annotated[str, Depends(_instance)]
 #: the studies the request may see: handed to every Index read (access/filter.py)
 Allowed = Annotated[Filter, Depends(_allowed)]
+#: a route for callers unrestricted by access rules (:func:`_unrestricted`)
+Unrestricted = Depends(_unrestricted)
 
 
 async def _visible_study(request: Request, study: StudyUID) -> str:

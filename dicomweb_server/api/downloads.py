@@ -56,6 +56,12 @@ def _transform(request: Request, archive) -> export.InstanceTransform | None:
     spec = request.query_params.get("deidentify")
     if spec is None:
         return None
+    identity = request.scope.get("state", {}).get("identity")
+    if identity is not None and "write" not in identity.scopes:
+        # a de-identified download records each patient's pseudonym in the project's table,
+        # and beside an identified read it would pair identities with pseudonyms: the write
+        # scope (a share link, which is read-only, never)
+        raise DICOMwebHTTPError(403, "a de-identified download needs the 'write' scope")
     name = spec.split(",")[0].strip()
     factory = export.TRANSFORMS.get(name)
     if factory is None:

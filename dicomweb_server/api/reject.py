@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..lifecycle import reject as lifecycle
-from .deps import ArchiveDep, SeriesUID, VisibleStudyUID, checked_uid
+from .deps import ArchiveDep, SeriesUID, Unrestricted, VisibleStudyUID, checked_uid
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Rejection"])
@@ -62,10 +62,12 @@ async def restore_series(archive: ArchiveDep, study: VisibleStudyUID, series: Se
     return await _restore(archive, study, series)
 
 
-@admin_router.get("/admin/rejected", summary="Rejected instances")
+@admin_router.get("/admin/rejected", summary="Rejected instances", dependencies=[Unrestricted])
 async def rejected(archive: ArchiveDep, study: str | None = Query(None), series: str | None = Query(None)) -> Response:
     """The rejected instances (of a study, a series), oldest rejection first: UIDs,
-    ``Reason`` (``code^scheme``), ``Time`` (seconds since the epoch), ``Stored``."""
+    ``Reason`` (``code^scheme``), ``Time`` (seconds since the epoch), ``Stored``. For
+    callers unrestricted by access rules (others: 403; QIDO-RS ``includerejected=true``
+    lists the rejected instances of the studies they may see)."""
     study = checked_uid(study, "study") if study is not None else None
     series = checked_uid(series, "series") if series is not None else None
     rows = await run_in_threadpool(archive.index.rejections, study, series)

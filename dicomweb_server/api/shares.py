@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..store.shares import Share
-from .deps import Allowed, ArchiveDep, BaseURL, StudyUID
+from .deps import Allowed, ArchiveDep, BaseURL, StudyUID, read_body
 from .errors import DICOMwebHTTPError
 
 router = APIRouter(tags=["Share links"])
@@ -66,7 +66,7 @@ def viewer_url(request: Request, dicomweb_root: str, study: str, token: str) -> 
 
 async def _expires_in(request: Request) -> int:
     maximum = request.app.state.settings.share_max_seconds
-    body = await request.body()
+    body = await read_body(request, 4096, "a share request")
     if not body.strip():
         return min(DEFAULT_SECONDS, maximum)
     try:

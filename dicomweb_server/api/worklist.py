@@ -12,10 +12,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..dicom.worklist import WorklistError, identifier_from_params, matches, parse_identifier, prefilter, prepare
-from .deps import ArchiveDep
+from .deps import ArchiveDep, Unrestricted, read_body
 from .errors import DICOMwebHTTPError
 
-router = APIRouter(tags=["Modality worklist"])
+#: a caller restricted by access rules (labels) or a share link gets 403: the worklist is the
+#: department's schedule, not a study it may see (api/deps.py)
+router = APIRouter(tags=["Modality worklist"], dependencies=[Unrestricted])
 
 #: the largest body of POST /worklist
 MAX_BODY = 16 * 1024 * 1024
@@ -33,9 +35,7 @@ async def add_entries(archive: ArchiveDep, request: Request) -> Response:
     without Study Instance UID, get one. An entry with the ID of an existing one replaces it.
     201 with the entries as stored; 400 naming the first entry that cannot be taken (nothing
     is stored then)."""
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise DICOMwebHTTPError(413, f"a worklist body is at most {MAX_BODY} bytes")
+    body = await read_body(request, MAX_BODY, "a worklist body")
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:

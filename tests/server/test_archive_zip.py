@@ -341,3 +341,26 @@ def test_dicomdir_stand_ins_for_missing_type_1_keys_and_character_set(client, tm
     series = patient.children[0].children[0]._record
     assert (series.Modality, series.SeriesNumber) == ("OT", 0)
     assert patient.children[0].children[0].children[0]._record.InstanceNumber == 0
+
+
+def test_a_de_identified_download_needs_the_write_scope_too(tmp_path):
+    """``?deidentify=``: a reader with ``read`` only (and so a share link) gets 403 — the
+    download records pseudonyms and could pair them with the identities it reads; with
+    ``read`` and ``write`` the request goes on (here to the 400 of a project that does not
+    exist: nothing was created)."""
+    keys = {"reader": ["read"], "both": ["read", "write"]}
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite", api_keys=keys))
+    try:
+        with TestClient(create_app(archive.settings, archive=archive)) as c:
+            ds = make_dataset()
+            body, ctype = multipart([to_bytes(ds)])
+            both = {"Authorization": "Bearer both"}
+            assert c.post("/studies", content=body, headers={"Content-Type": ctype, **both}).status_code == 200
+            for path in (f"/studies/{ds.StudyInstanceUID}/archive",
+                         f"/export/metadata?StudyInstanceUID={ds.StudyInstanceUID}&"):
+                url = path + ("&" if "?" in path else "?") + "deidentify=basic&project=nope"
+                r = c.get(url, headers={"Authorization": "Bearer reader"})
+                assert r.status_code == 403 and "write" in r.text, url
+                assert c.get(url, headers=both).status_code == 400, url
+    finally:
+        archive.close()
