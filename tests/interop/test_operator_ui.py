@@ -20,7 +20,7 @@ import base64
 import os
 import shutil
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
@@ -33,6 +33,7 @@ from .test_ohif_viewer import TIMEOUT_MS, VIEWPORT, RequestLog, browser  # noqa:
 
 KEY = "operator-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ADMIN = {"Authorization": "Bearer operator-admin-key"}  # the admin scope: makes de-identification projects
 DOCS = Path(__file__).parents[2] / "docs"
 
 
@@ -103,7 +104,7 @@ def _offline(context, origin: str) -> list[str]:
 def archives(tmp_path):
     second = LiveServer(tmp_path / "second", "sqlite").start()
     late_port = free_port()
-    a = LiveServer(tmp_path / "a", "sqlite", api_keys={KEY: ["read", "write", "delete"]},
+    a = LiveServer(tmp_path / "a", "sqlite", api_keys={KEY: ["read", "write", "delete"], "operator-admin-key": ["admin"]},
                    routes_file=_routes(tmp_path / "routes.toml", second.url, late_port)).start()
     late = LiveServer(tmp_path / "late", "sqlite")
     late.settings = late.settings.model_copy(update={"port": late_port})
@@ -123,7 +124,7 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
     body, ctype = stow_body(study)  # the archive needs the key
     assert httpx.post(f"{a.url}/studies", content=body, headers={"Content-Type": ctype, **AUTH}, timeout=60).status_code == 200
 
-    context = browser.new_context(viewport=VIEWPORT)
+    context = browser.new_context(viewport=VIEWPORT, permissions=["clipboard-read", "clipboard-write"])
     refused = _offline(context, a.url)
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
@@ -208,6 +209,48 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         assert dl.value.suggested_filename == f"series-{series_uid}.zip"
         members = _zip_members(dl.value.path())
         assert members[-1] == "DICOMDIR" and len(members) == 4, members
+
+        # De-identified ZIP (docs/research-export.md): the project made first by an admin, as the
+        # docs show; then, in the page, a project named, confirmed, the ZIP saved
+        assert httpx.post(f"{a.url}/admin/deid/op-research/pseudonyms", content=b"", headers=ADMIN).status_code in (200, 201)
+        page.get_by_label("Research project").fill("op-research")
+        page.get_by_role("button", name="Download de-identified (ZIP)").click()
+        page.locator("#confirm-text", has_text='project "op-research"').wait_for()
+        with page.expect_download() as dl:
+            _confirm(page, "Download")
+        assert dl.value.suggested_filename == "deidentified-op-research.zip"
+        members = _zip_members(dl.value.path())
+        assert members[-1] == "DICOMDIR" and "DEIDENTIFICATION.json" in members and len(members) == 8, members
+        import zipfile
+
+        with zipfile.ZipFile(dl.value.path()) as z:
+            leaked = [m for m in members if b"OP-1" in z.read(m) or b"Operator^Find" in z.read(m)]
+        assert leaked == []  # neither the PatientID nor the PatientName in any member
+
+        # Share link: made (expiry chosen, confirm); its token finds this study alone over QIDO-RS;
+        # the URL copied; revoked in the page: the token gets 401
+        page.locator("#share-none", has_text="No active share link.").wait_for()
+        page.get_by_label("Expires after").select_option(label="1 day")
+        page.get_by_role("button", name="Share…", exact=True).click()
+        with page.expect_response(lambda x: x.url.endswith(f"/studies/{uid}/share")) as made:
+            _confirm(page, "Share")
+        assert made.value.status == 201 and made.value.request.post_data_json == {"expires_in": 86400}
+        share_id = made.value.json()["id"]
+        page.locator("#share-url").wait_for()
+        url = page.locator("#share-url").input_value()
+        token = parse_qs(urlparse(url).query)["token"][0]
+        assert url == f"{a.url}/viewer/viewer?StudyInstanceUIDs={uid}&token={token}"
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert [s["0020000D"]["Value"][0] for s in _studies(a.url, bearer)] == [uid]  # this study alone
+        page.get_by_role("button", name="Copy", exact=True).click()
+        page.get_by_text("Copied the viewer URL.").wait_for()
+        assert page.evaluate("navigator.clipboard.readText()") == url
+        assert page.locator("#share tbody tr").all_inner_texts()[0].startswith(share_id)
+        page.get_by_role("button", name=f"Revoke share link {share_id}").click()
+        _confirm(page, "Revoke")
+        page.locator("#share-none").wait_for()
+        assert httpx.get(f"{a.url}/studies", params={"StudyInstanceUID": uid}, headers=bearer).status_code == 401
+        assert [(s["id"], s["revoked"]) for s in httpx.get(f"{a.url}/shares", headers=AUTH).json()] == [(share_id, True)]
 
         # Labels: add one (confirm), find by it, remove it (confirm); the API's answers each time
         page.locator("#label-list", has_text="No label.").wait_for()

@@ -327,8 +327,10 @@ async function renderStudy(uid) {
       authorization() ? el("span", { class: "note", id: "viewer-note" },
         " Note: the viewer sends no credentials, so with the archive's authentication on it shows nothing (its requests get 401); use the download below, or a viewer on a network the archive trusts.") : null),
     study ? el("p", { class: "downloads" }, downloadButton(dw(`/studies/${uid}/archive`), `study-${uid}.zip`, "Download study (ZIP with DICOMDIR)")) : null,
+    study ? deidForm(uid) : null,
     await section("series", "Series", () => seriesList(uid)),
     study ? await section("labels", "Labels", () => labelBox(uid)) : null,  // a rejected study: hidden, 404
+    study ? await section("share", "Share link", () => shareBox(uid)) : null,
     await section("routing", "Routing: sent to destinations", () => routing(uid)),
     await section("rejection", "Rejection", () => rejection(uid, rejected)),
     study ? await section("edit", "Edit patient and study attributes ($update)", () => editForm(uid, study)) : null,
@@ -362,23 +364,97 @@ function downloadButton(path, filename, text, label) {
   return el("button", { type: "button", "aria-label": label || null, onclick: async (ev) => {
     const b = ev.currentTarget;
     b.disabled = true;
-    say(`Downloading ${filename}…`);
-    try {
-      const r = await api(path, { headers: { Accept: "application/zip" } });
-      const m = (r.headers.get("Content-Disposition") || "").match(/filename="([^"]+)"/);
-      const url = URL.createObjectURL(await r.blob());
-      const a = el("a", { href: url, download: m ? m[1] : filename });
-      document.body.append(a);
-      a.click();
-      a.remove();
-      setTimeout(() => URL.revokeObjectURL(url), 60000);
-      say(`Downloaded ${m ? m[1] : filename}.`);
-    } catch (e) {
-      say(e.message, true);
-    } finally {
-      b.disabled = false;
-    }
+    try { say(await saveZip(path, filename, true)); } catch (e) { say(e.message, true); } finally { b.disabled = false; }
   } }, text);
+}
+
+/* GET a ZIP with the page's credentials and hand it to the browser as a file; named as the
+ * archive names it (Content-Disposition) when serverName, else as `filename` */
+async function saveZip(path, filename, serverName) {
+  say(`Downloading ${filename}…`);
+  const r = await api(path, { headers: { Accept: "application/zip" } });
+  const m = serverName && (r.headers.get("Content-Disposition") || "").match(/filename="([^"]+)"/);
+  const name = m ? m[1] : filename;
+  const url = URL.createObjectURL(await r.blob());
+  const a = el("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+  return `Downloaded ${name}.`;
+}
+
+/* De-identified ZIP (docs/research-export.md): PS3.15 Annex E Basic Profile, with the pseudonyms,
+ * UIDs and date shift of an existing project (an admin makes it: POST /admin/deid/{project}/pseudonyms) */
+function deidForm(uid) {
+  const input = el("input", { id: "deid-project", name: "project", required: true, placeholder: "e.g. lung-ai" });
+  const form = el("form", { class: "labels", "aria-label": "Download de-identified" },
+    el("label", { for: "deid-project" }, "Research project "), input, " ",
+    el("button", { type: "submit" }, "Download de-identified (ZIP)"));
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const project = input.value.trim();
+    if (!project) return;
+    const q = new URLSearchParams({ deidentify: "basic", project });
+    await act(`Download this study de-identified (PS3.15 Basic Profile) with the pseudonyms and UIDs of project "${project}"? The project's table records this patient's pseudonym.`, "Download",
+      () => saveZip(dw(`/studies/${uid}/archive?${q}`), `deidentified-${project}.zip`, false));
+  });
+  return form;
+}
+
+/* Share links (docs/share-links.md): POST /studies/{study}/share, GET /shares, DELETE /shares/{id} */
+const EXPIRIES = [[86400, "1 day"], [7 * 86400, "7 days"], [30 * 86400, "30 days"]];
+
+async function shareBox(uid) {
+  const links = ((await json("/shares")) || []).filter((s) => s.study === uid && s.active);
+  const select = el("select", { id: "share-expiry" }, EXPIRIES.map(([s, l]) => el("option", { value: s, selected: s === 7 * 86400 }, l)));
+  const made = el("div", { id: "share-made" });
+  const button = el("button", { type: "button", onclick: async () => {
+    const label = select.selectedOptions[0].textContent;
+    let doc = null;
+    if (await act(`Make a link that lets anyone who has it read this study (viewer and DICOMweb, no account) for ${label}?`, "Share",
+      async () => { doc = await json(dw(`/studies/${uid}/share`), { method: "POST", body: JSON.stringify({ expires_in: Number(select.value) }), headers: { "Content-Type": "application/json" } });
+        return `Share link made; it expires ${doc.expires}. Its token is shown this once.`; })) {
+      await refreshShares(uid);
+      const out = document.getElementById("share-made");
+      if (out && doc) out.replaceChildren(shareMade(doc));
+    }
+  } }, "Share…");
+  return [
+    el("p", {}, el("label", { for: "share-expiry" }, "Expires after "), select, " ", button),
+    made,
+    links.length ? table("This study's active share links (the token is shown once, when made)", [
+      { label: "Link", cell: (s) => el("code", {}, s.id) },
+      { label: "Created", cell: (s) => s.created },
+      { label: "Expires", cell: (s) => s.expires },
+      { label: "By", cell: (s) => s.creator },
+      { label: "Actions", cell: (s) => el("button", { type: "button", "aria-label": `Revoke share link ${s.id}`, onclick: async () => {
+        if (await act(`Revoke the share link ${s.id}? Whoever has it gets 401 from now on.`, "Revoke",
+          async () => { await json(`/shares/${encodeURIComponent(s.id)}`, { method: "DELETE" }); return `Share link ${s.id} revoked.`; }))
+          refreshShares(uid);
+      } }, "Revoke") },
+    ], links) : el("p", { id: "share-none" }, "No active share link."),
+  ];
+}
+
+function shareMade(doc) {
+  const url = el("input", { id: "share-url", readonly: true, value: doc.url, size: 60 });
+  return el("p", { class: "share-made" }, el("label", { for: "share-url" }, "Viewer URL "), url, " ",
+    el("button", { type: "button", onclick: async () => {
+      try { await navigator.clipboard.writeText(doc.url); } catch (e) { url.select(); document.execCommand("copy"); }
+      say("Copied the viewer URL.");
+    } }, "Copy"),
+    el("span", { class: "muted" }, ` DICOMweb root ${doc.dicomweb}, with Authorization: Bearer and the token in the URL; expires ${doc.expires}.`));
+}
+
+async function refreshShares(uid) {
+  const s = document.getElementById("share");
+  if (!s) return;
+  const made = document.getElementById("share-made");
+  try {
+    s.replaceChildren(s.firstChild, ...(await shareBox(uid)));
+    if (made) document.getElementById("share-made").replaceChildren(...made.childNodes);
+  } catch (e) { say(e.message, true); }
 }
 
 /* Labels of a study (docs/notes/access-labels.md): PUT/DELETE /studies/{study}/labels/{label} */
