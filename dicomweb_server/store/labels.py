@@ -31,7 +31,7 @@ CREATE INDEX IF NOT EXISTS study_label_study ON study_label(StudyInstanceUID);
 
 
 def postgresql_schema() -> list[str]:
-    """The table in PostgreSQL (schema version 9, store/postgresql.py)."""
+    """The table in PostgreSQL (schema version 11, store/postgresql.py)."""
     text = 'TEXT COLLATE "C"'
     return [f"""
 CREATE TABLE IF NOT EXISTS study_label (

@@ -1,6 +1,6 @@
 """The worklist table (scheduled procedure steps, dicom/worklist.py): one row per entry,
 its whole DICOM JSON and the key columns the index filters on first; in the index's
-database (SQLite, PostgreSQL schema version 9) or the in-memory index's journal.
+database (SQLite, PostgreSQL schema version 10) or the in-memory index's journal.
 
 Statements are written with ``?`` for :data:`changes.Execute` (the caller translates).
 """
@@ -32,7 +32,7 @@ CREATE INDEX IF NOT EXISTS worklist_patient ON worklist(PatientID);
 
 
 def postgresql_schema() -> list[str]:
-    """The table in PostgreSQL (schema version 9, store/postgresql.py)."""
+    """The table in PostgreSQL (schema version 10, store/postgresql.py)."""
     text = 'TEXT COLLATE "C"'
     return [f"""
 CREATE TABLE IF NOT EXISTS worklist (

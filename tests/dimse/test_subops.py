@@ -255,9 +255,9 @@ DCMTK = STORESCP and MOVESCU
 
 @pytest.fixture
 def dcmtk_dest(tmp_path):
+    """DCMTK's storescp as MOVEDEST, accepting CT Image Storage only (a config file profile)."""
     if not DCMTK:
         pytest.skip("DCMTK not installed")
-    """DCMTK's storescp as MOVEDEST, accepting CT Image Storage only (a config file profile)."""
     cfg = tmp_path / "storescp.cfg"
     cfg.write_text(
         "[[TransferSyntaxes]]\n[Uncompressed]\nTransferSyntax1 = LocalEndianExplicit\n"
