@@ -72,11 +72,15 @@ def test_full_disk(tmp_path, index):
                 r = c.get(item["00081190"]["Value"][0], headers={"Accept": "application/dicom; transfer-syntax=*"})
                 assert r.content == acked[item["00080018"]["Value"][0]]
             # freeing space makes room again
-            first = listed[0]
-            study = first["0020000D"]["Value"][0]
-            assert c.delete(f"/studies/{study}").status_code == 204
+            # three studies: on a 4 MiB disk the index's WAL is most of it (SQLite checkpoints at
+            # 1,000 pages), and a commit needs room for its pages; one study's files (~260 KB)
+            # were just short of that once today's tables (labels, worklist, shares) joined
+            for item in listed[:3]:
+                study = item["0020000D"]["Value"][0]
+                assert c.delete(f"/studies/{study}").status_code in (204, 404)
             body, ctype = multipart([to_bytes(make_dataset(rows=16, columns=16))])
-            assert c.post("/studies", content=body, headers={"Content-Type": ctype}).status_code == 200
+            r = c.post("/studies", content=body, headers={"Content-Type": ctype})
+            assert r.status_code == 200, (r.headers.get("warning"), r.text)
         proc.terminate()
         proc.wait(10)
     finally:
