@@ -127,8 +127,36 @@ def spool_files(data_dir: Path) -> list[str]:
                   for f in fs if not f.endswith(".lock"))
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+_PICK = __import__("random").Random(os.getpid())
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, chosen below the kernel's ephemeral range: a port the kernel hands
+    out for bind(0) is also what it gives outgoing connections as their source port, and
+    with the tests in parallel (pytest-xdist) one of those took a server's port between
+    this check and the server's bind (EADDRINUSE)."""
+    low = 20000 if _EPHEMERAL[0] > 21000 else 1024
+    high = _EPHEMERAL[0] - 1 if _EPHEMERAL[0] > 21000 else 65535
+    for _ in range(200):
+        port = _PICK.randint(low, high)
+        if _EPHEMERAL[0] <= port <= _EPHEMERAL[1]:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # (no luck: the kernel's choice)
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
