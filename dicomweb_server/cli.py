@@ -189,18 +189,19 @@ def _serve(args: argparse.Namespace) -> int:
               f"({Path(settings.data_dir).resolve()})",
               file=sys.stderr, flush=True)
     raise_open_files_limit()
+    from .dimse.listeners import dimse_processes, start_dimse, stop_dimse
     from .startup import announce_when_listening, warn_if_root
 
     warn_if_root(settings.host, _is_loopback(settings.host))
     announce_when_listening(settings, workers, 0 if settings.dimse_in_worker else dimse_processes(settings))
-    dimse = _start_dimse(settings)  # however this process ends, they end too (a pipe, PDEATHSIG)
+    dimse = start_dimse(settings)  # however this process ends, they end too (a pipe, PDEATHSIG)
     # uvicorn (one worker) re-raises the SIGTERM it handled once it has shut down: as SystemExit
     # here, the clean-up below runs (the default action would end the process first)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         _run_uvicorn(uvicorn, settings, workers)
     finally:
-        _stop_dimse(dimse, settings.shutdown_timeout)
+        stop_dimse(dimse, settings.shutdown_timeout)
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
@@ -288,84 +289,6 @@ def _port_taken(host: str, port: int) -> str | None:
         except OSError as e:
             return e.strerror or str(e)
     return None
-
-
-def dimse_processes(settings) -> int:
-    """How many DIMSE listener processes ``serve`` starts (``dimse_processes``; 0: one per core, at most 4)."""
-    return settings.dimse_processes or max(1, min(4, os.cpu_count() or 1))
-
-
-def _start_dimse(settings):
-    """The DIMSE listener processes (``python -m dicomweb_server.dimse``, sharing the port with
-    SO_REUSEPORT: the kernel spreads the associations), or [] when DIMSE is off or runs inside
-    the worker. They end with this process, however it ends: each watches a pipe whose write
-    end only this process holds (end-of-file: serve is gone; dimse/shutdown.py), and
-    PR_SET_PDEATHSIG sends them SIGTERM as well. They share one table of association slots
-    (dimse/slots.py: ``dimse_max_associations`` is the node's, not one process's)."""
-    if not settings.dimse_on() or settings.dimse_in_worker:
-        return []
-    from .dimse.slots import create_table
-
-    n = dimse_processes(settings)  # their address is printed when the port accepts (startup.py)
-    slots_fd = create_table(n, settings.dimse_max_associations)
-    procs = []
-    try:
-        for _ in range(n):
-            r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w
-            try:
-                proc = _spawn_listener(r, slots_fd=slots_fd)
-            except BaseException:
-                os.close(w)
-                raise
-            finally:
-                os.close(r)
-            proc.parent_pipe = w  # closed by _stop_dimse, or by the kernel when this process dies
-            procs.append(proc)
-    finally:
-        os.close(slots_fd)  # the listeners hold it
-    return procs
-
-
-def _spawn_listener(parent_fd: int, env=None, slots_fd: int | None = None):
-    """One listener process, stopping when the pipe ``parent_fd`` reaches end-of-file, or
-    on the SIGTERM of PR_SET_PDEATHSIG when this process ends (lifeline.py; armed when
-    this is the main thread: the signal comes when the forking *thread* ends);
-    ``slots_fd``: the node's association slot table (dimse/slots.py)."""
-    import subprocess
-
-    from .lifeline import parent_death_signal_preexec
-
-    argv = [sys.executable, "-m", "dicomweb_server.dimse", "--parent-fd", str(parent_fd)]
-    fds: tuple[int, ...] = (parent_fd,)
-    if slots_fd is not None:
-        argv += ["--slots-fd", str(slots_fd)]
-        fds += (slots_fd,)
-    return subprocess.Popen(argv, pass_fds=fds, preexec_fn=parent_death_signal_preexec(), env=env)
-
-
-#: seconds past ``shutdown_timeout`` a listener gets to end after SIGTERM before SIGKILL
-#: (its own watchdog ends it after 2 x CLOSE_WAIT: dimse/shutdown.py)
-DIMSE_KILL_AFTER = 15
-
-
-def _stop_dimse(procs, grace: float = 30) -> None:
-    """SIGTERM each listener, wait at most ``grace`` + :data:`DIMSE_KILL_AFTER` seconds in
-    all, then SIGKILL those still running."""
-    import subprocess
-    import time
-
-    for proc in procs:
-        proc.terminate()
-        with contextlib.suppress(OSError):
-            os.close(proc.parent_pipe)
-    deadline = time.monotonic() + grace + DIMSE_KILL_AFTER
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"dicomweb-server: DIMSE listener {proc.pid} did not stop: killed", file=sys.stderr, flush=True)
-            proc.kill()
-            proc.wait()
 
 
 def _is_loopback(host: str) -> bool:

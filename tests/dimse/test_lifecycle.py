@@ -153,13 +153,13 @@ def test_sigterm_ends_a_listener_with_an_association_mid_c_store(tmp_path):
 def test_listener_started_after_its_parent_died_ends(tmp_path):
     """The parent-death signal is armed in the child after fork: a parent gone before
     that sends nothing. The pipe from the parent cannot miss it (EOF at once)."""
-    from dicomweb_server.cli import _spawn_listener
+    from dicomweb_server.dimse.listeners import spawn_listener
 
     dport = free_port()
     r, w = os.pipe()
     os.close(w)  # the parent is "gone" before the listener starts
     env = _env(DICOMWEB_DATA_DIR=str(tmp_path / "d"), DICOMWEB_DIMSE_PORT=str(dport))
-    proc = _spawn_listener(r, env=env)
+    proc = spawn_listener(r, env=env)
     os.close(r)
     try:
         assert proc.wait(BOUND) == 0
@@ -169,17 +169,17 @@ def test_listener_started_after_its_parent_died_ends(tmp_path):
 
 
 def test_serve_kills_a_listener_that_does_not_stop(monkeypatch):
-    """``_stop_dimse``: SIGTERM, then SIGKILL once the bound is over (it used to wait 10 s,
+    """``stop_dimse``: SIGTERM, then SIGKILL once the bound is over (it used to wait 10 s,
     raise TimeoutExpired and leave the process running)."""
-    from dicomweb_server import cli
+    from dicomweb_server.dimse import listeners
 
-    monkeypatch.setattr(cli, "DIMSE_KILL_AFTER", 1)
+    monkeypatch.setattr(listeners, "DIMSE_KILL_AFTER", 1)
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", ignore], stdout=subprocess.PIPE)
     assert proc.stdout.readline() == b"ready\n"
     proc.parent_pipe = os.pipe()[1]
     started = time.monotonic()
-    cli._stop_dimse([proc], grace=0)
+    listeners.stop_dimse([proc], grace=0)
     assert proc.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 5
     proc.stdout.close()

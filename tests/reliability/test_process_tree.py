@@ -156,13 +156,13 @@ def test_a_listener_started_from_a_thread_outlives_that_thread(tmp_path):
     """PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: a listener
     started from another thread than the main one must not get it (the parent pipe still
     ends it with its parent)."""
-    from dicomweb_server.cli import _spawn_listener
+    from dicomweb_server.dimse.listeners import spawn_listener
 
     r, w = os.pipe()
     env = {**os.environ, "DICOMWEB_DATA_DIR": str(tmp_path / "d"), "DICOMWEB_DIMSE_PORT": str(free_port()),
            "DICOMWEB_LOG_LEVEL": "warning"}
     started: list[subprocess.Popen] = []
-    t = threading.Thread(target=lambda: started.append(_spawn_listener(r, env=env)))
+    t = threading.Thread(target=lambda: started.append(spawn_listener(r, env=env)))
     t.start()
     t.join()
     os.close(r)
