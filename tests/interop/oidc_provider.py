@@ -45,6 +45,7 @@ class OidcProvider:
     def __init__(self, users: dict[str, dict], *, audience: str, client_id: str) -> None:
         """``users``: user name -> extra claims of its access token (``groups``, ``scope``)."""
         self.users, self.audience, self.client_id = users, audience, client_id
+        self.lifetime = 3600  # seconds an access token lives (expires_in)
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.codes: dict[str, dict] = {}
         self.sessions: dict[str, str] = {}  # cookie -> user
@@ -100,7 +101,7 @@ class OidcProvider:
             return 400, {"error": "invalid_grant", "error_description": "PKCE verification failed"}
         now, user = int(time.time()), grant["user"]
         extra = self.users[user]
-        access = {"iss": self.url, "aud": self.audience, "sub": user, "iat": now, "exp": now + 3600,
+        access = {"iss": self.url, "aud": self.audience, "sub": user, "iat": now, "exp": now + self.lifetime,
                   "azp": self.client_id, "scope": extra.get("scope", "dicomweb:read"),
                   "groups": extra.get("groups", [])}
         id_token = {"iss": self.url, "aud": grant["client_id"], "sub": user, "iat": now, "exp": now + 3600,
@@ -108,7 +109,7 @@ class OidcProvider:
         if grant["nonce"]:
             id_token["nonce"] = grant["nonce"]
         return 200, {"access_token": self._sign(access), "id_token": self._sign(id_token),
-                     "token_type": "Bearer", "expires_in": 3600, "scope": access["scope"]}
+                     "token_type": "Bearer", "expires_in": self.lifetime, "scope": access["scope"]}
 
     # -- HTTP ---------------------------------------------------------------------------------
 

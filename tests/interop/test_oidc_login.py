@@ -176,6 +176,35 @@ def test_viewer_login_shows_only_the_allowed_studies(browser, archive, provider,
         context.close()
 
 
+def test_viewer_renews_its_token_silently(browser, archive, provider, artifacts):  # noqa: F811
+    """A token about to expire (oidc-client-ts renews 60 s before): renewed in a hidden
+    frame through the provider's session, landing on /viewer/silent-callback.html, with a
+    new code and PKCE verifier; the new token is the one kept."""
+    server, _studies = archive
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    provider.lifetime = 65
+    try:
+        page.goto(f"{server.url}/viewer/")
+        with page.expect_response(lambda r: r.url.startswith(f"{server.url}/studies?"), timeout=TIMEOUT_MS):
+            _log_in_at_the_provider(page, provider)
+        key = f"oidc.user:{provider.url}:{CLIENT_ID}"
+        first = json.loads(page.evaluate(f"sessionStorage.getItem('{key}')"))["access_token"]
+        silent = f"{server.url}/viewer/silent-callback.html"
+        with page.expect_response(lambda r: r.url == f"{provider.url}/token", timeout=TIMEOUT_MS):
+            pass  # the renewal: about 5 s after the login
+        page.wait_for_timeout(1000)
+        authorize, token = _pkce_of_the_last_login(provider)
+        assert authorize["redirect_uri"] == token["redirect_uri"] == silent and authorize["prompt"] == "none"
+        second = json.loads(page.evaluate(f"sessionStorage.getItem('{key}')"))["access_token"]
+        assert second != first
+        assert httpx.get(f"{server.url}/studies", headers={"Authorization": f"Bearer {second}"},
+                         timeout=30).status_code == 200
+    finally:
+        provider.lifetime = 3600
+        context.close()
+
+
 def test_operator_page_login_shows_only_the_allowed_studies(browser, archive, provider, artifacts):  # noqa: F811
     server, studies = archive
     context = browser.new_context(viewport=VIEWPORT)
