@@ -106,6 +106,14 @@ class Settings(BaseSettings):
     oidc_jwks_timeout: float = Field(5.0, gt=0, le=300, description="seconds one JWKS fetch may take (then the old keys "
                                                             "are kept)")
     oidc_jwks_cache_seconds: float = Field(300.0, ge=0, le=7 * 86400, description="seconds the JWKS keys are kept")
+    oidc_client_id: str | None = Field(None, description="OIDC login of the archive's web pages (the viewer at "
+                                       "`/viewer/`, the operator's page at `/ui/`): the client id of a public client "
+                                       "registered at `oidc_issuer` (authorization code + PKCE); none: no login "
+                                       "there (docs/notes/oidc.md)")
+    oidc_scope: str = Field("openid dicomweb:read dicomweb:write dicomweb:delete",
+                            description="OIDC login of the web pages: the scopes they ask for (space separated; "
+                                        "the archive reads `read`, `write`, `delete` with or without a "
+                                        "`dicomweb:` prefix from the access token)")
     share_max_seconds: int = Field(30 * 86400, ge=1, le=10 * 366 * 86400,
                                    description="the longest a share link (`POST /studies/{study}/share`) may "
                                                "live, in seconds (`expires_in` above it: 400; the default "
@@ -187,6 +195,10 @@ class Settings(BaseSettings):
         if self.dimse_tls_port and not (self.dimse_tls_cert_file and self.dimse_tls_key_file):
             raise ValueError("--dimse-tls-port needs --dimse-tls-cert-file and --dimse-tls-key-file "
                              "(DICOMWEB_DIMSE_TLS_CERT_FILE, DICOMWEB_DIMSE_TLS_KEY_FILE)")
+        if self.oidc_client_id and not (self.oidc_issuer and self.oidc_jwks_url):
+            raise ValueError("--oidc-client-id needs --oidc-issuer and --oidc-jwks-url (DICOMWEB_OIDC_ISSUER, "
+                             "DICOMWEB_OIDC_JWKS_URL): the pages log in at the issuer, the archive checks "
+                             "the tokens with its keys")
         if self.dimse_tls_require_client_cert and not self.dimse_tls_ca_file:
             raise ValueError("--dimse-tls-require-client-cert needs --dimse-tls-ca-file (DICOMWEB_DIMSE_TLS_CA_FILE): "
                              "the CA client certificates are checked against")
