@@ -136,6 +136,95 @@ def params(*, deidentify: str, options: list[str] | tuple[str, ...] = (), projec
             "allowed": filter_params(allowed), "target": target}
 
 
+class RequestError(ValueError):
+    """A ``$deidentify`` request the archive refuses: ``status`` 400 (bad body), 403 (a
+    target the caller may not write to)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_BODY_KEYS = {"profile", "options", "project", "target", "allow_burned_in", "safe_private", "studies", "query"}
+
+
+def request_params(body, archive, allowed: Filter, scopes, study: str | None = None) -> dict:
+    """The job parameters of a ``POST /studies/{study}/$deidentify`` (``study``) or
+    ``POST /$deidentify`` JSON body::
+
+        {"profile": "basic", "options": ["retain_modified_dates"], "project": "lung-ai",
+         "target": {"s3": "s3://bucket/prefix"} | {"label": NAME} | {"destination": NAME} | {"folder": PATH},
+         "studies": [UID, ...] | "query": {"StudyDate": "20240101-20241231", "ModalitiesInStudy": "CT"},
+         "allow_burned_in": false, "safe_private": ["ACME 1.0:0009:02"]}
+
+    ``allowed``: the caller's access filter (the job sees no other study); ``scopes``: the
+    caller's. RequestError (400, 403) naming what is refused. Blocking (project look-up)."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body is a JSON object")
+    unknown = sorted(set(body) - _BODY_KEYS)
+    if unknown:
+        raise RequestError(400, f"unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(_BODY_KEYS))}")
+    project = body.get("project")
+    if not isinstance(project, str) or not project:
+        raise RequestError(400, "project: the name of an existing de-identification project is required")
+    if project not in archive.pseudonyms.projects():
+        raise RequestError(400, f"no de-identification project {project!r} (an admin makes it: "
+                                f"POST /admin/deid/{project}/pseudonyms)")
+    try:
+        target = check_target(body.get("target"))
+    except ValueError as e:
+        raise RequestError(400, str(e)) from None
+    kind, value = next(iter(target.items()))
+    if kind == "folder" and "admin" not in scopes:
+        raise RequestError(403, "a folder of the server's host as the target needs the 'admin' scope")
+    if kind == "label" and not allowed.allows({value}):
+        raise RequestError(403, f"label {value!r}: these credentials could not see the studies it would be "
+                                "put on")
+    if kind == "destination":
+        routing = archive.routing
+        dest = routing.routes.destinations.get(value) if routing is not None else None
+        if dest is None or dest.webhook is not None:
+            known = [n for n, d in (routing.routes.destinations.items() if routing else ()) if d.webhook is None]
+            raise RequestError(400, f"no destination {value!r} (configured: {', '.join(known) or 'none'})")
+    studies = query = None
+    if study is not None:
+        if "studies" in body or "query" in body:
+            raise RequestError(400, "studies and query: only in POST /$deidentify (the path names the study)")
+        studies = [study]
+    elif ("studies" in body) == ("query" in body):
+        raise RequestError(400, "give studies (a list of StudyInstanceUIDs) or query (QIDO-RS matching keys)")
+    elif "studies" in body:
+        studies = body["studies"]
+        if not isinstance(studies, list) or not studies or not all(isinstance(u, str) for u in studies):
+            raise RequestError(400, "studies: a non-empty list of StudyInstanceUIDs")
+    else:
+        q = body["query"]
+        if not isinstance(q, dict) or not all(
+                isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+                for v in q.values()):
+            raise RequestError(400, 'query: an object of QIDO-RS matching keys, e.g. {"PatientID": "MRN*"}')
+        query = [(k, x) for k, v in q.items() for x in ([v] if isinstance(v, str) else v)]
+        from ..dicom.matching import QueryError, parse_query
+
+        try:
+            parse_query("study", [(k, v) for k, v in query if k.lower() not in ("limit", "offset")])
+        except QueryError as e:
+            raise RequestError(400, f"query: {e}") from None
+    options = body.get("options", [])
+    safe = body.get("safe_private", [])
+    if not isinstance(body.get("profile", "basic"), str) or not isinstance(options, list) or not isinstance(
+            safe, list) or not all(isinstance(x, str) for x in options + safe) or not isinstance(
+            body.get("allow_burned_in", False), bool):
+        raise RequestError(400, "profile is a string, options and safe_private lists of strings, "
+                                "allow_burned_in a boolean")
+    try:
+        return params(deidentify=body.get("profile", "basic"), options=options, project=project, target=target,
+                      studies=studies, query=query, allow_burned_in=body.get("allow_burned_in", False),
+                      safe_private=safe, allowed=allowed)
+    except (ValueError, TypeError) as e:
+        raise RequestError(400, str(e)) from None
+
+
 # --- targets --------------------------------------------------------------------------------
 
 class _Target:

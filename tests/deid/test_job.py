@@ -297,3 +297,48 @@ def test_parameters():
     p = job.params(deidentify="basic,clean_descriptors", options=["retain_modified_dates"], project="p",
                    target={"label": "x"}, studies=["1"])
     assert p["deidentify"] == "basic,retain_modified_dates,clean_descriptors"
+
+
+def test_request_bodies(small, tmp_path):
+    """``POST /$deidentify`` bodies (deid/job.py request_params): what is taken, what is
+    refused with 400/403 and why."""
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[destinations]]\nname = "research"\nstow_url = "http://127.0.0.1:9/dicom-web"\n')
+    archive = Archive.open(Settings(data_dir=small, index="sqlite", routes_file=routes))
+    write = {"read", "write"}
+    try:
+        p = job.request_params({"project": "lung", "target": {"s3": "s3://b/x"}, "options": ["retain_modified_dates"],
+                                "query": {"PatientID": "P0", "ModalitiesInStudy": ["CT"]}}, archive, only({"a"}), write)
+        assert p == {"deidentify": "basic,retain_modified_dates", "project": "lung", "allow_burned_in": False,
+                     "safe_private": [], "studies": None, "query": [["PatientID", "P0"], ["ModalitiesInStudy", "CT"]],
+                     "allowed": {"clauses": [["a"]], "studies": None}, "target": {"s3": "s3://b/x"}}
+        p = job.request_params({"project": "lung", "target": {"label": "research"}}, archive, only({"research"}),
+                               write, study="1.2.3")
+        assert (p["studies"], p["query"], p["target"]) == (["1.2.3"], None, {"label": "research"})
+        assert job.request_params({"project": "lung", "target": {"destination": "research"}, "studies": ["1.2"]},
+                                  archive, only({"a"}), write)["studies"] == ["1.2"]
+
+        def refused(body, status, text, allowed=only({"a"}), scopes=write, study=None):
+            with pytest.raises(job.RequestError, match=text) as e:
+                job.request_params(body, archive, allowed, scopes, study)
+            assert e.value.status == status
+
+        t = {"label": "a"}
+        refused([], 400, "JSON object")
+        refused({"project": "nope", "target": t, "studies": ["1"]}, 400, "no de-identification project 'nope'")
+        refused({"project": "lung", "target": t}, 400, "give studies")
+        refused({"project": "lung", "target": t, "studies": ["1"], "query": {}}, 400, "give studies")
+        refused({"project": "lung", "target": t, "studies": ["1"]}, 400, "only in POST /\\$deidentify", study="1")
+        refused({"project": "lung", "target": t, "query": {"Nonsense": "1"}}, 400, "query: ")
+        refused({"project": "lung", "target": t, "studies": []}, 400, "non-empty list")
+        refused({"project": "lung", "target": {"ftp": "x"}, "studies": ["1"]}, 400, "target: one of")
+        refused({"project": "lung", "target": {"destination": "pacs"}, "studies": ["1"]}, 400,
+                "no destination 'pacs' \\(configured: research\\)")
+        refused({"project": "lung", "target": t, "studies": ["1"], "profile": "strict"}, 400, "unknown de-id")
+        refused({"project": "lung", "target": t, "studies": ["1"], "extra": 1}, 400, "unknown field")
+        refused({"project": "lung", "target": {"folder": "/tmp/x"}, "studies": ["1"]}, 403, "'admin' scope")
+        refused({"project": "lung", "target": {"label": "b"}, "studies": ["1"]}, 403, "label 'b'")
+        assert job.request_params({"project": "lung", "target": {"folder": "/tmp/x"}, "studies": ["1"]}, archive,
+                                  only({"a"}), {"read", "write", "admin"})["target"] == {"folder": "/tmp/x"}
+    finally:
+        archive.close()
