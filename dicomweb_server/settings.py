@@ -170,6 +170,15 @@ class Settings(BaseSettings):
     dimse_commitment_max_attempts: int = Field(20, ge=1, le=10000, description="storage commitment: attempts to "
                                                "send a report before it is a dead letter of the outbox")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
+    jobs_concurrency: int = Field(2, ge=1, le=64, description="background jobs (de-identify, recompress, pull): "
+                                  "how many of one kind run at once across the archive's processes and nodes")
+    jobs_lease: float = Field(120.0, ge=10, le=86400, description="background jobs: seconds a job's runner holds "
+                              "it without renewing (renewed every third); a runner that died is replaced after "
+                              "this (at once on the same host)")
+    jobs_retry: float = Field(30.0, gt=0, le=86400, description="background jobs: seconds before a job that raised "
+                              "runs again from its checkpoint (doubled each attempt, at most an hour)")
+    jobs_max_attempts: int = Field(5, ge=1, le=1000, description="background jobs: attempts before a job that keeps "
+                                   "raising is failed (a dead letter of the outbox)")
 
     @model_validator(mode="after")
     def _database(self) -> "Settings":
