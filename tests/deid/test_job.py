@@ -108,11 +108,14 @@ def test_killed_after_an_instance_resumes_without_duplicates(data, reference, tm
     assert rc == -signal.SIGKILL
     saved = orjson.loads(resume.read_bytes())
     assert saved["progress"]["done"] + saved["progress"]["skipped"] == 10  # the last save
-    assert len([k for k in _files(out) if k.endswith(".dcm")]) == 15  # five more than the checkpoint says
+    inodes = {p: p.stat().st_ino for p in out.rglob("*.dcm")}
+    assert len(inodes) == 15  # five more than the checkpoint says
     rc, stdout, err = _export(data, str(out), resume=resume)
     assert rc == 1, err
     _same_report(orjson.loads(stdout), ref_report)
     assert _files(out) == files  # exactly the same names and bytes: nothing twice, nothing extra
+    # from the checkpoint: the 10 files before it untouched, the 5 after it written again (renamed over)
+    assert sum(p.stat().st_ino == ino for p, ino in inodes.items()) == 10
 
 
 def test_killed_from_outside_at_any_moment(data, reference, tmp_path):
