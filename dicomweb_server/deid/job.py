@@ -19,12 +19,15 @@ Parameters (a JSON-able dict, see :func:`params`):
   their new studies given the label); a routing ``destination`` (routing/destinations.py
   senders: STOW-RS or C-STORE).
 
-Order and checkpoint: the first save fixes the selection (the study UIDs, in the order
-the index answers); then the instances of each study in the index's stable order
-(series, then instances, by arrival). The checkpoint is ``{studies, study, after}``:
-the position of the study and the SOP Instance UID of the last instance done (``after``:
-resumed just past it; if it is gone, the study again from its start). Saved every
-:data:`SAVE_EVERY` instances and at the end of each study.
+Order and checkpoint: the studies of the selection sorted by Study Instance UID, then
+the instances of each study in the index's stable order (series, then instances, by
+arrival). The checkpoint is ``{next, after, counts, total, problems}``: the UID of the
+study in progress and the SOP Instance UID of the last instance done in it (``after``:
+resumed just past it; if it is gone, the study again from its start). A few hundred
+bytes whatever the selection's size: a query's studies are looked up again when the job
+resumes (a study deleted since is passed over, one that matches only now and sorts
+after ``next`` is included). Saved every :data:`SAVE_EVERY` instances and at the end of
+each study.
 
 Why a restart makes no duplicate: every output is a function of the stored instance
 and the project's secret alone (the de-identified UIDs are deterministic per project,
@@ -39,6 +42,7 @@ land on themselves.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import tempfile
 from collections.abc import Callable
@@ -56,7 +60,9 @@ log = logging.getLogger("dicomweb_server.deid.job")
 #: instances between two saves of the checkpoint
 SAVE_EVERY = 10
 #: the problems (refused, failed instances) a job's result names; the counts are complete
-MAX_PROBLEMS = 1000
+MAX_PROBLEMS = 100
+#: the checkpoint's "next" study when every study is done (sorts after every UID: digits and dots)
+END = "~"
 
 
 # --- parameters ---------------------------------------------------------------------------
@@ -385,37 +391,32 @@ def run(ctx: Context) -> dict:
     deid = Deidentifier(Spec(options, p["project"], allow_burned_in=bool(p.get("allow_burned_in")),
                              safe_private=safe), pseudonyms)
 
+    studies = _selection(archive, p, allowed)  # sorted by UID: the same order on every run
     cp = dict(ctx.checkpoint)
-    if "studies" not in cp:  # the first run: the selection is fixed now
-        if p.get("query") is not None:
-            from ..dicom.matching import QueryError
-
-            try:
-                studies = select_studies(archive.index, [tuple(kv) for kv in p["query"]], allowed=allowed)
-            except QueryError as e:
-                raise JobError(str(e)) from None
-        else:
-            studies = [s for s in p["studies"] if archive.index.labels(s, allowed) is not None]
+    if "counts" not in cp:  # the first run
         total = sum(len(archive.index.instances(s, allowed=allowed)) for s in studies)
-        cp = {"studies": studies, "total": total, "study": 0, "after": None, "counts": _zero(), "problems": []}
+        cp = {"total": total, "next": studies[0] if studies else END, "after": None, "counts": _zero(),
+              "problems": []}
         ctx.save(cp, total=total, done=0, failed=0, skipped=0)
     counts, problems = dict(cp["counts"]), list(cp["problems"])
 
-    def save(study: int, after: str | None) -> None:
+    def save(next_study: str, after: str | None) -> None:
         nonlocal cp
-        cp = {"studies": cp["studies"], "total": cp["total"], "study": study, "after": after,
-              "counts": dict(counts), "problems": list(problems)}
+        cp = {"total": cp["total"], "next": next_study, "after": after, "counts": dict(counts),
+              "problems": list(problems)}
         ctx.save(cp, done=counts["exported"], failed=counts["failed"], skipped=counts["refused"])
 
     target = open_target(p["target"], archive)
     try:
         with tempfile.TemporaryDirectory(dir=archive.blobs.spool, prefix="deid-job-") as tmp:
             spool = Path(tmp)
-            for i in range(cp["study"], len(cp["studies"])):
-                study = cp["studies"][i]
+            # from the study the checkpoint names (or the next in UID order, when it is gone)
+            first = bisect.bisect_left(studies, cp["next"])
+            for i in range(first, len(studies)):
+                study = studies[i]
                 locations = archive.index.instances(study, allowed=allowed)
                 start = 0
-                if i == cp["study"] and cp["after"] is not None:
+                if study == cp["next"] and cp["after"] is not None:
                     sops = [loc.sop_uid for loc in locations]
                     start = sops.index(cp["after"]) + 1 if cp["after"] in sops else 0
                 since = 0
@@ -423,14 +424,27 @@ def run(ctx: Context) -> dict:
                     _one(archive, deid, target, loc, spool, counts, problems)
                     since += 1
                     if since >= SAVE_EVERY:
-                        save(i, loc.sop_uid)
+                        save(study, loc.sop_uid)
                         since = 0
-                save(i + 1, None)
+                save(studies[i + 1] if i + 1 < len(studies) else END, None)
     finally:
         target.close()
     return {"profile": "basic", "edition": profile.edition(), "options": options.selected(),
-            "project": p["project"], "to": target_name(p["target"]), "studies": len(cp["studies"]),
+            "project": p["project"], "to": target_name(p["target"]), "studies": len(studies),
             "instances": cp["total"], **counts, "problems": problems}
+
+
+def _selection(archive, p: dict, allowed: Filter) -> list[str]:
+    """The Study Instance UIDs of the job, those ``allowed`` lets through, sorted (a
+    checkpoint names a study by its UID: a few bytes, whatever the selection's size)."""
+    if p.get("query") is not None:
+        from ..dicom.matching import QueryError
+
+        try:
+            return sorted(set(select_studies(archive.index, [tuple(kv) for kv in p["query"]], allowed=allowed)))
+        except QueryError as e:
+            raise JobError(str(e)) from None
+    return sorted({s for s in p["studies"] if archive.index.labels(s, allowed) is not None})
 
 
 def _zero() -> dict:

@@ -108,6 +108,10 @@ def test_killed_after_an_instance_resumes_without_duplicates(data, reference, tm
     assert rc == -signal.SIGKILL
     saved = orjson.loads(resume.read_bytes())
     assert saved["progress"]["done"] + saved["progress"]["skipped"] == 10  # the last save
+    # the checkpoint names the study in progress and its last instance done: small whatever the selection
+    assert saved["checkpoint"] == {"total": 3 * PER_STUDY + 1, "next": "1.2.826.0.1.3680043.8.498.1",
+                                   "after": "1.2.826.0.1.3680043.8.498.1.1.10", "problems": [],
+                                   "counts": {"exported": 10, "refused": 0, "failed": 0}}
     inodes = {p: p.stat().st_ino for p in out.rglob("*.dcm")}
     assert len(inodes) == 15  # five more than the checkpoint says
     rc, stdout, err = _export(data, str(out), resume=resume)
