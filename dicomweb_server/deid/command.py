@@ -14,7 +14,7 @@ from ..dicom.matching import QueryError, parse_query
 from ..jobs import JobError, run_inline
 from . import profile
 from .apply import parse_safe_private
-from .job import params, parse_target, progress_line
+from .job import inside_storage, params, parse_target, progress_line
 from .pseudonyms import PseudonymError
 
 
@@ -47,6 +47,8 @@ def export_deidentified(args: argparse.Namespace, settings, filters: list, open_
         target = parse_target(args.to)
         if next(iter(target)) not in ("folder", "s3"):
             raise ValueError("a folder or s3://bucket/prefix (labels and destinations: POST /$deidentify)")
+        if "s3" in target and inside_storage(target["s3"], settings.storage):
+            raise ValueError(f"{args.to} is inside the archive's own storage ({settings.storage})")
     except ValueError as e:
         print(f"dicomweb-server export: --to: {e}", file=sys.stderr)
         return 2

@@ -186,6 +186,8 @@ def request_params(body, archive, allowed: Filter, scopes, study: str | None = N
     if kind == "label" and not allowed.allows({value}):
         raise RequestError(403, f"label {value!r}: these credentials could not see the studies it would be "
                                 "put on")
+    if kind == "s3" and inside_storage(value, archive.settings.storage):
+        raise RequestError(400, f"target {value}: inside the archive's own storage ({archive.settings.storage})")
     if kind == "destination":
         routing = archive.routing
         dest = routing.routes.destinations.get(value) if routing is not None else None
@@ -229,6 +231,17 @@ def request_params(body, archive, allowed: Filter, scopes, study: str | None = N
                       safe_private=safe, allowed=allowed)
     except (ValueError, TypeError) as e:
         raise RequestError(400, str(e)) from None
+
+
+def inside_storage(url: str, storage: str | None) -> bool:
+    """Whether the S3 prefix ``url`` overlaps the archive's own ``--storage`` prefix (its
+    objects are the archive's: a target there would mix with them)."""
+    if not storage or not storage.startswith("s3://"):
+        return False
+    from ..store.s3 import parse_storage_url
+
+    (b1, p1), (b2, p2) = parse_storage_url(url), parse_storage_url(storage)
+    return b1 == b2 and (p1.startswith(p2) or p2.startswith(p1))
 
 
 # --- targets --------------------------------------------------------------------------------

@@ -347,5 +347,16 @@ def test_request_bodies(small, tmp_path):
         refused({"project": "lung", "target": {"label": "b"}, "studies": ["1"]}, 403, "label 'b'")
         assert job.request_params({"project": "lung", "target": {"folder": "/tmp/x"}, "studies": ["1"]}, archive,
                                   only({"a"}), {"read", "write", "admin"})["target"] == {"folder": "/tmp/x"}
+        archive.settings = archive.settings.model_copy(update={"storage": "s3://store/archive"})
+        for inside in ("s3://store", "s3://store/archive", "s3://store/archive/x"):
+            refused({"project": "lung", "target": {"s3": inside}, "studies": ["1"]}, 400, "own storage")
+        assert job.request_params({"project": "lung", "target": {"s3": "s3://store/exports"}, "studies": ["1"]},
+                                  archive, only({"a"}), write)["target"] == {"s3": "s3://store/exports"}
     finally:
         archive.close()
+
+
+def test_an_s3_target_inside_the_storage_is_refused(data, tmp_path):
+    rc, _, err = _export(data, "s3://store/archive/exports", env={"DICOMWEB_STORAGE": "s3://store/archive",
+                                                                   "DICOMWEB_S3_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert rc == 2 and b"inside the archive's own storage" in err
