@@ -246,6 +246,11 @@ def inside_storage(url: str, storage: str | None) -> bool:
 
 # --- targets --------------------------------------------------------------------------------
 
+class TargetUnavailable(RuntimeError):
+    """The target cannot take instances now (a destination's 5xx, a refused connection):
+    the job stops and runs again from its checkpoint (the runner's retries)."""
+
+
 class _Target:
     """Where a de-identified file goes. ``put`` returns None when it is there (new or
     already the same), else the reason it is not (the instance fails alone); raises for
@@ -357,7 +362,7 @@ class _Destination(_Target):
         if verdict is Verdict.DELIVERED:
             return None
         if verdict is Verdict.RETRY:
-            raise RuntimeError(f"{self.name}: {reason} (the job runs again from its checkpoint)")
+            raise TargetUnavailable(f"{self.name}: {reason} (the job runs again from its checkpoint)")
         return f"refused by {self.name}: {reason}"
 
     def close(self) -> None:
@@ -472,7 +477,7 @@ def _one(archive, deid: Deidentifier, target: _Target, loc, spool: Path, counts:
     except BurnedIn as e:
         _problem(counts, problems, loc, "refused", str(e))
         return
-    except (JobError, RuntimeError, OSError) as e:
+    except (JobError, TargetUnavailable, OSError) as e:
         if isinstance(e, FileNotFoundError):  # deleted since it was listed
             _problem(counts, problems, loc, "failed", "no longer stored")
             return

@@ -281,7 +281,7 @@ def test_a_destination_that_is_down_stops_the_job(small, tmp_path, sink):
     try:
         p = job.params(deidentify="basic", project="lung", target={"destination": "research"},
                        studies=["1.2.826.0.1.3680043.8.498.1"])
-        with pytest.raises(RuntimeError, match="destination:research"):
+        with pytest.raises(job.TargetUnavailable, match="destination:research"):
             run_inline("deidentify", p, archive, tmp_path / "job.json")
         assert orjson.loads((tmp_path / "job.json").read_bytes())["progress"]["done"] == 0
     finally:
@@ -360,3 +360,38 @@ def test_an_s3_target_inside_the_storage_is_refused(data, tmp_path):
     rc, _, err = _export(data, "s3://store/archive/exports", env={"DICOMWEB_STORAGE": "s3://store/archive",
                                                                    "DICOMWEB_S3_ENDPOINT_URL": "http://127.0.0.1:9"})
     assert rc == 2 and b"inside the archive's own storage" in err
+
+
+def test_into_a_dimse_destination(small, tmp_path):
+    """A C-STORE destination (the routing's DIMSE sender): each de-identified instance
+    stored at the SCP under its new UIDs; one refused for good (0xC000) is counted failed
+    with the status and the job goes on."""
+    from tests.routing.test_dimse_destination import storage_scp
+
+    received: dict[str, str] = {}
+    archive = Archive.open(Settings(data_dir=small, index="sqlite"))
+    secret = archive.pseudonyms.secret("lung")
+    archive.close()
+    refused = new_uid(secret, "1.2.826.0.1.3680043.8.498.1.1.3")
+
+    def on_store(event):
+        if event.dataset.SOPInstanceUID == refused:
+            return 0xC000
+        received[event.dataset.SOPInstanceUID] = str(event.dataset.PatientID)
+        return 0x0000
+
+    server, routes = storage_scp(tmp_path, on_store)
+    archive = Archive.open(Settings(data_dir=small, index="sqlite", routes_file=routes))
+    try:
+        p = job.params(deidentify="basic", project="lung", target={"destination": "pacs"},
+                       studies=["1.2.826.0.1.3680043.8.498.1"])
+        result, progress = run_inline("deidentify", p, archive)
+        assert (result["exported"], result["failed"], progress.failed) == (PER_STUDY - 1, 1, 1)
+        assert result["problems"][0]["sop"] == "1.2.826.0.1.3680043.8.498.1.1.3"
+        assert "0xC000" in result["problems"][0]["reason"]
+        assert set(received) == {new_uid(secret, f"1.2.826.0.1.3680043.8.498.1.1.{i + 1}")
+                                 for i in range(PER_STUDY)} - {refused}
+        assert set(received.values()) == {archive.pseudonyms.pseudonym("lung", "P0")}
+    finally:
+        archive.close()
+        server.shutdown()
