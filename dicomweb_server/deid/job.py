@@ -183,6 +183,9 @@ def request_params(body, archive, allowed: Filter, scopes, study: str | None = N
     kind, value = next(iter(target.items()))
     if kind == "folder" and "admin" not in scopes:
         raise RequestError(403, "a folder of the server's host as the target needs the 'admin' scope")
+    if kind == "s3" and "admin" not in scopes:  # written with the server's credentials: any bucket they reach
+        raise RequestError(403, "an S3 target is written with the server's credentials: it needs the 'admin' "
+                                "scope (a label target needs 'write' only)")
     if kind == "label" and not allowed.allows({value}):
         raise RequestError(403, f"label {value!r}: these credentials could not see the studies it would be "
                                 "put on")

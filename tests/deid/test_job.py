@@ -315,7 +315,8 @@ def test_request_bodies(small, tmp_path):
     write = {"read", "write"}
     try:
         p = job.request_params({"project": "lung", "target": {"s3": "s3://b/x"}, "options": ["retain_modified_dates"],
-                                "query": {"PatientID": "P0", "ModalitiesInStudy": ["CT"]}}, archive, only({"a"}), write)
+                                "query": {"PatientID": "P0", "ModalitiesInStudy": ["CT"]}}, archive, only({"a"}),
+                               {"read", "write", "admin"})
         assert p == {"deidentify": "basic,retain_modified_dates", "project": "lung", "allow_burned_in": False,
                      "safe_private": [], "studies": None, "query": [["PatientID", "P0"], ["ModalitiesInStudy", "CT"]],
                      "allowed": {"clauses": [["a"]], "studies": None}, "target": {"s3": "s3://b/x"}}
@@ -348,10 +349,14 @@ def test_request_bodies(small, tmp_path):
         assert job.request_params({"project": "lung", "target": {"folder": "/tmp/x"}, "studies": ["1"]}, archive,
                                   only({"a"}), {"read", "write", "admin"})["target"] == {"folder": "/tmp/x"}
         archive.settings = archive.settings.model_copy(update={"storage": "s3://store/archive"})
+        admin = {"read", "write", "admin"}
         for inside in ("s3://store", "s3://store/archive", "s3://store/archive/x"):
-            refused({"project": "lung", "target": {"s3": inside}, "studies": ["1"]}, 400, "own storage")
+            refused({"project": "lung", "target": {"s3": inside}, "studies": ["1"]}, 400, "own storage",
+                    scopes=admin)
+        # the server's credentials write it: admin only (with write alone, any bucket they reach)
+        refused({"project": "lung", "target": {"s3": "s3://store/exports"}, "studies": ["1"]}, 403, "'admin' scope")
         assert job.request_params({"project": "lung", "target": {"s3": "s3://store/exports"}, "studies": ["1"]},
-                                  archive, only({"a"}), write)["target"] == {"s3": "s3://store/exports"}
+                                  archive, only({"a"}), admin)["target"] == {"s3": "s3://store/exports"}
     finally:
         archive.close()
 
