@@ -135,10 +135,11 @@ def _association_worker(args) -> dict:
     ae.maximum_pdu_size = 0
     for m in MIX:
         ae.add_requested_context(m[1], [EXPLICIT_LE])
-    out: dict = {"latencies": [], "errors": 0, "bytes": 0, "hashes": {}, "sent": []}
+    out: dict = {"latencies": [], "errors": 0, "bytes": 0, "hashes": {}, "sent": [], "rejected": 0}
     assoc = ae.associate(host, port, ae_title=called)
     if not assoc.is_established:
         out["errors"] += len(jobs)
+        out["rejected"] = int(assoc.is_rejected)
         return out
     try:
         for job in jobs:
@@ -429,6 +430,7 @@ class StepResult:
     bytes: int = 0
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
+    rejected: int = 0  # associations answered A-ASSOCIATE-RJ (their images are errors too)
     peak_mb: float | None = None
     server_cpu: float | None = None
     generator_cpu: float | None = None
@@ -518,6 +520,7 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
         for r in proc_results:
             res.latencies += r["latencies"]
             res.errors += r["errors"]
+            res.rejected += r.get("rejected", 0)
             res.bytes += r["bytes"]
             sent += r["sent"]
             hashes.update(r["hashes"])
@@ -675,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
           f"- disk durable-write rate, 512 KB files (temp + fsync + rename + dir fsync): "
           f"{disk['files_per_s']} files/s = {disk['MB_per_s']} MB/s ({disk['folder']})",
           "", table(HEADERS, [r.row() for r in results]), "",
+          "Associations rejected (A-ASSOCIATE-RJ) in each step: "
+          + ", ".join(f"{r.target}@{r.associations}: {r.rejected}" for r in results)
+          + (" (the generator is one peer, one address and one calling AE title: a rejection "
+             "local-limit-exceeded from the archive means dimse_max_associations_per_peer is below the step)"
+             if any(r.rejected for r in results) else ""), "",
           "Machine busy CPU during each step (% of one core): "
           + ", ".join(f"{r.target}@{r.associations}: {fmt(r.machine_cpu)}" for r in results), "",
           "One-image association (associate + 512 KB CT C-STORE + release), ms: "
@@ -686,7 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.output / "results.json").write_text(json.dumps({
         "images": args.images, "scale": args.scale, "mix": mix, "disk": disk, "latency": latency,
         "targets": {t.name: t.config for t in targets},
-        "steps": [dict(zip(HEADERS, r.row()), machine_cpu=r.machine_cpu) for r in results]}, indent=1))
+        "steps": [dict(zip(HEADERS, r.row()), machine_cpu=r.machine_cpu, rejected=r.rejected) for r in results]},
+        indent=1))
     print("\n".join(md))
     return 0 if not failures and all(r.errors == 0 and r.missing == 0 and r.extra == 0 and r.partial == 0
                                      and r.hash_mismatch == 0 for r in results) else 1

@@ -72,14 +72,16 @@ def collect(root: Path, procs: list[subprocess.Popen], shares: list[dict]) -> li
 
 
 def parse(log: str, share: dict) -> dict:
-    out: dict = {"latencies": [], "errors": 0, "bytes": 0, "hashes": {}, "sent": []}
+    out: dict = {"latencies": [], "errors": 0, "bytes": 0, "hashes": {}, "sent": [], "rejected": 0}
     current, sent_at = None, None
     for line in log.splitlines():
         m = _LINE.match(line)
         if not m:
             continue
         t, msg = float(m.group(1)), m.group(2)
-        if msg.startswith("Sending file: "):
+        if msg.startswith("Association Rejected"):  # A-ASSOCIATE-RJ (reason on the next lines)
+            out["rejected"] = 1
+        elif msg.startswith("Sending file: "):
             current, sent_at = share["files"].get(msg.removeprefix("Sending file: ").strip()), None
         elif msg.startswith("Sending Store Request"):
             sent_at = t

@@ -58,7 +58,7 @@ from ..archive import Archive, source_of_dimse
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
-from . import access, pdata, reactor, slots, store_rsp, tls, worklist
+from . import access, pdata, pins, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
 from .pdata import PDURefused
 from . import status as S
@@ -408,6 +408,7 @@ class DimseServer(RetrieveSCP):
             s = self.settings
             ssl_context = tls.server_context(s.dimse_tls_cert_file, s.dimse_tls_key_file, s.dimse_tls_ca_file,
                                              s.dimse_tls_require_client_cert)
+        pins.check_installed()  # an error in the log, not a crash: pynetdicom outside the tested range
         _receive_into(self._spool(), self.settings.dimse_max_pdu)
         if self.commitment is None:
             self.commitment = self._open_commitment()

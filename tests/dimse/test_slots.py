@@ -12,6 +12,7 @@ provider, presentation related), reason 2 (PS3.8 §9.3.4, Table 9-21).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -156,23 +157,65 @@ def _at_once(port: int, peers) -> list:
         return list(pool.map(lambda p: _associate(port, *p), peers))
 
 
-def test_the_limit_is_the_nodes_across_listener_processes_and_a_dead_ones_slots_come_back(tmp_path):
-    """serve, 2 listener processes, 8 associations, 4 per peer: 8 opened at once are all
-    accepted however the kernel spreads them, a 9th is rejected (each process had room for 8
-    before), a 5th of one peer too although its 4 are spread over both processes; SIGKILL of
-    the listener holding k of them: k new ones are accepted by the other, no more."""
+@contextlib.contextmanager
+def _serve(tmp_path, associations: int, per_peer: int):
+    """``dicomweb-server serve`` with 2 DIMSE listener processes; yields (DIMSE port, their pids)."""
     port, dport = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
          "--port", str(port), "--dimse-port", str(dport), "--workers", "1", "--dimse-processes", "2",
-         "--dimse-max-associations", "8"],
-        env={**os.environ, "DICOMWEB_LOG_LEVEL": "warning", "DICOMWEB_DIMSE_MAX_ASSOCIATIONS_PER_PEER": "4"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    held = []
+         "--dimse-max-associations", str(associations), "--dimse-max-associations-per-peer", str(per_peer)],
+        env={**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}, stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("wb"))  # what a failure shows
     try:
         deadline = time.monotonic() + 60
         while len(pids := _listeners(dport)) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, pids
             time.sleep(0.2)
+        yield dport, pids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_64_associations_from_one_gateway_are_all_accepted_by_two_listeners(tmp_path):
+    """serve, 2 listener processes, the default node limit (64) and a per-peer limit raised to
+    it (a gateway, or LOAD-01's generator: one address, one calling AE title): 64 associations
+    requested at once are all accepted and answer a C-ECHO, wherever the kernel's SO_REUSEPORT
+    hash puts them, and a 65th (another peer) is rejected local-limit-exceeded. Before the
+    node's shared slots (a limit of 32 per process), 13 of LOAD-01's 64 were rejected: the
+    hash puts exactly 32 on each process in only 1 run in 10 (C(64,32) / 2**64); this test
+    failed 3 runs of 3 on a build with 32 per process."""
+    held = []
+    with _serve(tmp_path, 64, 64) as (dport, pids):
+        try:
+            gateway = _at_once(dport, [("GATEWAY", "127.0.0.1")] * 64)
+            held += gateway
+            assert [(_rejection(a), a.is_aborted) for a in gateway if not a.is_established] == [], \
+                (tmp_path / "serve.log").read_text()[-3000:]
+            count = {pid: _held_by(pid, dport) for pid in pids}
+            assert sum(count.values()) == 64, count
+            with ThreadPoolExecutor(16) as pool:
+                assert set(pool.map(lambda a: a.send_c_echo().Status, gateway)) == {0}
+            extra = _associate(dport, "MODALITY", "127.0.0.2")
+            held.append(extra)
+            # the node's limit holds. Its answer is A-ASSOCIATE-RJ local-limit-exceeded; in 2 of ~32
+            # runs on a machine at load average ~19 the requestor saw an abort instead (cause not
+            # found; issue 33, notes/dimse64.md): the answer is checked when there is one
+            assert not extra.is_established, count
+            assert _rejection(extra) in (LOCAL_LIMIT_EXCEEDED, None), count
+        finally:
+            _release(held)
+
+
+def test_the_limit_is_the_nodes_across_listener_processes_and_a_dead_ones_slots_come_back(tmp_path):
+    """serve, 2 listener processes, 8 associations, 4 per peer: 8 opened at once are all
+    accepted however the kernel spreads them, a 9th is rejected (each process had room for 8
+    before), a 5th of one peer too although its 4 are spread over both processes; SIGKILL of
+    the listener holding k of them: k new ones are accepted by the other, no more."""
+    held = []
+    with _serve(tmp_path, 8, 4) as (dport, pids), contextlib.ExitStack() as done:
+        done.callback(_release, held)
         # peer A: 4 at once, then a 5th; peer B: 4 at once (the node is full), then C
         a = _at_once(dport, [("PEERA", "127.0.0.1")] * 4)
         held += a
@@ -206,7 +249,3 @@ def test_the_limit_is_the_nodes_across_listener_processes_and_a_dead_ones_slots_
         for x in later:
             if x.is_established:
                 assert x.send_c_echo().Status == 0
-    finally:
-        _release(held)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)

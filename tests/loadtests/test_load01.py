@@ -83,13 +83,29 @@ def test_a_short_run_passes_every_check(serve, tmp_path, generator):
     steps = results["steps"]
     assert [s["Step (assocs)"] for s in steps] == [1, 2]
     for s in steps:
-        assert s["Operations"] == 12 and s["Errors"] == 0
+        assert s["Operations"] == 12 and s["Errors"] == 0 and s["rejected"] == 0
         assert s["missing/extra/partial"] == "0/0/0"
         assert s["SHA-256 ok"] == "1/1"  # image 0 of the step: every 100th
         assert s["p50 ms"] > 0 and s["Max ms"] < 120_000  # every operation answered, timed
     assert results["latency"]["ours"]["ok"] == 3
     # the steps' instances and the latency's were removed afterwards
     assert httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json() == []
+
+
+def test_a_rejected_storescu_association_is_counted_as_such():
+    """storescu's log of an A-ASSOCIATE-RJ (DCMTK 3.6, the generator's log4cplus pattern): the
+    association counts as rejected and each of its images as an error (issue 33: 13 of 64
+    associations rejected were only "117 errors" in the step's row)."""
+    from loadtests import load01_storescu
+
+    share = {"files": {"/x/a0/000001.dcm": "1.2.3.1", "/x/a0/000002.dcm": "1.2.3.2"}, "bytes": {}, "hashes": {}}
+    log = ("1796564155.316 checking input files ...\n1796564155.316 Requesting Association\n"
+           "1796564155.358 Association Rejected:\n"
+           "1796564155.358 Result: Rejected Transient, Source: Service Provider (Presentation related function)\n"
+           "1796564155.358 Reason: Local Limit Exceeded\n")
+    out = load01_storescu.parse(log, share)
+    assert (out["rejected"], out["errors"], out["sent"]) == (1, 2, [])
+    assert load01_storescu.parse("1796564155.316 Requesting Association\n", share)["rejected"] == 0
 
 
 def test_the_storescp_peer_is_dcmtks_not_pynetdicoms_app_of_that_name(tmp_path, monkeypatch):
