@@ -266,20 +266,32 @@ def _final(assoc, responses) -> Dataset | None:
 
 
 def _get_contexts(classes: list[str]) -> list:
-    """The Storage contexts a C-GET association proposes (the archive as Storage SCP): the
-    study's SOP classes (SOP Classes in Study) or, when the remote did not say, pynetdicom's
-    common storage classes; each with the transfer syntaxes the archive stores."""
+    """The Storage contexts a C-GET association proposes (the archive as Storage SCP): for the
+    study's SOP classes (SOP Classes in Study) one context of the uncompressed transfer
+    syntaxes each, then one context per (class, other transfer syntax the archive stores) while
+    there is room (PS3.8 9.3.2.2: 128 contexts): the remote sends each instance in the context of
+    its own transfer syntax, as stored, where one was proposed (one context listing them all
+    lets the remote choose one syntax for the class, and it decompressed a JPEG instance to
+    send it). When the remote did not say which classes, pynetdicom's common storage classes,
+    uncompressed."""
+    from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
     from .scp import TRANSFER_SYNTAXES
 
+    room = MAX_CONTEXTS - 1  # and the C-GET model's own
     classes = list(dict.fromkeys(classes)) or [cx.abstract_syntax for cx in StoragePresentationContexts]
-    return [build_context(c, TRANSFER_SYNTAXES) for c in classes[:MAX_CONTEXTS - 1]]
+    native = [ExplicitVRLittleEndian, ImplicitVRLittleEndian]
+    contexts = [build_context(c, native) for c in classes[:room]]
+    for ts in (t for t in TRANSFER_SYNTAXES if t not in native):
+        contexts.extend(build_context(c, [ts]) for c in classes[:room - len(contexts)])
+    return contexts
 
 
 def get_study(peer: Peer, settings, archive, study_uid: str, classes: list[str]) -> Dataset | None:
     """C-GET of one study (PS3.4 C.4.3), each C-STORE sub-operation stored here: the final
     response (None: none came)."""
     storage = _get_contexts(classes)
-    roles = [build_role(cx.abstract_syntax, scp_role=True) for cx in storage]
+    roles = [build_role(c, scp_role=True) for c in dict.fromkeys(cx.abstract_syntax for cx in storage)]
 
     def on_store(event):
         return store_sub_operation(event, archive, peer.ae_title)

@@ -173,6 +173,34 @@ def test_handler_pull_by_c_get(tmp_path, orthanc):
     assert (progress.total, progress.done, progress.failed, progress.skipped) == (3, 2, 1, 0)
 
 
+def test_c_get_keeps_the_transfer_syntax_as_stored(tmp_path, orthanc):
+    """C-GET of compressed instances (pydicom's bundled JPEG baseline, JPEG lossless, JPEG 2000,
+    RLE files): each arrives in its own transfer syntax, pixel data byte for byte. One storage
+    context per SOP class listing every syntax let Orthanc pick Explicit VR Little Endian for
+    the class: it decompressed each instance (other bytes), and failed the JPEG 2000 one."""
+    from pydicom.data import get_testdata_file
+
+    files = [get_testdata_file(n) for n in ("JPEG2000.dcm", "SC_rgb_jpeg_gdcm.dcm", "MR_small_RLE.dcm",
+                                            "JPEG-lossy.dcm")]
+    datasets = [pydicom.dcmread(f) for f in files]
+    for f in files:
+        assert httpx.post(f"{orthanc.rest}/instances", content=Path(f).read_bytes(), timeout=30).status_code == 200
+    knows(orthanc, "GETTER", 1)
+    archive = _archive(tmp_path, orthanc, "GETTER", "C-GET")
+    try:
+        uids = sorted({str(d.StudyInstanceUID) for d in datasets})
+        result, _ = run_inline("pull", {"from": "ORTHANC", "studies": uids}, archive)
+        syntaxes = {}
+        for d in datasets:
+            loc = archive.index.locate(str(d.SOPInstanceUID))
+            syntaxes[loc.sop_uid] = str(pydicom.dcmread(archive.blobs.resolve(loc.path)).file_meta.TransferSyntaxUID)
+        assert stored(archive, datasets) == expected(datasets)
+    finally:
+        archive.close()
+    assert syntaxes == {str(d.SOPInstanceUID): str(d.file_meta.TransferSyntaxUID) for d in datasets}
+    assert result["instances"] == {"completed": 4, "failed": 0, "warning": 0}
+
+
 def test_handler_pull_by_c_move_and_skip_complete(tmp_path, orthanc):
     """The handler with the listener in this process (C-MOVE), a date range and a wildcard in
     the query; then skip_complete skips the study held whole and retrieves the one a deleted
