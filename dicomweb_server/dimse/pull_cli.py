@@ -75,9 +75,9 @@ def main(args: argparse.Namespace, settings_of, existing_archive, open_archive) 
     except JobError as e:
         print(f"dicomweb-server pull: failed: {e}", file=sys.stderr)
         return 1
-    except RemoteUnavailable as e:
+    except (RemoteUnavailable, KeyboardInterrupt) as e:
         again = f"; run the same command again to go on ({args.resume})" if args.resume else ""
-        print(f"dicomweb-server pull: stopped: {e}{again}", file=sys.stderr)
+        print(f"dicomweb-server pull: stopped: {e or 'interrupted'}{again}", file=sys.stderr)
         return 1
     finally:
         archive.close()

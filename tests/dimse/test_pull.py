@@ -268,6 +268,25 @@ def test_remote_that_refuses_fails_the_job_clearly(tmp_path, orthanc):
            "does it know this archive's AE title 'STRANGER'? Orthanc: DicomModalities)" in proc.stderr
 
 
+def test_remote_down_is_retried_not_failed(tmp_path):
+    """Nothing listens at the peer's port: RemoteUnavailable (a ConnectionError: the durable
+    runner tries again later), not a failed job; the command line says to run it again."""
+    from dicomweb_server.dimse.pull import RemoteUnavailable
+
+    peers = tmp_path / "peers.toml"
+    port = free_port()
+    peers.write_text(f'[ORTHANC]\nhost = "127.0.0.1"\nport = {port}\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", dimse_peers_file=peers))
+    try:
+        with pytest.raises(RemoteUnavailable, match=f"cannot associate with ORTHANC at 127.0.0.1:{port}"):
+            run_inline("pull", {"from": "ORTHANC", "studies": ["1.2.3"]}, archive)
+    finally:
+        archive.close()
+    proc = cli(tmp_path / "data", peers, "1.2.3", "--resume", str(tmp_path / "r.json"))
+    assert proc.returncode == 1
+    assert f"run the same command again to go on ({tmp_path / 'r.json'})" in proc.stderr
+
+
 def test_c_move_destination_unreachable_fails_each_study(tmp_path, orthanc):
     """Orthanc knows the AE title but nothing listens where it sends (0xC000 for each C-MOVE):
     every study failed, the job fails naming the status and what to check."""
