@@ -125,8 +125,11 @@ def check_params(params: dict) -> tuple[str, dict[str, str], list[str], bool]:
     if given := query.pop("StudyInstanceUID", None):
         studies = [*studies, *given.split("\\")]
     studies = list(dict.fromkeys(u.strip() for u in studies))
-    if not query and not studies:
-        raise JobError("nothing to pull: give query keys (PatientID=...) or Study Instance UIDs")
+    for uid in studies:
+        if len(uid) > 64 or not all(p.isdigit() and (p == "0" or p[0] != "0") for p in uid.split(".")):
+            raise JobError(f"{uid[:70]!r} is not a Study Instance UID (PS3.5 9.1)")
+    if not studies and not any(query.values()):  # empty values are universal matches (PS3.4 C.2.2.2.3)
+        raise JobError("nothing to pull: give query keys with values (PatientID=...) or Study Instance UIDs")
     skip = params.get("skip_complete", False)
     if not isinstance(skip, bool):
         raise JobError('"skip_complete": true or false')
