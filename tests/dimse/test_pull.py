@@ -314,6 +314,21 @@ def test_bad_arguments(tmp_path, orthanc):
     assert proc.returncode == 2 and "nothing to pull" in proc.stderr
 
 
+@pytest.mark.parametrize("params, message", [
+    ({"query": {"PatientID": ""}}, "nothing to pull"),  # universal matching: the whole remote
+    ({"studies": ["1.2.03"]}, "is not a Study Instance UID"),
+    ({"query": {"ReferencedSeriesSequence": "x"}}, "not a study matching key"),
+    ({"query": {"PatientID": "1"}, "skip_complete": "yes"}, "skip_complete"),
+])
+def test_parameters_refused(params, message):
+    from dicomweb_server.dimse.pull import check_params
+
+    with pytest.raises(JobError, match=message):
+        check_params({"from": "ORTHANC", **params})
+    assert check_params({"from": " ORTHANC ", "query": {"00100020": "1", "StudyInstanceUID": "1.2\\1.3"},
+                         "studies": ["1.2"]}) == ("ORTHANC", {"PatientID": "1"}, ["1.2", "1.3"], False)
+
+
 def test_sigkill_mid_pull_then_resume(live, orthanc, tmp_path):
     """The pull process SIGKILLed after its first studies, the same command with the same
     --resume file goes on: every study pulled once, the counts exactly the instances (the
