@@ -654,6 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--oidc-issuer", dest="oidc_issuer", help="expected JWT issuer (iss)")
     serve.add_argument("--oidc-audience", dest="oidc_audience", help="expected JWT audience (aud)")
     serve.add_argument("--oidc-jwks-url", dest="oidc_jwks_url", help="the issuer's JWKS URL")
+    serve.add_argument("--oidc-client-id", dest="oidc_client_id",
+                       help="client id of the viewer's and /ui/'s OIDC login (code + PKCE) at the issuer")
     serve.add_argument("--audit-log", dest="audit_log", help="append one JSON line per request to this file")
     serve.add_argument("--share-max-seconds", dest="share_max_seconds", type=int,
                        help="the longest a share link may live, in seconds (default 30 days)")
@@ -752,7 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination; with "
                                         "--deidentify: de-identified copies into a folder (docs/research-export.md)")
     exp.add_argument("--to", required=True, help="destination name from the routes file (with --deidentify: "
-                                                 "a folder)")
+                                                 "a folder or s3://bucket/prefix)")
     exp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE)")
     exp.add_argument("targets", nargs="*", metavar="STUDY [SERIES [SOP]] | KEY=VALUE",
                      help="the UIDs to export; with --deidentify, instead QIDO-RS study matching keys "
@@ -770,6 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--safe-private", dest="safe_private", action="append", metavar="CREATOR:gggg:ee",
                      help="--deidentify with retain_safe_private: a private element to keep (repeat)")
     exp.add_argument("--quiet", action="store_true", help="--deidentify: no progress line")
+    exp.add_argument("--resume", metavar="FILE", help="--deidentify: the job's checkpoint, kept in FILE; the same "
+                                                      "command with the same FILE continues a killed run")
     _add_settings_args(exp)
     exp.set_defaults(func=_export)
 

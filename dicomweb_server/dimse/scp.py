@@ -54,7 +54,7 @@ from pynetdicom.sop_class import (
 )
 
 from ..access.rules import Access, AccessRules
-from ..archive import Archive
+from ..archive import Archive, source_of_dimse
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
@@ -356,7 +356,7 @@ def store_received(archive: Archive, request, path: Path, source_ae: str, transf
             log.warning("C-STORE from %s refused: %s", source_ae, mismatch)
             return _status(S.STORE_DATASET_MISMATCH, mismatch)
         part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
-        outcome = archive.store([part], access=access)
+        outcome = archive.store([part], access=access, source=source_of_dimse(source_ae))
     except Exception as e:  # never a dead association thread: a failure status instead
         log.exception("C-STORE failed")
         try:

@@ -8,11 +8,12 @@ const PREFIX = document.querySelector('meta[name="dicomweb-prefix"]').content;
 const view = document.getElementById("view");
 const statusLine = document.getElementById("status");
 
-/* -- credentials: an API key (Bearer) or Basic, kept in sessionStorage (this tab) ------------- */
+/* -- credentials: an API key (Bearer), Basic, or an OIDC login; kept in sessionStorage (this tab) -- */
 
 function authorization() {
   const scheme = sessionStorage.getItem("auth-scheme");
   if (scheme === "key") return "Bearer " + sessionStorage.getItem("auth-key");
+  if (scheme === "oidc") return "Bearer " + sessionStorage.getItem("auth-token");
   if (scheme === "basic") {
     const raw = sessionStorage.getItem("auth-user") + ":" + sessionStorage.getItem("auth-password");
     return "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(raw)));
@@ -23,7 +24,8 @@ function authorization() {
 function showWho() {
   const scheme = sessionStorage.getItem("auth-scheme");
   document.getElementById("who").textContent =
-    scheme === "key" ? "API key" : scheme === "basic" ? "Basic: " + sessionStorage.getItem("auth-user") : "none";
+    scheme === "key" ? "API key" : scheme === "basic" ? "Basic: " + sessionStorage.getItem("auth-user")
+      : scheme === "oidc" ? "logged in as " + sessionStorage.getItem("auth-user") : "none";
 }
 
 document.getElementById("login-form").addEventListener("submit", (ev) => {
@@ -33,10 +35,74 @@ document.getElementById("login-form").addEventListener("submit", (ev) => {
   sessionStorage.setItem("auth-key", f.key.value);
   sessionStorage.setItem("auth-user", f.user.value);
   sessionStorage.setItem("auth-password", f.password.value);
+  sessionStorage.removeItem("auth-token");
   showWho();
   document.getElementById("login").open = false;
   route();
 });
+
+/* -- OIDC login: the authorization code flow with PKCE (OpenID Connect Core 1.0 §3.1, RFC 7636
+ * S256) as a public client. The page's address (/ui/) is the redirect URI; the access token
+ * it gets is sent as "Authorization: Bearer" and checked by the archive like any other. */
+
+const OIDC = JSON.parse(document.querySelector('meta[name="dicomweb-oidc"]').content || "null");
+const b64url = (bytes) => btoa(String.fromCharCode(...new Uint8Array(bytes)))
+  .replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
+const randomText = () => b64url(crypto.getRandomValues(new Uint8Array(32)));  // 43 characters
+const redirectUri = () => location.origin + "/ui/";
+
+function claimsOf(jwt) {  // for showing who logged in only: the archive checks the access token
+  try {
+    const part = jwt.split(".")[1].replaceAll("-", "+").replaceAll("_", "/");
+    return JSON.parse(new TextDecoder().decode(Uint8Array.from(atob(part), (c) => c.charCodeAt(0))));
+  } catch (e) { return {}; }
+}
+
+async function oidcLogin() {
+  if (!window.isSecureContext || !crypto.subtle) {
+    throw new Error("logging in needs this page over HTTPS (or on localhost): the browser's WebCrypto is off here");
+  }
+  const r = await fetch(OIDC.authority.replace(/\/$/, "") + "/.well-known/openid-configuration");
+  if (!r.ok) throw new Error(`the identity provider's discovery document: ${r.status}`);
+  const meta = await r.json();
+  const verifier = randomText(), state = randomText(), nonce = randomText();
+  const challenge = b64url(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier)));
+  sessionStorage.setItem("oidc-pending", JSON.stringify(
+    { verifier, state, nonce, hash: location.hash, token_endpoint: meta.token_endpoint }));
+  const query = new URLSearchParams({
+    response_type: "code", client_id: OIDC.client_id, redirect_uri: redirectUri(), scope: OIDC.scope,
+    state, nonce, code_challenge: challenge, code_challenge_method: "S256" });
+  location.assign(meta.authorization_endpoint + "?" + query);
+}
+
+async function oidcCallback() {
+  const q = new URLSearchParams(location.search);
+  if (!OIDC || !(q.has("code") || q.has("error"))) return;
+  const pending = JSON.parse(sessionStorage.getItem("oidc-pending") || "null");
+  sessionStorage.removeItem("oidc-pending");
+  history.replaceState(null, "", location.pathname + ((pending && pending.hash) || ""));
+  if (!pending || q.get("state") !== pending.state) throw new Error("login refused: the answer is not for the login this page started (state)");
+  if (q.has("error")) throw new Error(`login refused by the identity provider: ${q.get("error")} ${q.get("error_description") || ""}`);
+  const r = await fetch(pending.token_endpoint, {
+    method: "POST", headers: { "Content-Type": "application/x-www-form-urlencoded" },
+    body: new URLSearchParams({ grant_type: "authorization_code", code: q.get("code"), redirect_uri: redirectUri(),
+                                client_id: OIDC.client_id, code_verifier: pending.verifier }) });
+  const doc = await r.json().catch(() => ({}));
+  if (!r.ok || !doc.access_token) throw new Error(`login failed: no token (${doc.error || r.status}) ${doc.error_description || ""}`);
+  const id = doc.id_token ? claimsOf(doc.id_token) : {};
+  if (doc.id_token && id.nonce !== pending.nonce) throw new Error("login refused: the ID token is not for this login (nonce)");
+  const access = claimsOf(doc.access_token);
+  sessionStorage.setItem("auth-scheme", "oidc");
+  sessionStorage.setItem("auth-token", doc.access_token);
+  sessionStorage.setItem("auth-user", id.preferred_username || id.email || id.sub || access.sub || "?");
+  say(`Logged in as ${sessionStorage.getItem("auth-user")}.`);
+}
+
+if (OIDC) {
+  const button = document.getElementById("oidc-login");
+  button.hidden = false;
+  button.addEventListener("click", () => oidcLogin().catch((e) => say(String(e.message || e), true)));
+}
 
 /* -- the API ------------------------------------------------------------------------------- */
 
@@ -57,7 +123,7 @@ async function api(path, options = {}) {
       text = doc.detail || doc.error || doc.message || text;
       if (typeof text !== "string") text = JSON.stringify(text);
     } catch (e) { /* not JSON: the text itself */ }
-    const hint = r.status === 401 ? " (enter credentials above)" : r.status === 403 ? " (these credentials lack the scope)" : "";
+    const hint = r.status === 401 ? (OIDC ? " (log in, or enter credentials above)" : " (enter credentials above)") : r.status === 403 ? " (these credentials lack the scope)" : "";
     throw new ApiError(r.status, `${r.status}: ${text}${hint}`);
   }
   return r;
@@ -324,11 +390,13 @@ async function renderStudy(uid) {
       el("dt", {}, "Series / instances"), el("dd", {}, `${value(study, "00201206")} / ${value(study, "00201208")}`),
       el("dt", {}, "Study UID"), el("dd", {}, el("code", {}, uid))) : null,
     el("p", { id: "viewer-link" }, el("a", { href: `/viewer/viewer?StudyInstanceUIDs=${uid}` }, "Open in the viewer"), " (when the archive runs with --viewer)",
-      authorization() ? el("span", { class: "note", id: "viewer-note" },
+      OIDC ? el("span", { class: "note", id: "viewer-note" }, " The viewer asks you to log in with the same identity provider.")
+        : authorization() ? el("span", { class: "note", id: "viewer-note" },
         " Note: the viewer sends no credentials, so with the archive's authentication on it shows nothing (its requests get 401); use the download below, or a viewer on a network the archive trusts.") : null),
     study ? el("p", { class: "downloads" }, downloadButton(dw(`/studies/${uid}/archive`), `study-${uid}.zip`, "Download study (ZIP with DICOMDIR)")) : null,
     study ? deidForm(uid) : null,
     await section("series", "Series", () => seriesList(uid)),
+    study ? await section("arrivals", "What arrived, from where", () => arrivals(uid)) : null,
     study ? await section("labels", "Labels", () => labelBox(uid)) : null,  // a rejected study: hidden, 404
     study ? await section("share", "Share link", () => shareBox(uid)) : null,
     await section("routing", "Routing: sent to destinations", () => routing(uid)),
@@ -336,26 +404,74 @@ async function renderStudy(uid) {
     study ? await section("edit", "Edit patient and study attributes ($update)", () => editForm(uid, study)) : null,
     study ? await section("merge", "Merge this patient into another ($merge)", () => mergeForm(study)) : null,
     await section("versions", "Versions", () => versionList(uid)),
-    await section("history", "Change history (change feed)", () => history(uid)),
+    await section("history", "Change history (change feed)", () => changeHistory(uid)),
     await section("delete", "Delete", () => deleteBox(uid)),
   );
   say("");
 }
 
 async function seriesList(uid) {
-  const series = (await json(dw(`/studies/${uid}/series?includefield=0008103E&includefield=00201209&includefield=00200011&includefield=00080021&includefield=00080031`))) || [];
+  const [found, arrived] = await Promise.all([
+    json(dw(`/studies/${uid}/series?includefield=0008103E&includefield=00201209&includefield=00200011&includefield=00080021&includefield=00080031`)),
+    studyArrivals(uid)]);
+  const series = found || [];
+  const of = (s) => (arrived ? arrived.series.find((a) => a.series === value(s, "0020000E")) : null);
   series.sort((a, b) => Number(value(a, "00200011")) - Number(value(b, "00200011")));
   return table(`${series.length} series`, [
     { label: "Thumbnail", cell: (s) => { const img = el("img", { class: "thumb", alt: `series ${value(s, "00200011")}` }); thumbnail(img, dw(`/studies/${uid}/series/${value(s, "0020000E")}/thumbnail`)); return img; } },
     { label: "Number", num: true, cell: (s) => value(s, "00200011") },
     { label: "Modality", cell: (s) => value(s, "00080060") },
     { label: "Description", cell: (s) => value(s, "0008103E") },
-    { label: "Instances", num: true, cell: (s) => value(s, "00201209") },
+    { label: "Instances", num: true, cell: (s) => (of(s) ? arrivedOf(of(s).instances, of(s).declared) : value(s, "00201209")) },
+    { label: "Size", num: true, cell: (s) => (of(s) ? size(of(s).bytes) : "") },
+    { label: "Source", cell: (s) => (of(s) ? sources(of(s).sources) : "") },
     { label: "Series date", cell: (s) => fmtDate(value(s, "00080021")) },
     { label: "Series UID", cell: (s) => el("code", {}, value(s, "0020000E")) },
     { label: "Download", cell: (s) => downloadButton(dw(`/studies/${uid}/series/${value(s, "0020000E")}/archive`),
       `series-${value(s, "0020000E")}.zip`, "ZIP", `Download series ${value(s, "00200011")} (ZIP with DICOMDIR)`) },
   ], series);
+}
+
+/* what arrived of the study, from where, against what its senders declared (docs/notes/sources.md):
+ * GET /admin/studies/{study}/arrivals, once per page (the series table and the section share it) */
+const arrivalsOf = new Map();
+function studyArrivals(uid) {
+  if (!arrivalsOf.has(uid)) arrivalsOf.set(uid, json(`/admin/studies/${uid}/arrivals`));
+  const p = arrivalsOf.get(uid);
+  p.catch(() => arrivalsOf.delete(uid));
+  return p.catch(() => null);  // (the series table without them: another scope, or no such study)
+}
+const size = (n) => el("span", { title: `${n} bytes`, "data-bytes": n }, bytes(n));
+function sourceName(src) {
+  if (src.startsWith("dimse:")) return `C-STORE from ${src.slice(6)}`;
+  if (src.startsWith("stow:")) return `STOW-RS by ${src.slice(5)}`;
+  return src === "import" ? "import (command line)" : src || "not known";
+}
+const sources = (m) => Object.entries(m).map(([src, n]) => `${sourceName(src)} (${n})`).join(", ");
+function arrivedOf(n, declared) {
+  if (declared === null || declared === undefined) return String(n);
+  return el("span", { class: n < declared ? "bad" : "ok" }, `${n} of declared ${declared}`);
+}
+
+async function arrivals(uid) {
+  arrivalsOf.delete(uid);  // (fresh: the series table asked a moment ago)
+  const doc = await json(`/admin/studies/${uid}/arrivals`);
+  arrivalsOf.set(uid, Promise.resolve(doc));
+  const facts = el("dl", { class: "facts", id: "arrival-facts" },
+    el("dt", {}, "Received"), el("dd", {}, doc.received ? `${doc.received.first} to ${doc.received.latest}` : "not known"),
+    el("dt", {}, "Instances"), el("dd", { id: "arrival-count" }, arrivedOf(doc.instances, doc.declared),
+      doc.declared === null ? " (no instance declares Number of Study Related Instances)" : " (Number of Study Related Instances its instances declare)"),
+    el("dt", {}, "Size"), el("dd", { id: "arrival-size" }, size(doc.bytes)),
+    el("dt", {}, "Sources"), el("dd", { id: "arrival-sources" }, sources(doc.sources)));
+  if (!doc.commitments.length) return [facts, el("p", { class: "muted" }, "No storage commitment request named its instances.")];
+  return [facts, table("Storage commitment requests that named its instances (what the sender declared it sent)", [
+    { label: "Requested", cell: (c) => c.time },
+    { label: "By (AE title)", cell: (c) => c.requester },
+    { label: "Arrived", cell: (c) => [arrivedOf(c.arrived, c.declared), c.in_study !== c.arrived ? ` (${c.in_study} in this study)` : ""] },
+    { label: "Missing", cell: (c) => (c.missing_count ? el("ul", { class: "missing" }, c.missing.slice(0, 20).map((m) => el("li", {}, el("code", {}, m.sop))),
+      c.missing_count > 20 ? el("li", {}, `and ${c.missing_count - 20} more`) : null) : "none") },
+    { label: "Transaction UID", cell: (c) => el("code", {}, c.transaction) },
+  ], doc.commitments)];
 }
 
 /* ZIP downloads (docs/downloads.md): fetched with the page's credentials (a plain link cannot send
@@ -624,7 +740,7 @@ async function versionList(uid) {
   ], rows);
 }
 
-async function history(uid) {
+async function changeHistory(uid) {  // not "history": that would replace window.history
   const latest = await json(dw("/changefeed/latest?includemetadata=false"));
   if (!latest) return el("p", {}, "The change log is empty.");
   const last = latest.Sequence;
@@ -726,5 +842,4 @@ async function route() {
 }
 
 window.addEventListener("hashchange", () => { route(); view.focus(); });
-showWho();
-route();
+oidcCallback().catch((e) => say(String(e.message || e), true)).finally(() => { showWho(); route(); });
