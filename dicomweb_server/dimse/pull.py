@@ -1,7 +1,8 @@
 """Pull studies from another PACS: the Query/Retrieve SCU (PS3.4 Annex C) as a job.
 
-``dicomweb-server pull --from AE --query KEY=VALUE... [STUDY...]`` and ``POST /admin/pull``
-run :func:`run` (the job kind ``pull``, dicomweb_server/jobs): the remote is a peer of the
+``dicomweb-server pull --from AE --query KEY=VALUE... [STUDY...]`` (in its own process) and
+``POST /admin/pull`` (api/admin.py: a durable job of jobs/runner.py, ``GET /jobs/{id}``) run
+:func:`run` (the job kind ``pull``, dicomweb_server/jobs): the remote is a peer of the
 peers file (dimse/peers.py: its ``host``, ``port``, ``tls`` and ``retrieve_method``).
 
 1. C-FIND, Study Root, Query/Retrieve Level STUDY (PS3.4 C.4.1, C.6.2): the query's keys
@@ -134,6 +135,20 @@ def check_params(params: dict) -> tuple[str, dict[str, str], list[str], bool]:
     if not isinstance(skip, bool):
         raise JobError('"skip_complete": true or false')
     return source.strip(), query, studies, skip
+
+
+def request_params(body: object, settings) -> dict:
+    """The parameters of a pull job from a ``POST /admin/pull`` body (``{"from": AE, "query":
+    {keyword: value}, "studies": [UIDs], "skip_complete": bool}``), checked now (the AE title a
+    peer with a port of the peers file): :class:`JobError` for a bad one, before anything is
+    queued."""
+    if not isinstance(body, dict):
+        raise JobError('the body must be a JSON object: {"from": AE, "query": {...}, "studies": [...]}')
+    if unknown := set(body) - {"from", "query", "studies", "skip_complete"}:
+        raise JobError(f"unknown member(s): {', '.join(sorted(unknown))}")
+    source, query, studies, skip = check_params(body)
+    peer_of(settings, source)
+    return {"from": source, "query": query, "studies": studies, "skip_complete": skip}
 
 
 def peer_of(settings, source: str) -> Peer:

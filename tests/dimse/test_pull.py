@@ -329,6 +329,64 @@ def test_parameters_refused(params, message):
                          "studies": ["1.2"]}) == ("ORTHANC", {"PatientID": "1"}, ["1.2", "1.3"], False)
 
 
+def test_post_admin_pull_is_a_durable_job(tmp_path, orthanc):
+    """``POST /admin/pull`` (admin scope) queues a pull job: 202 with the job and its Location,
+    ``GET /jobs/{id}`` until done: the counts and the instances as on Orthanc. With
+    authentication configured Orthanc's C-MOVE sub-operations need its peers entry's write
+    scope (they arrive as C-STOREs from Orthanc). A body naming no peer is 400; a pull whose
+    studies are all missing on Orthanc ends failed, with the reason."""
+    keys = {"admin-key": ["read", "write", "admin"], "writer-key": ["read", "write"]}
+    peers = tmp_path / "peers.toml"
+    peers.write_text(f'[ORTHANC]\nhost = "127.0.0.1"\nport = {orthanc.dicom_port}\nscopes = ["write"]\n')
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True, ae_title="HTTPPULL",
+                     dimse_peers_file=peers, api_keys=keys).start()
+    knows(orthanc, "HTTPPULL", port)
+    mine = studies("PULLHTTP", [2, 1])
+    flat = [d for s in mine for d in s]
+    load(orthanc, flat)
+    admin, writer = ({"Authorization": f"Bearer {k}"} for k in keys)
+
+    def job_of(body: dict) -> dict:
+        r = httpx.post(f"{srv.url}/admin/pull", json=body, headers=admin, timeout=30)
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert (r.headers["Location"], job["kind"]) == (f"/jobs/{job['id']}", "pull")
+        deadline = time.monotonic() + 60
+        while job["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.1)
+            job = httpx.get(f"{srv.url}/jobs/{job['id']}", headers=admin, timeout=30).json()
+        return job
+
+    try:
+        body = {"from": "ORTHANC", "query": {"PatientID": "PULLHTTP"}}
+        r = httpx.post(f"{srv.url}/admin/pull", json=body, headers=writer, timeout=30)
+        assert r.status_code == 403 and "lack the 'admin' scope" in r.text
+        r = httpx.post(f"{srv.url}/admin/pull", json={**body, "from": "NOPE"}, headers=admin, timeout=30)
+        assert r.status_code == 400 and "'NOPE' is not in the peers file" in r.text
+        r = httpx.post(f"{srv.url}/admin/pull", json={**body, "query": {"PatientKey": "1"}}, headers=admin,
+                       timeout=30)
+        assert r.status_code == 400 and "'PatientKey' is not a DICOM keyword" in r.text
+
+        job = job_of(body)
+        assert job["state"] == "done", job
+        assert job["params"] == {"from": "ORTHANC", "query": {"PatientID": "PULLHTTP"}, "studies": [],
+                                 "skip_complete": False}
+        assert job["progress"] == {"total": 2, "done": 2, "failed": 0, "skipped": 0, "detail": {
+            "instances": {"completed": 3, "failed": 0, "warning": 0}, "failures": {}}}
+        assert (job["result"]["pulled"], job["result"]["method"]) == (2, "C-MOVE")
+        assert stored(srv.archive, flat) == expected(flat)
+
+        missing = generate_uid()
+        job = job_of({"from": "ORTHANC", "studies": [missing]})
+        assert job["state"] == "failed", job
+        assert job["error"] == "no study pulled from ORTHANC: 1 failed (not found on ORTHANC)"
+        assert job["progress"]["detail"]["failures"] == {missing: "not found on ORTHANC"}
+    finally:
+        srv.stop()
+
+
 def test_sigkill_mid_pull_then_resume(live, orthanc, tmp_path):
     """The pull process SIGKILLed after its first studies, the same command with the same
     --resume file goes on: every study pulled once, the counts exactly the instances (the
