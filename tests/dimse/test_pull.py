@@ -425,3 +425,56 @@ def test_sigkill_mid_pull_then_resume(live, orthanc, tmp_path):
     assert stored(live.archive, flat) == expected(flat)
     uids = {str(s[0].StudyInstanceUID) for s in mine}
     assert sum(len(live.archive.index.instances(u)) for u in uids) == 48  # each instance once
+
+
+def test_a_sigkilled_job_runner_resumes_the_pull(tmp_path, orthanc):
+    """The durable path: a pull job run by a job runner in its own process
+    (tests/jobs/runner_process.py), SIGKILLed after its first studies; the next runner (this
+    process: it frees the dead process's lease at start) resumes the job from its checkpoint:
+    done, 12 studies and 48 instances counted once, each instance stored once. The listener
+    receiving the C-MOVEs runs in this process throughout."""
+    from dicomweb_server.jobs.runner import Runner
+    from dicomweb_server.routing import open_outbox
+    from tests.routing.conftest import wait_for
+
+    peers = peers_file(tmp_path, orthanc)
+    settings = Settings(data_dir=tmp_path / "data", index="sqlite", ae_title="RUNKILL", dimse_peers_file=peers)
+    archive = Archive.open(settings)
+    server = DimseServer(archive)
+    knows(orthanc, "RUNKILL", server.start(host="127.0.0.1", port=0))
+    mine = studies("PULLRUNKILL", [4] * 12, rows=64)
+    flat = [d for s in mine for d in s]
+    load(orthanc, flat)
+    outbox = open_outbox(settings, archive.committer.writer)
+    runner = Runner(archive, outbox, retry=0.05, poll=0.05)
+    env = {**os.environ, "DICOMWEB_AE_TITLE": "RUNKILL", "DICOMWEB_DIMSE_PEERS_FILE": str(peers),
+           "DICOMWEB_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.jobs.runner_process", str(settings.data_dir), "sqlite"],
+                            env=env, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        job_id = runner.submit("pull", {"from": "ORTHANC", "query": {"PatientID": "PULLRUNKILL"}, "studies": [],
+                                        "skip_complete": False})
+        wait_for(lambda: (runner.store.get(job_id)["progress"] or {}).get("done", 0) >= 2, 60,
+                 "the child to pull two studies")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        killed_at = runner.store.get(job_id)["progress"]["done"]
+        assert killed_at < 12, "the pull ended before it could be killed"
+        runner.start()
+        job = wait_for(lambda: (j := runner.store.get(job_id))["state"] in ("done", "failed") and j, 120,
+                       "the job to end")
+        assert stored(archive, flat) == expected(flat)
+        assert sum(len(archive.index.instances(str(s[0].StudyInstanceUID))) for s in mine) == 48
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        runner.stop()
+        outbox.close()
+        server.stop(grace=1)
+        archive.close()
+    assert (job["state"], job["attempts"]) == ("done", 2), job
+    assert job["progress"] == {"total": 12, "done": 12, "failed": 0, "skipped": 0, "detail": {
+        "instances": {"completed": 48, "failed": 0, "warning": 0}, "failures": {}}}
