@@ -6,6 +6,7 @@
     dicomweb-server check [--repair] [--grace SECONDS]
     dicomweb-server queue [--retry-failed] [--json]       (routing: forwards owed per destination)
     dicomweb-server export --routes FILE --to DEST STUDY [SERIES [SOP]]
+    dicomweb-server pull --from AE [--query KEY=VALUE]... [STUDY]... [--resume FILE]
     dicomweb-server migrate --database-url postgresql://user@host:port/db
     dicomweb-server --help | --version
 
@@ -728,9 +729,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(pur)
     pur.set_defaults(func=_purge)
 
+    from .dimse import pull_cli
     from .policy.retention_cli import add_parser as add_retention_parser
 
     add_retention_parser(sub, _add_settings_args, _retention)
+    pull_cli.add_parser(sub, _add_settings_args, _settings, _existing_archive, _open_archive)
 
     upd = sub.add_parser("update", help="change Patient/Study (or, with --series, Series) attributes of a stored "
                                         "study: every instance gets a new version (lifecycle/update.py)")

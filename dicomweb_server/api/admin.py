@@ -1,7 +1,8 @@
 """Operations endpoints outside the DICOMweb prefix: the routing queue, manual
 export to a destination (both need the ``write`` scope, see api/auth.py), a
 de-identification project's pseudonym table (``admin`` scope: it re-identifies
-patients; deid/pseudonyms.py) and the Prometheus metrics (``/metrics``)."""
+patients; deid/pseudonyms.py), a pull from another PACS (``admin`` scope: a job,
+dimse/pull.py) and the Prometheus metrics (``/metrics``)."""
 
 from __future__ import annotations
 
@@ -140,6 +141,27 @@ async def add_pseudonyms(archive: ArchiveDep, project: str, request: Request) ->
     except (UnicodeDecodeError, PseudonymError) as e:
         raise DICOMwebHTTPError(400, str(e)) from None
     return _json({"project": project, "added": n})
+
+
+@router.post("/admin/pull", status_code=202, summary="Pull studies from another PACS (a job)")
+async def pull(request: Request, archive: ArchiveDep) -> Response:
+    """Body: ``{"from": "ORTHANC", "query": {"PatientID": "123"}, "studies": [...],
+    "skip_complete": false}``: a ``pull`` job (dimse/pull.py: C-FIND on that peer of the peers
+    file, then C-MOVE of each study to this archive's AE title, or C-GET), ``202`` with the job
+    once durably queued; ``GET /jobs/{id}`` follows it. ``400`` for a bad body or an AE title
+    that is not a peer with a port. Needs the ``admin`` scope (api/auth.py)."""
+    from ..dimse.pull import request_params
+    from ..jobs import JobError
+    from .jobs import accepted
+
+    raw = await read_body(request, 1024 * 1024, "a pull request")
+    try:
+        params = await run_in_threadpool(request_params, orjson.loads(raw), archive.settings)  # reads the peers file
+    except orjson.JSONDecodeError as e:
+        raise DICOMwebHTTPError(400, f"the body is not JSON: {e}") from None
+    except JobError as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
+    return await accepted(request, "pull", params)
 
 
 @router.get("/metrics", summary="Prometheus metrics")

@@ -30,7 +30,8 @@ acknowledged means owed, whatever happens next (a crash, a restart). The listene
 - otherwise on a new association to the requester, from the peers file (dimse/peers.py:
   its ``host`` and ``port``), on which the archive is the association requestor in the
   SCP role of the SOP Class (SCP/SCU Role Selection, PS3.7 D.3.3.4: SCU-role 0,
-  SCP-role 1), as Orthanc and dcm4chee do;
+  SCP-role 1), as Orthanc and dcm4chee do; over DICOM TLS when the peer says ``tls = true``
+  (PS3.15 Annex B, :mod:`.tls`);
 - a report the requester does not take (unreachable, refused, no Success status) is
   tried again later: ``dimse_commitment_retry`` seconds, doubled each attempt (at most
   60 times that), until ``dimse_commitment_max_attempts``; then it is a dead letter of
@@ -55,6 +56,7 @@ from pynetdicom.sop_class import StorageCommitmentPushModel, StorageCommitmentPu
 from ..routing.outbox import Outbox, Row, Settlement
 from ..store.base import Index
 from . import status as S
+from . import tls
 from .peers import Peer
 
 log = logging.getLogger("dicomweb_server.dimse")
@@ -298,9 +300,11 @@ class Reporter:
         ae.network_timeout = self.network_timeout
         ae.add_requested_context(StorageCommitmentPushModel)
         try:
-            # the archive requests the association in the SCP role of the SOP class (PS3.4 J.3.3)
+            # the archive requests the association in the SCP role of the SOP class (PS3.4 J.3.3),
+            # over DICOM TLS to a peer with tls = true (PS3.15 Annex B)
             assoc = ae.associate(peer.host, peer.port, ae_title=peer.ae_title,
-                                 ext_neg=[build_role(StorageCommitmentPushModel, scp_role=True)])
+                                 ext_neg=[build_role(StorageCommitmentPushModel, scp_role=True)],
+                                 tls_args=tls.tls_args(peer.tls, peer.host))
         except Exception as e:  # noqa: BLE001 - e.g. the host does not resolve
             return f"cannot associate with {requester} at {peer.host}:{peer.port}: {e}"
         if not assoc.is_established:

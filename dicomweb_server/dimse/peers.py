@@ -12,6 +12,10 @@ table per AE title: ``[STORESCP]`` ``host = "10.0.0.5"`` ``port = 104`` ``scopes
 - ``tls`` (optional, default false): a C-MOVE to it connects over DICOM TLS (PS3.15 Annex B,
   :mod:`.tls`), its certificate checked against ``tls_ca_file`` (default: the system's CAs)
   and its ``host``; ``tls_cert_file`` and ``tls_key_file``: this archive's client certificate.
+- ``retrieve_method`` (optional, default ``"C-MOVE"``): how this archive pulls studies from
+  the peer (dimse/pull.py): ``"C-MOVE"`` (the peer sends them to this archive's AE title on
+  an association of its own: it must know that AE title as a move destination) or
+  ``"C-GET"`` (the peer sends them on the pull's association, PS3.4 C.4.3).
 
 Each AE title must be a PS3.5 AE value (1-16 characters, no backslash or control characters,
 not all spaces), each host a host name or IP address, each port 1-65535: anything else is
@@ -30,6 +34,8 @@ from .tls import TlsClient, TlsError, parse_client
 
 #: the scopes a peer may hold (the HTTP scopes, api/auth.py, that mean something over DIMSE)
 PEER_SCOPES = ("read", "write")
+#: how studies are pulled from a peer (PS3.4 C.4.2 C-MOVE, C.4.3 C-GET)
+RETRIEVE_METHODS = ("C-MOVE", "C-GET")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,7 @@ class Peer:
     port: int | None
     scopes: frozenset[str] = field(default_factory=frozenset)
     tls: TlsClient | None = None  # DICOM TLS to this peer (PS3.15 Annex B), None: plain TCP
+    retrieve_method: str = "C-MOVE"  # how a pull retrieves from this peer (RETRIEVE_METHODS)
 
 
 class PeersError(ValueError):
@@ -78,5 +85,9 @@ def load_peers(path: Path | None) -> dict[str, Peer]:
             tls = parse_client(entry)
         except TlsError as e:
             raise PeersError(f"peers file {path}: {ae!r}: {e}") from None
-        peers[ae.strip()] = Peer(ae.strip(), entry["host"].strip(), port, frozenset(scopes), tls)
+        method = entry.get("retrieve_method", "C-MOVE")
+        if method not in RETRIEVE_METHODS:
+            raise PeersError(f"peers file {path}: {ae!r}: retrieve_method must be "
+                             f"{' or '.join(repr(m) for m in RETRIEVE_METHODS)}, not {method!r}")
+        peers[ae.strip()] = Peer(ae.strip(), entry["host"].strip(), port, frozenset(scopes), tls, method)
     return peers

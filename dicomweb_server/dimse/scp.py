@@ -342,6 +342,35 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
 _status = S.dataset
 
 
+def store_received(archive: Archive, request, path: Path, source_ae: str, transfer_syntax: str | None,
+                   access: Access) -> int | object:
+    """Store one received C-STORE data set, a PS3.10 file in the spool folder (the file meta
+    written on receipt, with the Source AE Title slot), through :meth:`Archive.store`: the
+    C-STORE-RSP status (PS3.4 B.2.3). The listener's C-STORE SCP and the C-STORE
+    sub-operations of a C-GET this archive requested (dimse/pull.py) both store here: one
+    write path. ``source_ae``: the AE that sent it (PS3.10 §7.1 Source AE Title)."""
+    try:
+        mismatch = _fill_source_ae_and_check(request, path, source_ae, transfer_syntax)
+        if mismatch:
+            path.unlink(missing_ok=True)
+            log.warning("C-STORE from %s refused: %s", source_ae, mismatch)
+            return _status(S.STORE_DATASET_MISMATCH, mismatch)
+        part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
+        outcome = archive.store([part], access=access, source=source_of_dimse(source_ae))
+    except Exception as e:  # never a dead association thread: a failure status instead
+        log.exception("C-STORE failed")
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return _status(S.PROCESSING_FAILURE, f"processing failure: {e}")
+    if outcome.stored:
+        return S.SUCCESS
+    failed = outcome.failed[0]
+    log.warning("C-STORE from %s failed: %s", source_ae, failed.message)
+    return _status(S.store_status(failed.reason), failed.message)
+
+
 class DimseServer(RetrieveSCP):
     """The listener of one archive; :meth:`start` returns once it accepts associations."""
 
@@ -570,29 +599,8 @@ class DimseServer(RetrieveSCP):
         if getattr(event.request, "_dataset_path", None) is None:
             # Command Data Set Type 0x0101: a C-STORE-RQ without the data set it must carry (PS3.7 §9.3.1.1)
             return _status(S.STORE_CANNOT_UNDERSTAND, "C-STORE-RQ without a data set")
-        path = Path(event.dataset_path)
-        try:
-            mismatch = _fill_source_ae_and_check(event.request, path, event.assoc.requestor.ae_title,
-                                                 event.context.transfer_syntax)
-            if mismatch:
-                path.unlink(missing_ok=True)
-                log.warning("C-STORE from %s refused: %s", event.assoc.requestor.ae_title, mismatch)
-                return _status(S.STORE_DATASET_MISMATCH, mismatch)
-            part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
-            outcome = self.archive.store([part], access=self._access(event),
-                                         source=source_of_dimse(event.assoc.requestor.ae_title))
-        except Exception as e:  # never a dead association thread: a failure status instead
-            log.exception("C-STORE failed")
-            try:
-                path.unlink()
-            except OSError:
-                pass
-            return _status(S.PROCESSING_FAILURE, f"processing failure: {e}")
-        if outcome.stored:
-            return S.SUCCESS
-        failed = outcome.failed[0]
-        log.warning("C-STORE from %s failed: %s", event.assoc.requestor.ae_title, failed.message)
-        return _status(S.store_status(failed.reason), failed.message)
+        return store_received(self.archive, event.request, Path(event.dataset_path), event.assoc.requestor.ae_title,
+                              event.context.transfer_syntax, self._access(event))
 
     # --- C-FIND (PS3.4 C.4.1) -------------------------------------------------------------
 

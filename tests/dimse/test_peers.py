@@ -26,11 +26,20 @@ def test_scopes_and_an_optional_port(tmp_path):
                              "WS": Peer("WS", "ws.example", 11112, frozenset({"read", "write"}))}
 
 
+def test_retrieve_method(tmp_path):
+    """How a pull retrieves from the peer (dimse/pull.py): C-MOVE unless it says C-GET."""
+    p = tmp_path / "peers.toml"
+    p.write_text('[PACS]\nhost = "10.0.0.5"\nport = 104\nretrieve_method = "C-GET"\n[OTHER]\nhost = "h"\nport = 1\n')
+    assert [(peer.ae_title, peer.retrieve_method) for peer in load_peers(p).values()] == [("PACS", "C-GET"),
+                                                                                         ("OTHER", "C-MOVE")]
+
+
 @pytest.mark.parametrize("text", ['{"A": {"port": 104}}', '{"A": {"host": "h", "port": 0}}', "[1]", "{",
                                   '{"A": {"host": "h", "port": "104"}}', '{"A": {"host": "", "port": 104}}',
                                   '{"A": {"host": "h", "scopes": ["delete"]}}',
                                   '{"A": {"host": "h", "scopes": "read"}}',
-                                  '{"WAYTOOLONGAETITLE17": {"host": "h", "port": 104}}'])
+                                  '{"WAYTOOLONGAETITLE17": {"host": "h", "port": 104}}',
+                                  '{"A": {"host": "h", "port": 104, "retrieve_method": "C-FIND"}}'])
 def test_malformed(tmp_path, text):
     p = tmp_path / "peers.json"
     p.write_text(text)

@@ -1,5 +1,6 @@
 """DICOM TLS (PS3.15 Annex B; dicomweb_server/dimse/tls.py): the TLS listener port beside
-the plain one, and TLS on the SCU side (a routing C-STORE destination).
+the plain one, and TLS on the SCU side (a routing C-STORE destination, a C-MOVE destination,
+a storage commitment report on a new association, a pull).
 
 A CA, a server certificate (for 127.0.0.1) and a client certificate are made at test time
 with ``cryptography``; pynetdicom and DCMTK's ``storescu +tls`` are the clients."""
@@ -16,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pydicom
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -267,6 +269,17 @@ def test_both_ports_share_the_association_slots(listener, pki):
 
 # --- the SCU side: routing C-STORE destinations and C-MOVE destinations ------------------------
 
+def _tls_only_server(pki) -> ssl.SSLContext:
+    """A peer's TLS listener context: the test CA's server certificate, client certificates required."""
+    cert, key = pki["server"]
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(pki["ca"])
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
 @pytest.fixture
 def tls_storage_scp(pki):
     """A pynetdicom Storage SCP "PACS" listening with TLS only (the test CA's server
@@ -281,12 +294,7 @@ def tls_storage_scp(pki):
         received[ds.SOPInstanceUID] = _data_set_bytes(to_bytes(ds))
         return 0x0000
 
-    cert, key = pki["server"]
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    ctx.load_verify_locations(pki["ca"])
-    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx = _tls_only_server(pki)
     ae = AE(ae_title="PACS")
     ae.add_supported_context(CTImageStorage, U.ExplicitVRLittleEndian)  # as stored: the same bytes back
     ae.add_supported_context(Verification)
@@ -426,3 +434,92 @@ def test_serve_refuses_a_certificate_that_does_not_load(tmp_path, pki):
         capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert f"--dimse-tls-port: TLS certificate {key}, key {key}: " in proc.stderr
+
+
+def test_commitment_report_on_a_new_tls_association(tmp_path, pki):
+    """Storage commitment (PS3.4 J.3.3): the requester (pynetdicom) releases its association at
+    once and listens for the report with TLS only, client certificates required; its peers
+    entry says tls = true: the N-EVENT-REPORT comes on a new association over TLS (the
+    archive's client certificate), Event Type 1. Before, that association was plain TCP: the
+    handshake never happened and the report was retried until it died."""
+    import threading
+
+    from pydicom.dataset import Dataset
+    from pynetdicom import evt
+    from pynetdicom.sop_class import StorageCommitmentPushModel, StorageCommitmentPushModelInstance
+
+    from dicomweb_server.dimse.commitment import REQUEST_STORAGE_COMMITMENT
+
+    reports: list = []
+    arrived = threading.Event()
+
+    def on_report(event):
+        sock = event.assoc.dul.socket.socket
+        reports.append((event.event_type, event.event_information, isinstance(sock, ssl.SSLSocket)))
+        arrived.set()
+        return 0x0000, None
+
+    modality = AE(ae_title="MODALITY")
+    modality.add_supported_context(StorageCommitmentPushModel, scu_role=False, scp_role=True)
+    scp = modality.start_server(("127.0.0.1", 0), block=False, ssl_context=_tls_only_server(pki),
+                                evt_handlers=[(evt.EVT_N_EVENT_REPORT, on_report)])
+    peers = tmp_path / "peers.toml"
+    peers.write_text(f'[MODALITY]\nhost = "127.0.0.1"\nport = {scp.server_address[1]}\n{_tls_fields(pki).replace(", ", chr(10))}\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="memory", dimse_peers_file=peers,
+                                    dimse_commitment_retry=0.2))
+    server = DimseServer(archive)
+    port = server.start(host="127.0.0.1", port=0)
+    try:
+        ds = make_dataset(rows=8, columns=8, PatientID="COMMITTLS")
+        ae = AE(ae_title="MODALITY")
+        ae.add_requested_context(CTImageStorage, U.ExplicitVRLittleEndian)
+        ae.add_requested_context(StorageCommitmentPushModel)
+        assoc = ae.associate("127.0.0.1", port, ae_title="DICOMWEB")
+        assert assoc.send_c_store(ds).Status == S.SUCCESS
+        request = Dataset()
+        request.TransactionUID = "1.2.3.4.5"
+        item = Dataset()
+        item.ReferencedSOPClassUID = ds.SOPClassUID
+        item.ReferencedSOPInstanceUID = ds.SOPInstanceUID
+        request.ReferencedSOPSequence = [item]
+        status, _ = assoc.send_n_action(request, REQUEST_STORAGE_COMMITMENT, StorageCommitmentPushModel,
+                                        StorageCommitmentPushModelInstance)
+        assert status.Status == S.SUCCESS
+        assoc.release()  # at once: the report goes on a new association
+        assert arrived.wait(20), "no N-EVENT-REPORT over TLS"
+    finally:
+        server.stop(grace=1)
+        archive.close()
+        scp.shutdown()
+    [(event_type, info, over_tls)] = reports
+    assert (event_type, over_tls, info.TransactionUID) == (1, True, "1.2.3.4.5")
+    assert [str(i.ReferencedSOPInstanceUID) for i in info.ReferencedSOPSequence] == [str(ds.SOPInstanceUID)]
+
+
+def test_pull_over_tls(tmp_path, pki, listener):
+    """A pull (dimse/pull.py) from a remote that speaks TLS only and requires a client
+    certificate (this project's listener): the C-FIND and the C-GET go over TLS with the
+    archive's client certificate, the study arrives byte for byte (pixel data SHA-256)."""
+    from dicomweb_server.jobs import run_inline
+
+    remote = listener(dimse_tls_require_client_cert=True)
+    datasets = [make_dataset(rows=32, columns=32, PatientID="PULLTLS") for _ in range(2)]
+    for ds in datasets:
+        assoc = _ae().associate("127.0.0.1", remote.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, True))
+        assert assoc.send_c_store(ds).Status == S.SUCCESS
+        assoc.release()
+    peers = tmp_path / "puller-peers.toml"
+    peers.write_text(f'[DICOMWEB]\nhost = "127.0.0.1"\nport = {remote.tls_port}\nretrieve_method = "C-GET"\n'
+                     + _tls_fields(pki).replace(", ", "\n") + "\n")
+    archive = Archive.open(Settings(data_dir=tmp_path / "puller", index="memory", ae_title="PULLER",
+                                    dimse_peers_file=peers))
+    try:
+        result, _ = run_inline("pull", {"from": "DICOMWEB", "query": {"PatientID": "PULLTLS"}}, archive)
+        got = {}
+        for ds in datasets:
+            loc = archive.index.locate(str(ds.SOPInstanceUID))
+            got[loc.sop_uid] = _digest(pydicom.dcmread(archive.blobs.resolve(loc.path)).PixelData)
+    finally:
+        archive.close()
+    assert (result["pulled"], result["instances"]["completed"], result["failed"]) == (2, 2, 0)  # 2 studies
+    assert got == {str(d.SOPInstanceUID): _digest(d.PixelData) for d in datasets}

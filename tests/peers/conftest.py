@@ -54,12 +54,14 @@ def orthanc_paths() -> tuple[str, str]:
 
 
 class Orthanc(PeerProcess):
-    """One Orthanc process on 127.0.0.1: DICOM port off, no remote access, no authentication."""
+    """One Orthanc process on 127.0.0.1: DICOM port off (unless ``config`` turns it on), no remote
+    access, no authentication."""
 
     name = "Orthanc"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, **config) -> None:
         self.binary, self.plugin = orthanc_paths()
+        self.config = config  # more of Orthanc's settings, e.g. its DICOM port (tests/dimse/test_pull.py)
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/dicom-web"
@@ -77,6 +79,7 @@ class Orthanc(PeerProcess):
             "HttpCompressionEnabled": False,
             "Plugins": [self.plugin],
             "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
+            **self.config,
         }
         cfg = self.folder / "orthanc.json"
         cfg.write_text(json.dumps(config))
