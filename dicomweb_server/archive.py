@@ -416,7 +416,7 @@ class Archive:
         rule = self.routing.routes.store_as_for(rec)  # type: ignore[union-attr]
         if rule is None or part.path is None or rec.transfer_syntax_uid == rule.transfer_syntax:
             return rec
-        new = ingest.compress_spooled(part.path, rule.transfer_syntax, rec.sop_uid)
+        new = ingest.compress_spooled(part.path, rule, rec.sop_uid)
         if new is None:
             return rec
         try:

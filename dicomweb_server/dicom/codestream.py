@@ -28,13 +28,20 @@ RLE Lossless (A.4.2, G.3)    the 64-byte RLE header: segment count = Samples per
 ============================ =====================================================
 
 The module is pure (bytes in, exception or None out) and only reads the header.
+
+:func:`coding_style` reads the JPEG 2000 main header further (COD and TLM marker
+segments, ISO 15444-1 A.6.1 and A.7.1): what an encoder wrote is checked before a
+codestream is stored as HTJ2K Lossless RPCL (PS3.5 A.4.x / 10.18: RPCL progression,
+decompositions down to 64 pixels, TLM present).
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["CodestreamMismatch", "check_frame"]
+from dataclasses import dataclass
+
+__all__ = ["CodestreamMismatch", "CodingStyle", "check_frame", "coding_style"]
 
 JPEG_DCT = ("1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51")
 JPEG_LOSSLESS = ("1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70")
@@ -191,3 +198,57 @@ def _check_rle(frame: bytes | bytearray | memoryview, spp: int, bits_allocated: 
     _compare("RLE header", [("segment count", count, want)])
     if offsets[0] != 64 or any(b <= a for a, b in zip(offsets, offsets[1:])) or offsets[-1] >= len(frame):
         raise CodestreamMismatch(f"the RLE header has invalid segment offsets {list(offsets)}")
+
+
+#: SGcod progression order values (ISO 15444-1 Table A.16)
+PROGRESSION_ORDERS = ("LRCP", "RLCP", "RPCL", "PCRL", "CPRL")
+
+
+@dataclass(frozen=True, slots=True)
+class CodingStyle:
+    """The coding style default (COD) of a JPEG 2000 / HTJ2K main header, and whether
+    it has tile-part lengths (TLM)."""
+
+    progression_order: str  # LRCP, RLCP, RPCL, PCRL or CPRL
+    layers: int
+    multiple_component_transform: bool
+    decompositions: int
+    reversible: bool  # the 5-3 wavelet (ISO 15444-1 Table A.20)
+    tlm: bool
+    precision: tuple[int, ...]  # per component, from SIZ
+
+
+def coding_style(frame: bytes | bytearray | memoryview) -> CodingStyle:
+    """The COD (ISO 15444-1 A.6.1) and TLM (A.7.1) marker segments of the main header
+    of a JPEG 2000 codestream (raw, or in a JP2 file), and the precision of its
+    components (SIZ, A.5.1). Raises CodestreamMismatch when the header has no COD."""
+    data = bytes(frame[:_SCAN_LIMIT])
+    start = _j2k_codestream_start(data)
+    if data[start : start + 4] != b"\xff\x4f\xff\x51":
+        raise CodestreamMismatch("the JPEG 2000 codestream does not start with SOC and SIZ markers")
+    pos, cod, tlm, precision = start + 2, None, False, ()
+    while pos + 4 <= len(data):
+        marker, length = struct.unpack_from(">HH", data, pos)
+        if marker == 0xFF90:  # SOT: the main header ends
+            break
+        body = data[pos + 4 : pos + 2 + length]
+        if marker == 0xFF51 and len(body) >= 36:
+            csiz = struct.unpack_from(">H", body, 34)[0]
+            precision = tuple((body[36 + 3 * i] & 0x7F) + 1 for i in range(csiz) if 36 + 3 * i < len(body))
+        elif marker == 0xFF52 and len(body) >= 10:
+            cod = body
+        elif marker == 0xFF55:
+            tlm = True
+        pos += 2 + length
+    if cod is None:
+        raise CodestreamMismatch("the JPEG 2000 main header has no COD marker segment")
+    order = cod[1]
+    return CodingStyle(
+        progression_order=PROGRESSION_ORDERS[order] if order < len(PROGRESSION_ORDERS) else f"unknown ({order})",
+        layers=struct.unpack_from(">H", cod, 2)[0],
+        multiple_component_transform=bool(cod[4]),
+        decompositions=cod[5],
+        reversible=cod[9] == 1,
+        tlm=tlm,
+        precision=precision,
+    )

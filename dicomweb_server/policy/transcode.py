@@ -13,13 +13,23 @@ JPEG-LS Lossless (.4.80)            pydicom's encoder, pyjpegls (CharLS)
 JPEG 2000 Lossless (.4.90)          pydicom's encoder, pylibjpeg-openjpeg
 RLE Lossless (.5)                   pydicom's encoder (pylibjpeg-rle, or pydicom)
 HTJ2K Lossless (.4.201)             imagecodecs ``htj2k_encode`` (OpenJPH)
+HTJ2K Lossless RPCL (.4.202)        imagecodecs ``htj2k_encode`` (OpenJPH), checked
 JPEG Baseline 8-bit (.4.50), lossy  imagecodecs ``jpeg8_encode`` (libjpeg-turbo)
 JPEG 2000 (.4.91), lossy            pydicom's encoder, pylibjpeg-openjpeg
+HTJ2K (.4.203), lossy               imagecodecs ``htj2k_encode`` (OpenJPH), 9-7 wavelet
 Explicit / Implicit VR LE           :func:`..dicom.pixels.transcode_to_explicit_le`
 =================================== ============================================
 
-HTJ2K with RPCL (.4.202) is not produced: neither encoder here promises the RPCL
-progression order and TLM markers PS3.5 A.4.x asks of it.
+HTJ2K Lossless RPCL (.4.202), PS3.5 10.18 (Table A-4): the progression order is RPCL,
+the number of decompositions brings the lowest resolution to 64 pixels a side or less
+(a thumbnail), and TLM marker segments are present (here with one tile-part per
+resolution, so that the TLM gives the resolution breakpoints). OpenJPH writes RPCL by
+default; the TLM and the decompositions are asked for, and every codestream's COD and
+TLM are read back (:func:`..dicom.codestream.coding_style`) before it is used.
+
+HTJ2K is written without the multiple component transform (also .201), as JPEG 2000 is:
+the samples stay in their colour space and Photometric Interpretation does not change
+(PS3.5 8.2.4 / 8.2.14 ask YBR_RCT or YBR_ICT of a codestream that uses it).
 
 Lossy syntaxes are produced only when the caller names them (:data:`LOSSY_TARGETS`);
 the answer then carries Lossy Image Compression (0028,2110) "01", and the ratio and
@@ -41,7 +51,9 @@ from pydicom.encaps import encapsulate
 from pydicom.uid import (
     UID,
     ExplicitVRLittleEndian,
+    HTJ2K,
     HTJ2KLossless,
+    HTJ2KLosslessRPCL,
     ImplicitVRLittleEndian,
     JPEG2000,
     JPEG2000Lossless,
@@ -51,6 +63,7 @@ from pydicom.uid import (
 )
 
 from ..dicom import decode_worker, pixels
+from ..dicom.codestream import coding_style
 from ..dicom.media_types import UNENCAPSULATED
 from ..dicom.pixel_info import ImageInfo, PixelDataError, UnsupportedTransferSyntax, fix_unused_bits, normalise_ts
 
@@ -80,16 +93,25 @@ class Target:
 
 
 #: lossless compressed syntaxes, in the order C-MOVE proposes them
-LOSSLESS_TARGETS = (JPEGLSLossless, JPEG2000Lossless, HTJ2KLossless, RLELossless)
+LOSSLESS_TARGETS = (JPEGLSLossless, JPEG2000Lossless, HTJ2KLossless, HTJ2KLosslessRPCL, RLELossless)
 #: lossy syntaxes: produced only when named by the client (never for C-GET/C-MOVE)
-LOSSY_TARGETS = (JPEGBaseline8Bit, JPEG2000)
-_METHOD = {JPEGBaseline8Bit: "ISO_10918_1", JPEG2000: "ISO_15444_1"}
+LOSSY_TARGETS = (JPEGBaseline8Bit, JPEG2000, HTJ2K)
+#: Lossy Image Compression Method (0028,2114) defined terms, PS3.3 C.7.6.1.1.5.1
+_METHOD = {JPEGBaseline8Bit: "ISO_10918_1", JPEG2000: "ISO_15444_1", HTJ2K: "ISO_15444_15"}
+_HTJ2K = (HTJ2KLossless, HTJ2KLosslessRPCL, HTJ2K)
 #: encoding plugin preference: GDCM's RLE encoder aborts the process on some sizes
 #: (image_len % MaxNumSegments), so pylibjpeg-rle / pydicom's own go first
 _ENCODER_PREFERENCE = {RLELossless: ("pylibjpeg", "pydicom")}
 #: quality of JPEG Baseline (libjpeg's 0-100 scale) and compression ratio of lossy JPEG 2000
 JPEG_QUALITY = 90
 J2K_RATIO = 10
+#: quantization step of lossy HTJ2K as a fraction of the frame's sample range (max -
+#: min): about 10:1 on a CT, as J2K_RATIO (OpenJPH has no rate control)
+HTJ2K_QSTEP = 0.015
+#: PS3.5 10.18: the lowest resolution of HTJ2K Lossless RPCL is at most this wide and high
+RPCL_THUMBNAIL = 64
+#: OpenJPH's default number of decompositions (kept when it is enough for RPCL_THUMBNAIL)
+_HTJ2K_DECOMPOSITIONS = 5
 
 
 def is_lossy_target(ts: str) -> bool:
@@ -112,7 +134,7 @@ def encodable() -> frozenset[str]:
         import imagecodecs
 
         if imagecodecs.HTJ2K.available:
-            out.add(HTJ2KLossless)
+            out.update(_HTJ2K)
         if imagecodecs.JPEG8.available:
             out.add(JPEGBaseline8Bit)
     except (ImportError, AttributeError):
@@ -178,10 +200,8 @@ def encode_native_frame(native: bytes, desc: dict, target: str) -> tuple[bytes, 
     _check_encodable(desc, target)
     arr = _frame_array(native, desc)
     photometric = desc["PhotometricInterpretation"]
-    if target == HTJ2KLossless:
-        import imagecodecs
-
-        return imagecodecs.htj2k_encode(arr, reversible=True), photometric
+    if target in _HTJ2K:
+        return _htj2k(arr, desc, target), photometric
     if target == JPEGBaseline8Bit:
         import imagecodecs
 
@@ -209,6 +229,41 @@ def encode_native_frame(native: bytes, desc: dict, target: str) -> tuple[bytes, 
     if preferred:
         opts["encoding_plugin"] = preferred[0]
     return encoder.encode(arr, **opts), photometric
+
+
+def rpcl_decompositions(rows: int, columns: int) -> int:
+    """The decompositions HTJ2K Lossless RPCL needs (PS3.5 10.18): enough for the
+    lowest resolution to be RPCL_THUMBNAIL pixels or less on each side; OpenJPH's
+    default 5 when that is enough."""
+    d = _HTJ2K_DECOMPOSITIONS
+    while max(rows, columns) > RPCL_THUMBNAIL << d:
+        d += 1
+    return d
+
+
+def _htj2k(arr: np.ndarray, desc: dict, target: str) -> bytes:
+    """An HTJ2K codestream (OpenJPH through imagecodecs) of one frame, no colour
+    transform. For .202 the COD and TLM written are checked (PS3.5 10.18)."""
+    import imagecodecs
+
+    if target == HTJ2K:
+        # OpenJPH's step is a fraction of 2^precision, and imagecodecs declares the
+        # precision of the sample type (16 for 12 bits stored): the step is made
+        # HTJ2K_QSTEP of the frame's own range
+        span = max(1, int(arr.max()) - int(arr.min())) if arr.size else 1
+        qstep = max(HTJ2K_QSTEP * span / (1 << (arr.dtype.itemsize * 8)), 1e-5)
+        return imagecodecs.htj2k_encode(arr, level=qstep, reversible=False, rgb=False)
+    if target == HTJ2KLossless:
+        return imagecodecs.htj2k_encode(arr, reversible=True, rgb=False)
+    decompositions = rpcl_decompositions(desc["Rows"], desc["Columns"])
+    data = imagecodecs.htj2k_encode(arr, reversible=True, rgb=False, tlm=True, resolutions=decompositions,
+                                    tilepart=imagecodecs.HTJ2K.TILEPART.RESOLUTIONS)
+    style = coding_style(data)
+    if (style.progression_order, style.tlm, style.decompositions, style.reversible) != \
+            ("RPCL", True, decompositions, True):
+        raise PixelDataError(f"the HTJ2K encoder wrote {style}, not the RPCL progression order, TLM and "
+                             f"{decompositions} decompositions that HTJ2K Lossless RPCL needs")
+    return data
 
 
 #: pylibjpeg-openjpeg always makes 6 DWT resolutions, which needs 2^5 pixels a side

@@ -31,7 +31,10 @@
     [[store_as]]        # optional: compress on ingest, first matching rule wins (policy/ingest.py)
     name = "CT lossless"
     match = { Modality = "CT" }     # QIDO-RS matching keys, as for [[rules]]
-    store_as = "jpeg-ls-lossless"   # or "j2k-lossless", "rle-lossless"
+    store_as = "jpeg-ls-lossless"   # or "j2k-lossless", "htj2k-lossless", "htj2k-rpcl-lossless",
+                                    # "rle-lossless"; lossy only with lossy = true:
+                                    # "j2k-lossy", "htj2k-lossy", "jpeg-baseline" (a new SOP
+                                    # Instance UID, PS3.3 C.7.6.1.1.5: policy/ingest.py)
 
 A rule's ``match`` holds QIDO-RS matching keys (PS3.18 §8.3.4, PS3.4 C.2.2.2) and is
 parsed by the same :func:`dicom.matching.parse_query` as a search for instances, then
@@ -122,6 +125,7 @@ class StoreAs:
     name: str
     alternatives: tuple[tuple[Match, ...], ...]
     transfer_syntax: str
+    lossy: bool = False  # a lossy syntax, which the rule had to ask for with ``lossy = true``
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
@@ -457,24 +461,41 @@ def match_alternatives(match: object) -> tuple[tuple[Match, ...], ...]:
     return tuple(alternatives)
 
 
-#: ``store_as`` values -> transfer syntax (lossless only: policy/ingest.py verifies each)
+#: ``store_as`` values -> transfer syntax (lossless: policy/ingest.py verifies each)
 STORE_AS = {
     "jpeg-ls-lossless": "1.2.840.10008.1.2.4.80",
     "j2k-lossless": "1.2.840.10008.1.2.4.90",
+    "htj2k-lossless": "1.2.840.10008.1.2.4.201",
+    "htj2k-rpcl-lossless": "1.2.840.10008.1.2.4.202",  # progressive (PS3.5 10.18)
     "rle-lossless": "1.2.840.10008.1.2.5",
+}
+#: lossy ``store_as`` values: only in a rule that also says ``lossy = true`` (never a
+#: default); the stored image is a new, derived one (PS3.3 C.7.6.1.1.5: policy/ingest.py)
+LOSSY_STORE_AS = {
+    "j2k-lossy": "1.2.840.10008.1.2.4.91",
+    "htj2k-lossy": "1.2.840.10008.1.2.4.203",
+    "jpeg-baseline": "1.2.840.10008.1.2.4.50",
 }
 
 
 def _store_as(r: dict, i: int, fail) -> StoreAs:
-    name = _named(r, "store_as", i, ("name", "match", "store_as"), f"store_as {i + 1}", fail)
-    value = r.get("store_as")
-    if value not in STORE_AS:
-        raise fail("store_as", i, "store_as", f"one of {', '.join(STORE_AS)} is required")
+    name = _named(r, "store_as", i, ("name", "match", "store_as", "lossy"), f"store_as {i + 1}", fail)
+    value, lossy = r.get("store_as"), r.get("lossy", False)
+    if not isinstance(lossy, bool):
+        raise fail("store_as", i, "lossy", "true or false is required")
+    if value in LOSSY_STORE_AS and not lossy:
+        raise fail("store_as", i, "store_as", f"{value!r} is lossy: the rule must also say lossy = true "
+                   "(the stored image is then a new, derived instance with a new SOP Instance UID)")
+    if value in STORE_AS and lossy:
+        raise fail("store_as", i, "lossy", f"{value!r} is lossless: remove lossy = true")
+    if value not in STORE_AS and value not in LOSSY_STORE_AS:
+        raise fail("store_as", i, "store_as", f"one of {', '.join(STORE_AS)} is required "
+                   f"(or, with lossy = true, {', '.join(LOSSY_STORE_AS)})")
     try:
         alternatives = match_alternatives(r.get("match", {}))
     except ValueError as e:
         raise fail("store_as", i, "match", str(e)) from None
-    return StoreAs(name, alternatives, STORE_AS[value])
+    return StoreAs(name, alternatives, STORE_AS.get(value) or LOSSY_STORE_AS[value], lossy)
 
 
 def _url_problem(url: object) -> str | None:
