@@ -31,7 +31,7 @@ from . import transcode
 
 log = logging.getLogger("dicomweb_server.policy.ingest")
 
-__all__ = ["compress_spooled", "same_pixels"]
+__all__ = ["compress_spooled", "encode_verified", "same_pixels"]
 
 
 def same_pixels(received: str, encoded: str) -> str | None:
@@ -59,14 +59,25 @@ def compress_spooled(path: Path, target_ts: str, sop_uid: str) -> Path | None:
     decodes to the same pixels; None (and a warning logged) when it cannot be, or
     when the instance has no Pixel Data. ``path`` itself is left alone: the caller
     drops it once the new file took its place."""
+    out, problem = encode_verified(path, target_ts, path.parent)
+    if problem is not None:
+        log.warning("store_as: instance %s kept as received: %s", sop_uid, problem)
+    return out
+
+
+def encode_verified(path: Path, target_ts: str, folder: Path) -> tuple[Path | None, str | None]:
+    """``path`` (a PS3.10 file) re-encoded in ``target_ts`` into a new, fdatasync'ed file
+    in ``folder``, decoded and compared with ``path`` (:func:`same_pixels`): (the new
+    file, None); or (None, why not) when it cannot be read, encoded or verified; or
+    (None, None) when it has no Pixel Data (nothing to encode). ``path`` is left alone.
+    Compress on ingest and ``recompress`` (policy/recompress.py) both go through here."""
     try:
         ds = pydicom.dcmread(path)
-    except Exception as e:  # noqa: BLE001 - it was read once already; keep it as received
-        log.warning("store_as: instance %s kept as received: cannot be read again: %s", sop_uid, e)
-        return None
+    except Exception as e:  # noqa: BLE001 - it was read once already; keep it as it is
+        return None, f"cannot be read again: {e}"
     if "PixelData" not in ds:
-        return None
-    fd, name = tempfile.mkstemp(dir=path.parent, suffix=".store_as")
+        return None, None
+    fd, name = tempfile.mkstemp(dir=folder, suffix=".store_as")
     out = Path(name)
     try:
         try:
@@ -82,11 +93,10 @@ def compress_spooled(path: Path, target_ts: str, sop_uid: str) -> Path | None:
         except Exception as e:  # noqa: BLE001 - a decoder's error on the new file counts as a mismatch
             problem = f"{type(e).__name__}: {e}"
         if problem is not None:
-            log.warning("store_as: instance %s kept as received (%s): the %s copy was not stored: %s",
-                        sop_uid, ds.file_meta.get("TransferSyntaxUID"), target_ts, problem)
             out.unlink(missing_ok=True)
-            return None
-        return out
+            return None, (f"({ds.file_meta.get('TransferSyntaxUID')}): the {target_ts} copy was not stored: "
+                          f"{problem}")
+        return out, None
     except BaseException:
         if fd >= 0:
             os.close(fd)

@@ -32,6 +32,7 @@
     name = "CT lossless"
     match = { Modality = "CT" }     # QIDO-RS matching keys, as for [[rules]]
     store_as = "jpeg-ls-lossless"   # or "j2k-lossless", "rle-lossless"
+    when = "before_ack"             # or "after_ack": stored as received, re-encoded in the background
 
 A rule's ``match`` holds QIDO-RS matching keys (PS3.18 §8.3.4, PS3.4 C.2.2.2) and is
 parsed by the same :func:`dicom.matching.parse_query` as a search for instances, then
@@ -122,9 +123,16 @@ class StoreAs:
     name: str
     alternatives: tuple[tuple[Match, ...], ...]
     transfer_syntax: str
+    #: "before_ack": encoded before the sender's success (policy/ingest.py); "after_ack": stored
+    #: as received, acknowledged, then re-encoded in the background (policy/recompress.py)
+    when: str = "before_ack"
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
+
+
+#: when a ``[[store_as]]`` rule encodes: before the acknowledgement, or after it
+STORE_AS_WHEN = ("before_ack", "after_ack")
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,15 +473,18 @@ STORE_AS = {
 
 
 def _store_as(r: dict, i: int, fail) -> StoreAs:
-    name = _named(r, "store_as", i, ("name", "match", "store_as"), f"store_as {i + 1}", fail)
+    name = _named(r, "store_as", i, ("name", "match", "store_as", "when"), f"store_as {i + 1}", fail)
     value = r.get("store_as")
     if value not in STORE_AS:
         raise fail("store_as", i, "store_as", f"one of {', '.join(STORE_AS)} is required")
+    when = r.get("when", "before_ack")
+    if when not in STORE_AS_WHEN:
+        raise fail("store_as", i, "when", f"{when!r}: one of {', '.join(map(repr, STORE_AS_WHEN))} is required")
     try:
         alternatives = match_alternatives(r.get("match", {}))
     except ValueError as e:
         raise fail("store_as", i, "match", str(e)) from None
-    return StoreAs(name, alternatives, STORE_AS[value])
+    return StoreAs(name, alternatives, STORE_AS[value], when)
 
 
 def _url_problem(url: object) -> str | None:
