@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import (admin, changefeed, downloads, errors, labels, landing, lifecycle, qido, reject, rendered, shares, stow,
-                  wado, worklist)
+from .api import (admin, changefeed, downloads, errors, jobs, labels, landing, lifecycle, qido, reject, rendered,
+                  shares, stow, wado, worklist)
 from .access.rules import AccessRules
 from .access.audit import configure_audit_file, load_json_file
 from .api.auth import AuthAuditMiddleware, Authenticator
@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
                                   lambda: app.state.archive.pseudonyms)
             await forwarder.start()
         dimse = _start_dimse_in_worker(app.state.archive, settings)
+        app.state.jobs = _start_jobs(app.state.archive, settings)  # jobs/runner.py
         # the rejected instances past keep_rejected: purged at start and then hourly
         purging = asyncio.create_task(reject_lifecycle.purge_periodically(app.state.archive), name="purge-rejected")
         tasks = [purging]
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             await asyncio.gather(*tasks, return_exceptions=True)
             if dimse is not None:
                 dimse.stop()
+            await asyncio.to_thread(app.state.jobs.stop)
             if forwarder is not None:
                 await forwarder.stop()
             if opened:
@@ -90,6 +92,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
         app.include_router(module.router, prefix=settings.prefix)
     app.include_router(reject.admin_router)  # /admin/rejected
     app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix
+    app.include_router(jobs.router)  # /jobs: background jobs (jobs/runner.py)
     if settings.viewer:  # the OHIF viewer at /viewer, same origin (viewer.py)
         from .viewer import mount_viewer
 
@@ -125,6 +128,24 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     app.add_middleware(HeaderLimit, max_header_bytes=settings.max_header_bytes)
     logging.getLogger("dicomweb_server").setLevel(settings.log_level.upper())
     return app
+
+
+def _start_jobs(archive: Archive, settings: Settings):
+    """This worker's runner of background jobs, on the archive's outbox (routing's, or
+    one the runner opens and closes)."""
+    from .jobs.runner import Runner
+    from .routing import open_outbox
+
+    def outbox():  # opened by the runner (and closed by it)
+        return open_outbox(settings, archive.committer.writer)
+
+    runner = Runner(archive, archive.routing.outbox if archive.routing is not None else outbox,
+                    concurrency=settings.jobs_concurrency, lease=settings.jobs_lease, retry=settings.jobs_retry,
+                    max_attempts=settings.jobs_max_attempts)
+    if settings.index != "postgresql":  # a local SQLite file: opened now, the jobs are ready at once
+        runner.open()
+    runner.start()  # (PostgreSQL: opened by its thread: a database down now delays the jobs, not the start)
+    return runner
 
 
 def _start_dimse_in_worker(archive: Archive, settings: Settings):

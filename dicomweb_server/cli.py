@@ -653,6 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--oidc-issuer", dest="oidc_issuer", help="expected JWT issuer (iss)")
     serve.add_argument("--oidc-audience", dest="oidc_audience", help="expected JWT audience (aud)")
     serve.add_argument("--oidc-jwks-url", dest="oidc_jwks_url", help="the issuer's JWKS URL")
+    serve.add_argument("--oidc-client-id", dest="oidc_client_id",
+                       help="client id of the viewer's and /ui/'s OIDC login (code + PKCE) at the issuer")
     serve.add_argument("--audit-log", dest="audit_log", help="append one JSON line per request to this file")
     serve.add_argument("--share-max-seconds", dest="share_max_seconds", type=int,
                        help="the longest a share link may live, in seconds (default 30 days)")

@@ -106,6 +106,14 @@ class Settings(BaseSettings):
     oidc_jwks_timeout: float = Field(5.0, gt=0, le=300, description="seconds one JWKS fetch may take (then the old keys "
                                                             "are kept)")
     oidc_jwks_cache_seconds: float = Field(300.0, ge=0, le=7 * 86400, description="seconds the JWKS keys are kept")
+    oidc_client_id: str | None = Field(None, description="OIDC login of the archive's web pages (the viewer at "
+                                       "`/viewer/`, the operator's page at `/ui/`): the client id of a public client "
+                                       "registered at `oidc_issuer` (authorization code + PKCE); none: no login "
+                                       "there (docs/notes/oidc.md)")
+    oidc_scope: str = Field("openid dicomweb:read dicomweb:write dicomweb:delete",
+                            description="OIDC login of the web pages: the scopes they ask for (space separated; "
+                                        "the archive reads `read`, `write`, `delete` with or without a "
+                                        "`dicomweb:` prefix from the access token)")
     share_max_seconds: int = Field(30 * 86400, ge=1, le=10 * 366 * 86400,
                                    description="the longest a share link (`POST /studies/{study}/share`) may "
                                                "live, in seconds (`expires_in` above it: 400; the default "
@@ -170,6 +178,15 @@ class Settings(BaseSettings):
     dimse_commitment_max_attempts: int = Field(20, ge=1, le=10000, description="storage commitment: attempts to "
                                                "send a report before it is a dead letter of the outbox")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
+    jobs_concurrency: int = Field(2, ge=1, le=64, description="background jobs (de-identify, recompress, pull): "
+                                  "how many of one kind run at once across the archive's processes and nodes")
+    jobs_lease: float = Field(120.0, ge=10, le=86400, description="background jobs: seconds a job's runner holds "
+                              "it without renewing (renewed every third); a runner that died is replaced after "
+                              "this (at once on the same host)")
+    jobs_retry: float = Field(30.0, gt=0, le=86400, description="background jobs: seconds before a job that raised "
+                              "runs again from its checkpoint (doubled each attempt, at most an hour)")
+    jobs_max_attempts: int = Field(5, ge=1, le=1000, description="background jobs: attempts before a job that keeps "
+                                   "raising is failed (a dead letter of the outbox)")
 
     @model_validator(mode="after")
     def _database(self) -> "Settings":
@@ -178,6 +195,10 @@ class Settings(BaseSettings):
         if self.dimse_tls_port and not (self.dimse_tls_cert_file and self.dimse_tls_key_file):
             raise ValueError("--dimse-tls-port needs --dimse-tls-cert-file and --dimse-tls-key-file "
                              "(DICOMWEB_DIMSE_TLS_CERT_FILE, DICOMWEB_DIMSE_TLS_KEY_FILE)")
+        if self.oidc_client_id and not (self.oidc_issuer and self.oidc_jwks_url):
+            raise ValueError("--oidc-client-id needs --oidc-issuer and --oidc-jwks-url (DICOMWEB_OIDC_ISSUER, "
+                             "DICOMWEB_OIDC_JWKS_URL): the pages log in at the issuer, the archive checks "
+                             "the tokens with its keys")
         if self.dimse_tls_require_client_cert and not self.dimse_tls_ca_file:
             raise ValueError("--dimse-tls-require-client-cert needs --dimse-tls-ca-file (DICOMWEB_DIMSE_TLS_CA_FILE): "
                              "the CA client certificates are checked against")

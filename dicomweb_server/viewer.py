@@ -11,6 +11,12 @@ DICOMweb data source pointing at this archive's own DICOMweb root (``--public-ur
 else the page's origin plus ``--prefix``), OHIF's router based at ``/viewer``, the
 first-visit tour and the investigational-use banner off.
 
+With ``oidc_client_id`` (and the archive's ``oidc_issuer``/``oidc_jwks_url``) the config
+also has OHIF's ``oidc`` entry: OHIF logs the user in at the issuer (authorization code +
+PKCE, oidc-client-ts; redirect URI ``{origin}/viewer/callback``) and sends the access
+token with every DICOMweb request, so the archive's access rules decide what the study
+list shows (docs/notes/oidc.md). Without it, no login: the viewer as before.
+
 OHIF's own routes then live under the base: the study list is ``/viewer/`` and a study
 ``/viewer/viewer?StudyInstanceUIDs=...``; ``/viewer?StudyInstanceUIDs=...`` redirects
 there.
@@ -47,6 +53,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route, Router
+
+from .web_login import OidcLogin
 
 OHIF_PACKAGE = "@ohif/app"
 OHIF_VERSION = "3.13.2"
@@ -128,7 +136,7 @@ _CONFIG_TEMPLATE = """\
   window.config = {
     name: 'dicomweb-archive',
     routerBasename: __BASE__,
-    extensions: [],
+__OIDC__    extensions: [],
     modes: [],
     showStudyList: true,
     maxNumberOfWebWorkers: 3,
@@ -211,14 +219,51 @@ _CONFIG_TEMPLATE = """\
 """
 
 
-def app_config_js(dicomweb_url: str | None, prefix: str = "", base: str = MOUNT) -> str:
+SILENT_CALLBACK = "silent-callback.html"
+SIGNED_OUT = "signed-out"
+
+# the page the provider sends the hidden frame of a silent renewal back to: hands its URL to
+# the viewer (oidc-client-ts's message). OHIF's own silent-refresh.html loads the older
+# oidc-client library (and a script from a CDN) and does not answer oidc-client-ts.
+_SILENT_CALLBACK_PAGE = b"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>signing in</title></head><body>
+<script>window.parent.postMessage({source: "oidc-client", url: window.location.href, keepOpen: false},
+                                  window.location.origin);</script>
+</body></html>
+"""
+
+
+def _oidc_config(login: OidcLogin | None) -> str:
+    """OHIF's ``oidc`` key: ``response_type: 'code'`` makes OHIF use oidc-client-ts, which
+    always adds PKCE (S256). Its relative URIs are made absolute under the router's base:
+    ``{origin}/viewer/callback`` is the redirect URI to register at the provider."""
+    if login is None:
+        return ""  # no key at all: OHIF takes even an empty list for a login
+    entry = {
+        "authority": login.authority,
+        "client_id": login.client_id,
+        "redirect_uri": "/callback",
+        "silent_redirect_uri": "/" + SILENT_CALLBACK,
+        # not the study list: OHIF routes the post-logout path (with its base) to a signout
+        # callback, and "/viewer/" would then catch the study route /viewer/viewer
+        "post_logout_redirect_uri": "/" + SIGNED_OUT,
+        "response_type": "code",
+        "scope": login.scope,
+    }
+    return f"    oidc: [{json.dumps(entry)}],\n"
+
+
+def app_config_js(dicomweb_url: str | None, prefix: str = "", base: str = MOUNT,
+                  login: OidcLogin | None = None) -> str:
     """The viewer's configuration: one DICOMweb data source at ``dicomweb_url``, or, when
-    that is None, at the origin the page was loaded from plus ``prefix``."""
+    that is None, at the origin the page was loaded from plus ``prefix``; with ``login``,
+    OHIF's OIDC login (every DICOMweb request then carries the user's access token)."""
     values = {
         "__PACKAGE__": f"{OHIF_PACKAGE}",
         "__ROOT__": json.dumps(dicomweb_url.rstrip("/") if dicomweb_url else ""),
         "__PREFIX__": json.dumps(prefix),
         "__BASE__": json.dumps(base or "/"),
+        "__OIDC__": _oidc_config(login),
     }
     text = _CONFIG_TEMPLATE
     for k, v in values.items():
@@ -313,11 +358,12 @@ def _media_type(path: Path) -> str:
     return mimetypes.guess_type(path.name)[0] or "application/octet-stream"
 
 
-def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", base: str = MOUNT) -> Router:
+def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", base: str = MOUNT,
+                  login: OidcLogin | None = None) -> Router:
     """Routes serving the viewer at ``base`` (``/viewer`` or ``/``)."""
     files = ViewerFiles(dist, base)
     base = files.base.rstrip("/")  # "" for the root
-    config = app_config_js(dicomweb_url, prefix, base or "/").encode()
+    config = app_config_js(dicomweb_url, prefix, base or "/", login).encode()
 
     async def index(request: Request) -> Response:
         return await files.response(request, files.dist / "index.html", _NO_CACHE)
@@ -332,6 +378,10 @@ def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", bas
         rel = request.path_params["path"]
         if rel == "app-config.js":
             return Response(config, media_type="text/javascript; charset=utf-8", headers=_NO_CACHE)
+        if login is not None and rel == SILENT_CALLBACK:
+            return Response(_SILENT_CALLBACK_PAGE, media_type="text/html; charset=utf-8", headers=_NO_CACHE)
+        if login is not None and rel == SIGNED_OUT:  # back from the provider's logout: the study list
+            return RedirectResponse(f"{base}/", status_code=303)
         path = files.resolve(rel)
         if path is not None:
             if path.name == "index.html":
@@ -353,7 +403,8 @@ def mount_viewer(app, settings) -> None:
     if settings.prefix == MOUNT or settings.prefix.startswith(MOUNT + "/"):
         raise ValueError(f"--prefix {settings.prefix} collides with the viewer at {MOUNT}")
     dist = dist_dir(settings.viewer_dir)
-    router = viewer_router(dist, dicomweb_url=settings.public_url, prefix=settings.prefix)
+    router = viewer_router(dist, dicomweb_url=settings.public_url, prefix=settings.prefix,
+                           login=OidcLogin.of(settings))
     for route in router.routes:
         app.router.routes.append(route)
 

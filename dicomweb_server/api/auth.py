@@ -279,9 +279,10 @@ class AuthAuditMiddleware:
                 # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
                 # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py);
                 # labels are changed with the write scope, a DELETE of one included; the share
-                # links are listed and revoked with the write scope (api/shares.py)
+                # links are listed and revoked with the write scope (api/shares.py), and so are
+                # background jobs (api/jobs.py)
                 need = ("admin" if rel.startswith("/admin/deid/")
-                        else "write" if rel.startswith(("/admin/", "/shares"))
+                        else "write" if rel.startswith(("/admin/", "/shares", "/jobs"))
                         or (method == "DELETE" and "/labels/" in rel)
                         else _METHOD_SCOPE.get(method, "read"))
                 if need not in found.scopes:

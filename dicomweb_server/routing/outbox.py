@@ -253,16 +253,21 @@ class Outbox(ABC):
                     "_rule, _enqueued, _due, _change) VALUES (?, ?, '', ?, '', 'stable', ?, ?, 0)"),
                     (destination, study, study, now, now + delay))
 
-    def insert_job(self, destination: str, kind: str, key: str, payload: str, delay: float = 0.0) -> None:
+    def insert_job(self, destination: str, kind: str, key: str, payload: str, delay: float = 0.0,
+                   con=None) -> None:
         """Owe ``destination`` a job that is not an instance's forward (``_rule`` ``kind``,
         ``key`` in ``SOPInstanceUID``, what to do in ``_payload``; a storage commitment report,
-        dimse/commitment.py), due ``delay`` seconds from now, in a durable transaction of its own."""
-        with self._transaction() as con:
-            now = self._now(con)
-            con.execute(self._sql(
-                "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
-                "_rule, _enqueued, _due, _payload) VALUES (?, '', '', ?, '', ?, ?, ?, ?)"),
-                (destination, key, kind, now, now + delay, payload))
+        dimse/commitment.py; a background job, jobs/runner.py), due ``delay`` seconds from now,
+        in a durable transaction of its own, or in ``con``'s (the caller's, which it commits)."""
+        if con is None:
+            with self._transaction() as own:
+                self.insert_job(destination, kind, key, payload, delay, own)
+            return
+        now = self._now(con)
+        con.execute(self._sql(
+            "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
+            "_rule, _enqueued, _due, _payload) VALUES (?, '', '', ?, '', ?, ?, ?, ?)"),
+            (destination, key, kind, now, now + delay, payload))
 
     def insert_missing(self, entries: Iterable[Entry]) -> int:
         """Owe those of these forwards that have no row at all (of any state) for their
@@ -379,6 +384,15 @@ class Outbox(ABC):
                        [(err, i, owner) for i, err in s.failed])
             self._many(con, sql(f"UPDATE outbox SET _solo = 1, _lease_owner = NULL, _lease_until = NULL WHERE {own}"),
                        [(i, owner) for i in s.solo])
+
+    def renew(self, owner: str, lease: float) -> int:
+        """Extend the leases ``owner`` holds to ``lease`` seconds from now (a long job's
+        heartbeat, jobs/runner.py). Returns the rows still held: 0 when another worker took
+        them over after the lease expired."""
+        with self._transaction() as con:
+            now = self._now(con)
+            return con.execute(self._sql("UPDATE outbox SET _lease_until = ? WHERE _lease_owner = ? AND "
+                                         "_state = 'pending'"), (now + lease, owner)).rowcount
 
     def release(self, owner_prefix: str) -> None:
         """Drop the leases of a stopping worker (rows become claimable at once)."""

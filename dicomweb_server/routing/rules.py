@@ -323,8 +323,9 @@ def _destination(d: dict, i: int, out: dict[str, Destination], fail) -> None:
     name = d.get("name")
     if problem := name_problem(name):
         raise fail("destinations", i, "name", problem)
-    if name.startswith("dimse:"):  # the outbox's own jobs (dimse/commitment.py DESTINATION)
-        raise fail("destinations", i, "name", f"{name!r}: names beginning with 'dimse:' are the archive's own")
+    if name.startswith(("dimse:", "job:")):  # the outbox's own jobs (dimse/commitment.py, jobs/store.py)
+        raise fail("destinations", i, "name", f"{name!r}: names beginning with 'dimse:' or 'job:' are the "
+                                              "archive's own")
     if name in out:
         raise fail("destinations", i, "name", f"destination {name!r} is defined twice")
     stow, dimse, hook = d.get("stow_url"), d.get("dimse"), d.get("webhook")

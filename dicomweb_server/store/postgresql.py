@@ -30,7 +30,7 @@ SQLite index (store/sql.py); what differs is here:
   de-identification projects and pseudonyms (deid/pseudonyms.py), version 10 the modality
   worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports),
   version 11 the study labels (store/labels.py), version 12 the share links
-  (store/shares.py).
+  (store/shares.py), version 13 the background jobs (jobs/store.py).
 """
 
 from __future__ import annotations
@@ -205,9 +205,17 @@ def _v12() -> list[str]:
     return shares_table.postgresql_schema()
 
 
+def _v13() -> list[str]:
+    """Background jobs (jobs/store.py; their queue rows are the outbox's)."""
+    from ..jobs.store import postgresql_schema
+
+    return postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12}
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
+              13: _v13}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

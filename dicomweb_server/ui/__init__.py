@@ -5,7 +5,9 @@
   thumbnails, STOW-RS, DELETE, the lifecycle and rejection routes, the change feed,
   ``/admin/...`` and ``/metrics``. It holds no data and changes nothing by itself; with
   auth configured it sends the credentials the operator types in (an API key as
-  ``Authorization: Bearer``, or Basic) with each request, and the API decides.
+  ``Authorization: Bearer``, or Basic), or, with ``oidc_client_id``, the access token of
+  an OIDC login (authorization code + PKCE, done by the page's script; redirect URI
+  ``{origin}/ui/``), with each request, and the API decides.
 - ``/docs``: FastAPI's Swagger UI with its script and style sheet from
   ``static/swagger-ui/`` (npm ``swagger-ui-dist``, vendored unchanged, see its VERSION
   file) instead of a CDN.
@@ -16,6 +18,7 @@ api/auth.py); every request the page makes for data does.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -25,21 +28,27 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..web_login import OidcLogin
+
 STATIC = Path(__file__).parent / "static"
 MOUNT = "/ui"
 OAUTH2_REDIRECT = "/docs/oauth2-redirect"
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
-def _page(prefix: str) -> bytes:
+def _page(prefix: str, login: OidcLogin | None = None) -> bytes:
+    """The page, with the DICOMweb prefix and the OIDC login (``null`` when there is none:
+    the page then offers API keys and Basic only) in its ``<meta>`` elements."""
     text = (STATIC / "ui" / "index.html").read_text("utf-8")
-    return text.replace("__DICOMWEB_PREFIX__", json.dumps(prefix)[1:-1]).encode("utf-8")
+    oidc = json.dumps(login._asdict()) if login is not None else "null"
+    return (text.replace("__DICOMWEB_PREFIX__", json.dumps(prefix)[1:-1])
+            .replace("__DICOMWEB_OIDC__", html.escape(oidc, quote=True)).encode("utf-8"))
 
 
 def include(app, settings) -> None:
     """Mount ``/docs``, ``/ui/`` and ``/ui/static/`` on the app (FastAPI's own ``/docs``
     is off: ``docs_url=None`` in app.py)."""
-    page = _page(settings.prefix)
+    page = _page(settings.prefix, OidcLogin.of(settings))
 
     async def docs(request: Request) -> Response:
         return get_swagger_ui_html(

@@ -154,6 +154,30 @@ def test_app_config_points_at_the_archive(tmp_path, dist):
     assert 'var root = "https://pacs.example.org/dicomweb" ||' in config(public_url="https://pacs.example.org/dicomweb/")
 
 
+def test_oidc_login_only_when_a_client_id_is_configured(tmp_path, dist):
+    """Without ``oidc_client_id`` (API keys, or an OIDC issuer for API clients only) the
+    app-config has no ``oidc`` key at all (OHIF takes even an empty list for a login), no
+    silent-callback page, and /ui/ offers no login; with it, OHIF's code-flow entry."""
+    oidc = {"oidc_issuer": "https://idp.example/realms/x", "oidc_jwks_url": "https://idp.example/jwks"}
+    for extra in ({}, {"api_keys": {"k": ["read"]}}, oidc):
+        with _Archive(tmp_path, viewer=True, viewer_dir=dist, **extra) as c:
+            text = c.get("/viewer/app-config.js").text
+            assert "oidc" not in text and "authority" not in text
+            assert c.get("/viewer/silent-callback.html").status_code == 404
+            assert c.get("/viewer/signed-out").text.startswith("<!doctype html>")  # a route of the app
+            assert '<meta name="dicomweb-oidc" content="null">' in c.get("/ui/").text
+    with _Archive(tmp_path, viewer=True, viewer_dir=dist, oidc_client_id="pages", **oidc) as c:
+        text = c.get("/viewer/app-config.js").text
+        assert ('    oidc: [{"authority": "https://idp.example/realms/x", "client_id": "pages", "redirect_uri": '
+                '"/callback", "silent_redirect_uri": "/silent-callback.html", "post_logout_redirect_uri": '
+                '"/signed-out", "response_type": "code", "scope": "openid dicomweb:read dicomweb:write '
+                'dicomweb:delete"}],\n') in text
+        assert c.get("/viewer/signed-out").headers["location"] == "/viewer/"
+        assert "&quot;client_id&quot;: &quot;pages&quot;" in c.get("/ui/").text
+    with pytest.raises(ValueError, match="--oidc-client-id needs --oidc-issuer and --oidc-jwks-url"):
+        Settings(oidc_client_id="pages", oidc_issuer="https://idp.example")
+
+
 def test_off_by_default_and_prefix_must_not_collide(tmp_path, dist):
     with _Archive(tmp_path) as c:
         assert c.get("/viewer/").status_code == 404

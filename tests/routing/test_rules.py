@@ -99,7 +99,7 @@ def test_a_list_of_values_matches_any_of_them(tmp_path, stored):
      "ae_title: 'A_TITLE_LONGER_THAN_16' is longer than the 16 characters"),
     ('[[destinations]]\nname = "d"\n', 1, "exactly one of stow_url"),
     ('[[destinations]]\nname = "dimse:storage-commitment"\nstow_url = "http://x"\n', 2,
-     "names beginning with 'dimse:' are the archive's own"),
+     "names beginning with 'dimse:' or 'job:' are the archive's own"),
     (HEAD + '[delivery]\nbatch_size = 0\n', 5, "batch_size: 0 is out of range; allowed: an integer from 1 to 1000"),
     (HEAD + '[[rules]\n', 4, "not valid TOML"),
 ])
