@@ -277,11 +277,12 @@ class AuthAuditMiddleware:
                 return
             if found is not None:
                 # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
-                # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py);
+                # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py), and
+                # a recompress rewrites every stored file: admin scope too (policy/recompress.py);
                 # labels are changed with the write scope, a DELETE of one included; the share
                 # links are listed and revoked with the write scope (api/shares.py), and so are
                 # background jobs (api/jobs.py)
-                need = ("admin" if rel.startswith("/admin/deid/")
+                need = ("admin" if rel.startswith(("/admin/deid/", "/admin/recompress"))
                         else "write" if rel.startswith(("/admin/", "/shares", "/jobs"))
                         or (method == "DELETE" and "/labels/" in rel)
                         else _METHOD_SCOPE.get(method, "read"))

@@ -178,6 +178,9 @@ def check_params(params: dict) -> dict:
             raise JobError(f"unknown parameter {k!r}; expected {', '.join(PARAMS)}")
         if v is not None and (not isinstance(v, PARAMS[k]) or (PARAMS[k] is not bool and isinstance(v, bool))):
             raise JobError(f"{k}: {v!r} is not a {getattr(PARAMS[k], '__name__', 'number')}")
+    for k in ("rate", "bytes_rate"):
+        if params.get(k) is not None and params[k] <= 0:
+            raise JobError(f"{k}: must be positive")
     if params.get("limit") is not None and params["limit"] < 1:
         raise JobError("limit: at least 1")
     if params.get("quiet") is not None and params["quiet"] < 0:

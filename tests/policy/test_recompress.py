@@ -393,3 +393,46 @@ def test_bad_when_is_refused_with_its_line(tmp_path):
     routes.write_text('[[store_as]]\nstore_as = "rle-lossless"\nwhen = "later"\n')
     with pytest.raises(RoutesError, match="line 3.*when"):
         load_routes(routes)
+
+
+# --- POST /admin/recompress: the job through the durable runner -------------------------------
+
+
+def test_admin_recompress_runs_the_job_and_needs_the_admin_scope(tmp_path):
+    from starlette.testclient import TestClient
+
+    from dicomweb_server.app import create_app
+    from tests.access.test_http_access import h
+    from tests.routing.conftest import wait_for
+
+    settings, originals = _fill(tmp_path)
+    admin, writer = "admin-key-0123456789", "write-key-0123456789"
+    settings = settings.model_copy(update={"api_keys": {admin: ["read", "write", "admin"],
+                                                        writer: ["read", "write", "delete"]}})
+    before = _sizes(settings)
+    archive = Archive.open(settings)
+    try:
+        with TestClient(create_app(archive.settings, archive=archive)) as c:
+            r = c.post("/admin/recompress", json={"quiet": 0}, headers=h(writer))
+            assert r.status_code == 403 and "'admin' scope" in r.text
+            for bad, why in (({"rate": -1}, "positive"), ({"rates": 1}, "unknown parameter"),
+                             ({"follow": True}, "unknown parameter 'follow'"), ([1], "JSON object")):
+                r = c.post("/admin/recompress", json=bad, headers=h(admin))
+                assert r.status_code == 400 and why in r.text, (bad, r.text)
+            r = c.post("/admin/recompress", json={"quiet": 0, "match": {"Modality": "CT"}}, headers=h(admin))
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+            assert r.headers["Location"] == f"/jobs/{job_id}" and r.json()["kind"] == "recompress"
+            job = wait_for(lambda: (j := c.get(f"/jobs/{job_id}", headers=h(admin)).json())["state"]
+                           in ("done", "failed") and j, 60, "the job")
+    finally:
+        archive.close()
+    assert job["state"] == "done", job
+    assert job["progress"]["done"] == 4 and job["result"]["done"] == 4
+    after = _sizes(settings)
+    ct = [s for s, ds in originals.items() if ds.Modality == "CT"]
+    assert job["result"]["by_syntax"] == {f"{ELE} -> {JLS}": {
+        "instances": 4, "bytes_before": sum(before[s] for s in ct), "bytes_after": sum(after[s] for s in ct)}}
+    assert job["progress"]["detail"]["bytes_saved"] == sum(before[s] - after[s] for s in ct) > 0
+    got = _readable(settings, originals)
+    assert [got[s] for s in ct] == [JLS] * 4
