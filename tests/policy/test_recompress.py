@@ -97,8 +97,10 @@ def _want(originals: dict[str, Dataset]) -> dict[str, str]:
     return {sop: {"CT": JLS, "MR": RLE}.get(ds.Modality, ELE) for sop, ds in originals.items()}
 
 
-def test_reencodes_by_the_rules_with_exact_bytes_and_no_new_version(tmp_path):
-    settings, originals = _fill(tmp_path)
+@pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql"])
+def test_reencodes_by_the_rules_with_exact_bytes_and_no_new_version(tmp_path, index, request):
+    extra = {"database_url": request.getfixturevalue("pg_url")} if index == "postgresql" else {}
+    settings, originals = _fill(tmp_path, index, **extra)
     before = _sizes(settings)
     archive = Archive.open(settings)
     try:
@@ -239,7 +241,8 @@ def test_a_concurrent_update_is_not_lost(tmp_path):
         rules = list(archive.routing.routes.store_as)
 
         def meanwhile(_outcome) -> None:
-            update(archive, ds.StudyInstanceUID, None, changes_from_keywords(["PatientName=Updated^Meanwhile"], "study"))
+            changes = changes_from_keywords(["PatientName=Updated^Meanwhile"], "study")
+            update(archive, ds.StudyInstanceUID, None, changes)
 
         o = recompress.recompress_instance(archive, sop, rules, before_switch=meanwhile)
         assert (o.kind, o.why) == ("skipped", "changed meanwhile")
