@@ -1,6 +1,8 @@
 """Bytes per instance held by the in-memory index (tracemalloc: everything the
 index references), for realistic CT headers: N instances in studies of 25
-instances over 5 series. Usage: python benchmarks/index_memory.py [N]"""
+instances over 5 series, each from one of 4 sources (a new string object per
+instance, as the front doors make them: archive.py source_of_dimse). Usage:
+python benchmarks/index_memory.py [N]"""
 
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ def main(n: int) -> None:
     for k in range(n):
         s = studies[k % len(studies)]
         ds = make_dataset(
-            study=s, series=series[s][k % 5], rows=2, columns=2, PatientID=f"PAT{k % 400:04d}",
-            PatientName=f"Doe^John{k % 400}", StudyDescription="CT CHEST WITH CONTRAST",
+            # (one patient per study: an instance of another patient's study is refused, not indexed)
+            study=s, series=series[s][k % 5], rows=2, columns=2, PatientID=f"PAT{studies.index(s) % 400:04d}",
+            PatientName=f"Doe^John{studies.index(s) % 400}", StudyDescription="CT CHEST WITH CONTRAST",
             SeriesDescription="AXIAL 5mm", InstanceNumber=k, WindowCenter="40", WindowWidth="400",
             RescaleIntercept="-1024", RescaleSlope="1", SliceThickness="5.0", PixelSpacing=["0.7", "0.7"],
             ImagePositionPatient=["-150", "-150", str(k)], ImageOrientationPatient=["1", "0", "0", "0", "1", "0"],
@@ -44,9 +47,14 @@ def main(n: int) -> None:
     tracemalloc.start()
     index = MemoryIndex()
     for i in range(0, n, 100):
-        index.add([describe_instance(p) for p in paths[i : i + 100]])
+        records = [describe_instance(p) for p in paths[i : i + 100]]
+        for k, r in enumerate(records, start=i):
+            if hasattr(r, "source"):  # (an archive that keeps sources)
+                r.source = "".join(["dimse:", f"MODALITY{k % 4}"])  # a new string each time
+        index.add(records)
     gc.collect()
     current, _peak = tracemalloc.get_traced_memory()
+    assert index.count() == n, index.count()
     print(f"| {n} | {index.count()} | {current / n:.0f} |")
     for p in paths:
         os.unlink(p)

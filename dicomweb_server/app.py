@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from . import __version__
-from .api import (admin, changefeed, downloads, errors, jobs, labels, landing, lifecycle, qido, reject, rendered,
-                  shares, stow, wado, worklist)
+from .api import (admin, changefeed, deidentify, downloads, errors, jobs, labels, landing, lifecycle, qido, reject,
+                  rendered, shares, stow, wado, worklist)
 from .access.rules import AccessRules
 from .access.audit import configure_audit_file, load_json_file
 from .api.auth import AuthAuditMiddleware, Authenticator
@@ -88,7 +88,8 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     include_ui(app, settings)  # /docs and the operator's page /ui/, assets from the package (ui/)
     app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
-    for module in (labels, shares, qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads, worklist):
+    for module in (labels, shares, qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads, worklist,
+                   deidentify):
         app.include_router(module.router, prefix=settings.prefix)
     app.include_router(reject.admin_router)  # /admin/rejected
     app.include_router(admin.router)  # /admin/..., /metrics: outside the DICOMweb prefix

@@ -50,6 +50,23 @@ from .store.objects import StorageUnavailable, open_blobs
 log = logging.getLogger("dicomweb_server.archive")
 
 
+#: the source of the instances the command line imports (importer.py)
+IMPORT_SOURCE = "import"
+
+
+def source_of_dimse(calling_ae: str | bytes) -> str:
+    """The source of a C-STORE's instance: its association's calling AE title (PS3.8 §7.1.1.3)."""
+    if isinstance(calling_ae, bytes):
+        calling_ae = calling_ae.decode("ascii", "replace")
+    return "dimse:" + calling_ae.strip()
+
+
+def source_of_stow(user: str | None, address: str | None) -> str:
+    """The source of a STOW-RS request's instances: the authenticated user (its key's name,
+    JWT ``sub`` or Basic user name: identity.py), else the client's address."""
+    return "stow:" + (user or address or "unknown")
+
+
 @dataclass(slots=True)
 class Stored:
     sop_class_uid: str
@@ -289,7 +306,7 @@ class Archive:
     # --- STOW-RS ------------------------------------------------------------------------
 
     def store(self, parts: list[SpooledPart], expected_study_uid: str | None = None,
-              access: Access = FULL) -> StoreOutcome:
+              access: Access = FULL, source: str = "") -> StoreOutcome:
         """Store the parts of one STOW-RS request (PS3.18 §10.5); durable on return.
 
         Each part succeeds or fails on its own. Spool files of parts that were not
@@ -300,22 +317,26 @@ class Archive:
         ``access`` (access/rules.py): a client restricted to labels stores only into
         studies it may see, and a new study it stores gets its write label
         (:meth:`_check_access`).
+
+        ``source`` says where the instances came from (the front door's
+        :func:`source_of_dimse`, :func:`source_of_stow`, :data:`IMPORT_SOURCE`): the index
+        keeps it with each new instance (the operator's page shows it; docs/notes/sources.md).
         """
         with self._tracked():
-            return self._store(parts, expected_study_uid, access)
+            return self._store(parts, expected_study_uid, access, source)
 
     def _store(self, parts: list[SpooledPart], expected_study_uid: str | None,
-               access: Access = FULL) -> StoreOutcome:
+               access: Access = FULL, source: str = "") -> StoreOutcome:
         outcome = StoreOutcome()
         if self._unrouted_ledger:
             self._disarm_ledger()
         faults.point("spooled")
         with self.committer.expecting() as announced:
-            self._store_parts(parts, expected_study_uid, outcome, announced, access)
+            self._store_parts(parts, expected_study_uid, outcome, announced, access, source)
         return outcome
 
     def _store_parts(self, parts: list[SpooledPart], expected_study_uid: str | None, outcome: StoreOutcome,
-                     announced: Expected, access: Access = FULL) -> StoreOutcome:
+                     announced: Expected, access: Access = FULL, source: str = "") -> StoreOutcome:
         described: list[tuple[InstanceRecord, SpooledPart]] = []
         seen: set[str] = set()
         verdict: dict[str, bool] = {}  # study -> whether a restricted client may store into it
@@ -356,6 +377,7 @@ class Archive:
                 continue
             if self.routing is not None and self.routing.routes.store_as:
                 rec = self._store_as(rec, part, expected_study_uid)
+            rec.source = source
             seen.add(rec.sop_uid)
             described.append((rec, part))
         # the parts that failed so far, in order; later failures name their instance

@@ -755,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="routing: send a study, series or instance to a destination; with "
                                         "--deidentify: de-identified copies into a folder (docs/research-export.md)")
     exp.add_argument("--to", required=True, help="destination name from the routes file (with --deidentify: "
-                                                 "a folder)")
+                                                 "a folder or s3://bucket/prefix)")
     exp.add_argument("--routes", dest="routes_file", help="TOML routes file (or DICOMWEB_ROUTES_FILE)")
     exp.add_argument("targets", nargs="*", metavar="STUDY [SERIES [SOP]] | KEY=VALUE",
                      help="the UIDs to export; with --deidentify, instead QIDO-RS study matching keys "
@@ -773,6 +773,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--safe-private", dest="safe_private", action="append", metavar="CREATOR:gggg:ee",
                      help="--deidentify with retain_safe_private: a private element to keep (repeat)")
     exp.add_argument("--quiet", action="store_true", help="--deidentify: no progress line")
+    exp.add_argument("--resume", metavar="FILE", help="--deidentify: the job's checkpoint, kept in FILE; the same "
+                                                      "command with the same FILE continues a killed run")
     _add_settings_args(exp)
     exp.set_defaults(func=_export)
 

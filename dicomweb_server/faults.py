@@ -11,7 +11,9 @@ fsynced), ``placed`` (all files of the request in place, index not committed),
 In the lifecycle: ``update-written`` (a new version's file placed), ``update-switch``
 (every file placed, index not switched), ``update-switched`` (switched, not answered)
 (lifecycle/update.py); ``note-indexed`` (a rejection note indexed, what it names not
-yet hidden, in the same open transaction: lifecycle/reject.py).
+yet hidden, in the same open transaction: lifecycle/reject.py). In the ``deidentify``
+job (deid/job.py), ``deid-exported`` (an instance in its target, the checkpoint not yet
+saved: the command line's ``export --deidentify`` as well as the server's jobs).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .archive import IMPORT_SOURCE
 from .dicom.bare import wrap_bare_data_set
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason
@@ -111,7 +112,7 @@ def run_import(archive, files: list[Path], broken: list[Path], run: ImportRun, q
     retry: list[Path] = []
 
     def flush(first_pass: bool) -> None:
-        outcome = archive.store(batch)
+        outcome = archive.store(batch, source=IMPORT_SOURCE)
         run.stored += sum(1 for s in outcome.stored if not s.duplicate)
         run.duplicates += sum(1 for s in outcome.stored if s.duplicate)
         for f in outcome.failed:

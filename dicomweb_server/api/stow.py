@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..archive import DiskFull, StoreOutcome, retrieve_url
+from ..archive import DiskFull, StoreOutcome, retrieve_url, source_of_stow
 from ..dicom.media_types import DICOM, MULTIPART_RELATED, negotiate_json, parse_accept, parse_media_type
 from ..dicom.multipart import PartSpooler
 from ..dicom.status import FailureReason
@@ -79,6 +79,14 @@ def _store_response(outcome: StoreOutcome, base: str, study_uid: str | None) -> 
     return DicomJSONResponse(orjson.dumps(body), status_code=status, headers=headers)
 
 
+def _source(request: Request) -> str:
+    """Where the request's instances come from (archive.source_of_stow): the identity the
+    authentication gave (api/auth.py; not an anonymous one), else the client's address."""
+    identity = request.scope.get("state", {}).get("identity")
+    user = identity.subject if identity is not None and identity.method != "anonymous" else None
+    return source_of_stow(user, request.client.host if request.client is not None else None)
+
+
 async def _stow(request: Request, archive, base: str, study_uid: str | None) -> Response:
     ctype = request.headers.get("content-type", "")
     mr = parse_media_type(ctype)
@@ -106,7 +114,8 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
         spooler.close()
         if not spooler.parts:
             raise DICOMwebHTTPError(400, "the multipart body holds no parts")
-        outcome = await run_blocking(archive.store, spooler.parts, study_uid, access_of(request))
+        outcome = await run_blocking(archive.store, spooler.parts, study_uid, access_of(request),
+                                     _source(request))
         request.state.audit_studies = {s.study_uid for s in outcome.stored}
     except ClientDisconnect:
         spooler.discard()

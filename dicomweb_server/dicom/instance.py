@@ -61,6 +61,9 @@ class InstanceRecord:
     size: int
     patient: PatientIdentity  # whose study this is (dicom/patient.py)
     path: str = ""  # relative to the blob root, set when the file is placed
+    #: where it came from, set by the archive's store (archive.py): ``dimse:`` + the calling AE
+    #: title, ``stow:`` + the authenticated user or the client's address, ``import``; "" unknown
+    source: str = ""
 
 
 def instance_path(study_uid: str, series_uid: str, sop_uid: str) -> str:

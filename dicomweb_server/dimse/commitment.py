@@ -11,6 +11,10 @@ Failures Exist" otherwise, with the Failed SOP Sequence and a Failure Reason per
 failed instance: 0x0112 No such object instance (not stored here), 0x0119 Class /
 Instance conflict (stored with another SOP Class UID).
 
+The instances a request names are also kept in the index (:meth:`store.base.Index.declare`,
+store/arrivals.py) before the N-ACTION-RSP: what the requester declared it sent, which the
+operator's study page compares with what arrived (docs/notes/sources.md).
+
 "Committed" is what a C-STORE Success already promised: the instance is durable (its
 file placed and synced) and indexed. Each referenced instance is looked up in the
 index (:meth:`store.base.Index.locate`) when the report is made, with its SOP Class.
@@ -178,6 +182,8 @@ class Reporter:
         requester = str(event.assoc.requestor.ae_title).strip()
         payload = orjson.dumps({"transaction_uid": tuid, "requester": requester, "references": refs}).decode()
         try:
+            # what the requester declared it sent (the operator's page: arrived N of declared M)
+            self.index.declare(tuid, requester, refs, time.time())
             self.outbox.insert_job(DESTINATION, KIND, tuid, payload, REPORT_DELAY)
         except Exception as e:  # noqa: BLE001 - not owed: not acknowledged
             log.exception("storage commitment request cannot be queued")

@@ -54,7 +54,7 @@ from pynetdicom.sop_class import (
 )
 
 from ..access.rules import Access, AccessRules
-from ..archive import Archive
+from ..archive import Archive, source_of_dimse
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
@@ -578,7 +578,8 @@ class DimseServer(RetrieveSCP):
                 log.warning("C-STORE from %s refused: %s", event.assoc.requestor.ae_title, mismatch)
                 return _status(S.STORE_DATASET_MISMATCH, mismatch)
             part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
-            outcome = self.archive.store([part], access=self._access(event))
+            outcome = self.archive.store([part], access=self._access(event),
+                                         source=source_of_dimse(event.assoc.requestor.ae_title))
         except Exception as e:  # never a dead association thread: a failure status instead
             log.exception("C-STORE failed")
             try:

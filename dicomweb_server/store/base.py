@@ -16,6 +16,7 @@ from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
 from ..dicom.worklist import Entry as WorklistEntry
 from .changes import Change
+from . import arrivals as arrivals_table
 from . import shares as shares_table
 from . import worklist as worklist_table
 from .rejections import Rejection
@@ -304,6 +305,25 @@ class Index(ABC):
         """Remove an entry; False when there was none."""
         with self._table_writing([f"worklist:{sps_id}"]) as x:
             return worklist_table.drop(x, sps_id)
+
+    # --- what arrived, and what senders declared (store/arrivals.py) ---------------------
+
+    def arrived(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> "list[arrivals_table.Arrived] | None":
+        """The study's stored instances grouped by series (in arrival order) and source, each
+        group with its count and the sizes of its files summed; None when the study is not
+        indexed (or not one ``allowed`` lets through: the same answer)."""
+        raise NotImplementedError
+
+    def declare(self, transaction_uid: str, requester: str, refs: list[tuple[str, str]], now: float) -> None:
+        """Keep, durably, the instances (SOP Class, SOP Instance UID) a Storage Commitment
+        request named (dimse/commitment.py)."""
+        with self._table_writing([f"commitment:{transaction_uid}"]) as x:
+            arrivals_table.declare(x, transaction_uid, requester, refs, now)
+
+    def declarations(self, sop_uids: list[str]) -> "list[arrivals_table.Declared]":
+        """The instances named by the Storage Commitment requests that named any of these."""
+        with self._table_reading() as x:
+            return arrivals_table.declarations(x, sop_uids)
 
     # --- share links (store/shares.py, api/shares.py) ------------------------------------
 

@@ -223,9 +223,11 @@ def last(x: Execute, sop_uid: str) -> tuple[str, str, int] | None:
 def received(x: Execute, study_uid: str | None = None) -> dict[str, tuple[float, float]]:
     """Per study (or one study): when the first and the latest of its current instance
     versions arrived (the times of their current rows: a create, or the update or restore
-    that made the version). Retention's arrival times (policy/retention.py)."""
+    that made the version; a label put or taken away is not an arrival). Retention's arrival
+    times (policy/retention.py), the operator's page (arrivals.py)."""
     where, params = ("AND StudyInstanceUID = ? ", (study_uid,)) if study_uid is not None else ("", ())
     rows = x("SELECT StudyInstanceUID, min(_time), max(_time) FROM changelog WHERE state = 'current' "
+             "AND action != 'label' "
              + where + "GROUP BY StudyInstanceUID", params).fetchall()
     return {r[0]: (float(r[1]), float(r[2])) for r in rows}
 

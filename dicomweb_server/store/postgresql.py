@@ -30,7 +30,8 @@ SQLite index (store/sql.py); what differs is here:
   de-identification projects and pseudonyms (deid/pseudonyms.py), version 10 the modality
   worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports),
   version 11 the study labels (store/labels.py), version 12 the share links
-  (store/shares.py), version 13 the background jobs (jobs/store.py).
+  (store/shares.py), version 13 the background jobs (jobs/store.py), version 14 the instances'
+  sources and the instances Storage Commitment requests declared (store/arrivals.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from contextlib import contextmanager
 
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.instance import InstanceRecord
+from . import arrivals as arrivals_table
 from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
@@ -212,10 +214,16 @@ def _v13() -> list[str]:
     return postgresql_schema()
 
 
+def _v14() -> list[str]:
+    """Where each instance came from (``instance._source``) and the instances Storage
+    Commitment requests declared (store/arrivals.py; the operator's study page)."""
+    return arrivals_table.postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
 MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-              13: _v13}
+              13: _v13, 14: _v14}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

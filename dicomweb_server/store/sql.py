@@ -26,6 +26,7 @@ from ..dicom.status import FailureReason
 from . import labels as study_labels
 from .labels import label_condition
 from . import rejections
+from .arrivals import Arrived
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 
 ALIAS = {"study": "s", "series": "se", "instance": "i"}
@@ -370,7 +371,7 @@ class SQLIndex(Index):
         study_insert = d.insert_ignore("study", [*scols, "_json"])
         series_insert = d.insert_ignore("series", ["study_pk", *secols, "_json"])
         instance_insert = (f"INSERT INTO instance (series_pk, {','.join(icols)}, _transfer_syntax, _path, _size, "
-                           f"_pixel, _metadata) VALUES (?, {','.join('?' * (len(icols) + 5))})")
+                           f"_pixel, _metadata, _source) VALUES (?, {','.join('?' * (len(icols) + 6))})")
         rx = self._execute(con)
         for r in records:
             if action == "create" and rejections.is_rejected(rx, r.sop_uid):
@@ -400,7 +401,7 @@ class SQLIndex(Index):
             x(con, instance_insert,
               [series_pk] + [d.column(r.instance[c]) for c in icols]
               + [r.transfer_syntax_uid, r.path, r.size,
-                 orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata])
+                 orjson.dumps(r.pixel) if r.pixel is not None else None, r.metadata, r.source])
             items = (item_rows("study", study_pk, r.study) if new_study else []) \
                 + (item_rows("series", series_pk, r.series) if new_series else [])
             if any(r.instance.get(a.keyword) for a in SEQUENCES_OF["instance"]):  # (most instances: none)
@@ -470,6 +471,11 @@ class SQLIndex(Index):
         update read the study) stays rejected: its new file is left as a kept version."""
         rx = self._execute(con)
         records = [r for r in records if not rejections.is_rejected(rx, r.sop_uid)]
+        where, params = scope(study_uid, series_uid, sop_uid)
+        sources = dict(self._x(con, "SELECT i.SOPInstanceUID, i._source FROM instance i JOIN series se ON se.pk = "
+                                    "i.series_pk JOIN study s ON s.pk = se.study_pk " + where, params).fetchall())
+        for r in records:  # a new version came from where the instance came from
+            r.source = r.source or sources.get(r.sop_uid, "")
         self._delete_rows(con, study_uid, series_uid, sop_uid, log=False)
         for new in self._add_rows(con, records, action=action, log=False):
             if new is not True:
@@ -617,6 +623,17 @@ class SQLIndex(Index):
 
     def count(self) -> int:
         return self._rows("SELECT count(*) FROM instance")[0][0]
+
+    def arrived(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> list[Arrived] | None:
+        where, params = scope(study_uid, None, allowed=allowed)
+        rows = self._rows("SELECT se.SeriesInstanceUID, i._source, count(*), CAST(sum(i._size) AS BIGINT), "
+                          "min(se.pk) FROM instance i JOIN series se ON se.pk = i.series_pk "
+                          "JOIN study s ON s.pk = se.study_pk " + where
+                          + " GROUP BY se.SeriesInstanceUID, i._source", params)
+        if not rows:  # (a study is indexed while it has an instance)
+            return None
+        # series in arrival order, sources by code point (as in the in-memory index, whatever the collation)
+        return [Arrived(r[0], r[1], int(r[2]), int(r[3])) for r in sorted(rows, key=lambda r: (r[4], r[1]))]
 
     # --- study labels (store/labels.py) -----------------------------------------------
 

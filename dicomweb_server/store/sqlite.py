@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.instance import InstanceRecord
+from . import arrivals as arrivals_table
 from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS instance (
   _path TEXT NOT NULL,
   _size INTEGER NOT NULL,
   _pixel BLOB,
-  _metadata BLOB NOT NULL
+  _metadata BLOB NOT NULL,
+  _source TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS study_patient_id ON study(PatientID);
 CREATE INDEX IF NOT EXISTS study_patient_name ON study(PatientName);
@@ -92,7 +94,7 @@ WHEN NEW.series_pk != OLD.series_pk OR NEW.SOPInstanceUID != OLD.SOPInstanceUID 
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + shares_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + shares_table.sqlite_schema() + arrivals_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -125,6 +127,9 @@ class SQLiteIndex(SQLIndex):
                 # an index made before sequence matching: its studies' and series' items
                 backfill_items(SQLITE, con)
             self._add_derived_columns(con)
+            if "_source" not in {row[1] for row in con.execute("PRAGMA table_info(instance)")}:
+                # an index made before sources were kept: its instances' source is not known
+                con.execute("ALTER TABLE instance ADD COLUMN _source TEXT NOT NULL DEFAULT ''")
             for statement in derived_indexes():
                 con.execute(statement)
             changelog.backfill(con.execute, changelog.now())  # an index older than its change log

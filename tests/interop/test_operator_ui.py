@@ -84,6 +84,17 @@ def _routing_row(page, destination: str):
     return page.locator("#routing tbody tr", has=page.locator("td", has_text=destination)).first
 
 
+def login_basic(page, url: str, user: str, password: str) -> None:
+    """Open the page and log in with Basic credentials (the login form, as typed)."""
+    page.goto(f"{url}/ui/")
+    page.locator("#login summary").click()
+    page.get_by_label("Scheme").select_option("basic")
+    page.get_by_label("User").fill(user)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Use these credentials").click()
+    page.locator("#who", has_text=f"Basic: {user}").wait_for()
+
+
 def _offline(context, origin: str) -> list[str]:
     """Refuse (and note) every request to another origin than the archive's."""
     refused: list[str] = []
@@ -398,13 +409,7 @@ def test_operator_page_with_basic_auth_read_only(browser, tmp_path):  # noqa: F8
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)
     try:
-        page.goto(f"{a.url}/ui/")
-        page.locator("#login summary").click()
-        page.get_by_label("Scheme").select_option("basic")
-        page.get_by_label("User").fill("reader")
-        page.get_by_label("Password").fill("pässwörd")
-        page.get_by_role("button", name="Use these credentials").click()
-        page.locator("#who", has_text="Basic: reader").wait_for()
+        login_basic(page, a.url, "reader", "pässwörd")
         page.get_by_label("Patient ID").fill("OP-3")
         page.get_by_role("button", name="Search").click()
         page.get_by_role("link", name="Basic^Reader").click()

@@ -26,3 +26,17 @@ def test_received_first_and_latest_of_the_stored_instances(index, tmp_path):
     assert index.received(st) == {st: (times[a.sop_uid], times[a.sop_uid])}
     index.reject([(other, c.series_uid, c.sop_uid)], "113039^DCM", 1.0)
     assert index.received() == {st: (times[a.sop_uid], times[a.sop_uid])}
+
+
+def test_a_label_is_not_an_arrival(index, tmp_path):
+    """A label put on a study (or taken away) logs a ``label`` row per instance in the change
+    log; it was counted as an arrival, so labelling a study made it "received" now (its
+    retention by arrival restarted, the operator's page showed it as just arrived)."""
+    st = generate_uid()
+    a = record(tmp_path, study=st)
+    index.add([a])
+    [created] = [ch.timestamp for ch in index.changes(limit=10)]
+    index.set_label(st, "cardio")
+    index.set_label(st, "cardio", present=False)
+    assert [ch.action for ch in index.changes(limit=10)] == ["create", "label", "label"]
+    assert index.received() == {st: (created, created)}

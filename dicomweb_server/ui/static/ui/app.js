@@ -396,6 +396,7 @@ async function renderStudy(uid) {
     study ? el("p", { class: "downloads" }, downloadButton(dw(`/studies/${uid}/archive`), `study-${uid}.zip`, "Download study (ZIP with DICOMDIR)")) : null,
     study ? deidForm(uid) : null,
     await section("series", "Series", () => seriesList(uid)),
+    study ? await section("arrivals", "What arrived, from where", () => arrivals(uid)) : null,
     study ? await section("labels", "Labels", () => labelBox(uid)) : null,  // a rejected study: hidden, 404
     study ? await section("share", "Share link", () => shareBox(uid)) : null,
     await section("routing", "Routing: sent to destinations", () => routing(uid)),
@@ -410,19 +411,67 @@ async function renderStudy(uid) {
 }
 
 async function seriesList(uid) {
-  const series = (await json(dw(`/studies/${uid}/series?includefield=0008103E&includefield=00201209&includefield=00200011&includefield=00080021&includefield=00080031`))) || [];
+  const [found, arrived] = await Promise.all([
+    json(dw(`/studies/${uid}/series?includefield=0008103E&includefield=00201209&includefield=00200011&includefield=00080021&includefield=00080031`)),
+    studyArrivals(uid)]);
+  const series = found || [];
+  const of = (s) => (arrived ? arrived.series.find((a) => a.series === value(s, "0020000E")) : null);
   series.sort((a, b) => Number(value(a, "00200011")) - Number(value(b, "00200011")));
   return table(`${series.length} series`, [
     { label: "Thumbnail", cell: (s) => { const img = el("img", { class: "thumb", alt: `series ${value(s, "00200011")}` }); thumbnail(img, dw(`/studies/${uid}/series/${value(s, "0020000E")}/thumbnail`)); return img; } },
     { label: "Number", num: true, cell: (s) => value(s, "00200011") },
     { label: "Modality", cell: (s) => value(s, "00080060") },
     { label: "Description", cell: (s) => value(s, "0008103E") },
-    { label: "Instances", num: true, cell: (s) => value(s, "00201209") },
+    { label: "Instances", num: true, cell: (s) => (of(s) ? arrivedOf(of(s).instances, of(s).declared) : value(s, "00201209")) },
+    { label: "Size", num: true, cell: (s) => (of(s) ? size(of(s).bytes) : "") },
+    { label: "Source", cell: (s) => (of(s) ? sources(of(s).sources) : "") },
     { label: "Series date", cell: (s) => fmtDate(value(s, "00080021")) },
     { label: "Series UID", cell: (s) => el("code", {}, value(s, "0020000E")) },
     { label: "Download", cell: (s) => downloadButton(dw(`/studies/${uid}/series/${value(s, "0020000E")}/archive`),
       `series-${value(s, "0020000E")}.zip`, "ZIP", `Download series ${value(s, "00200011")} (ZIP with DICOMDIR)`) },
   ], series);
+}
+
+/* what arrived of the study, from where, against what its senders declared (docs/notes/sources.md):
+ * GET /admin/studies/{study}/arrivals, once per page (the series table and the section share it) */
+const arrivalsOf = new Map();
+function studyArrivals(uid) {
+  if (!arrivalsOf.has(uid)) arrivalsOf.set(uid, json(`/admin/studies/${uid}/arrivals`));
+  const p = arrivalsOf.get(uid);
+  p.catch(() => arrivalsOf.delete(uid));
+  return p.catch(() => null);  // (the series table without them: another scope, or no such study)
+}
+const size = (n) => el("span", { title: `${n} bytes`, "data-bytes": n }, bytes(n));
+function sourceName(src) {
+  if (src.startsWith("dimse:")) return `C-STORE from ${src.slice(6)}`;
+  if (src.startsWith("stow:")) return `STOW-RS by ${src.slice(5)}`;
+  return src === "import" ? "import (command line)" : src || "not known";
+}
+const sources = (m) => Object.entries(m).map(([src, n]) => `${sourceName(src)} (${n})`).join(", ");
+function arrivedOf(n, declared) {
+  if (declared === null || declared === undefined) return String(n);
+  return el("span", { class: n < declared ? "bad" : "ok" }, `${n} of declared ${declared}`);
+}
+
+async function arrivals(uid) {
+  arrivalsOf.delete(uid);  // (fresh: the series table asked a moment ago)
+  const doc = await json(`/admin/studies/${uid}/arrivals`);
+  arrivalsOf.set(uid, Promise.resolve(doc));
+  const facts = el("dl", { class: "facts", id: "arrival-facts" },
+    el("dt", {}, "Received"), el("dd", {}, doc.received ? `${doc.received.first} to ${doc.received.latest}` : "not known"),
+    el("dt", {}, "Instances"), el("dd", { id: "arrival-count" }, arrivedOf(doc.instances, doc.declared),
+      doc.declared === null ? " (no instance declares Number of Study Related Instances)" : " (Number of Study Related Instances its instances declare)"),
+    el("dt", {}, "Size"), el("dd", { id: "arrival-size" }, size(doc.bytes)),
+    el("dt", {}, "Sources"), el("dd", { id: "arrival-sources" }, sources(doc.sources)));
+  if (!doc.commitments.length) return [facts, el("p", { class: "muted" }, "No storage commitment request named its instances.")];
+  return [facts, table("Storage commitment requests that named its instances (what the sender declared it sent)", [
+    { label: "Requested", cell: (c) => c.time },
+    { label: "By (AE title)", cell: (c) => c.requester },
+    { label: "Arrived", cell: (c) => [arrivedOf(c.arrived, c.declared), c.in_study !== c.arrived ? ` (${c.in_study} in this study)` : ""] },
+    { label: "Missing", cell: (c) => (c.missing_count ? el("ul", { class: "missing" }, c.missing.slice(0, 20).map((m) => el("li", {}, el("code", {}, m.sop))),
+      c.missing_count > 20 ? el("li", {}, `and ${c.missing_count - 20} more`) : null) : "none") },
+    { label: "Transaction UID", cell: (c) => el("code", {}, c.transaction) },
+  ], doc.commitments)];
 }
 
 /* ZIP downloads (docs/downloads.md): fetched with the page's credentials (a plain link cannot send
