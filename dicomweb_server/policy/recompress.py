@@ -474,12 +474,13 @@ def after_ack_pass(archive, resume_file: Path) -> Progress | None:
         os.close(fd)
 
 
-async def after_ack_periodically(archive, interval: float = AFTER_ACK_INTERVAL) -> None:
+async def after_ack_periodically(archive, interval: float | None = None) -> None:
     """The server's after-ack passes (:func:`after_ack_pass`) every ``interval`` seconds
-    while the routes file has a ``when = "after_ack"`` rule; one process of a node at a time."""
+    (default :data:`AFTER_ACK_INTERVAL`) while the routes file has a ``when = "after_ack"``
+    rule; one process of a node at a time."""
     resume_file = Path(archive.settings.data_dir) / "recompress-after-ack.json"
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(AFTER_ACK_INTERVAL if interval is None else interval)
         try:
             await asyncio.to_thread(after_ack_pass, archive, resume_file)
         except asyncio.CancelledError:

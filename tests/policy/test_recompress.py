@@ -391,6 +391,28 @@ def test_after_ack_rule_stores_as_received_then_the_pass_reencodes(tmp_path):
         archive.close()
 
 
+def test_the_server_runs_the_after_ack_passes(tmp_path, monkeypatch):
+    from starlette.testclient import TestClient
+
+    from dicomweb_server.app import create_app
+    from tests.routing.conftest import wait_for
+    from tests.server.conftest import stored
+
+    monkeypatch.setattr(recompress, "AFTER_ACK_INTERVAL", 0.2)
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[store_as]]\nstore_as = "rle-lossless"\nwhen = "after_ack"\n')
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=routes))
+    try:
+        with TestClient(create_app(archive.settings, archive=archive)) as c:
+            ds = _synthetic(16, False)
+            stored(c, ds)
+            wait_for(lambda: archive.index.locate(ds.SOPInstanceUID).transfer_syntax_uid == RLE, 30,
+                     "the background pass")
+    finally:
+        archive.close()
+    assert (tmp_path / "data" / "recompress-after-ack.json").exists()
+
+
 def test_bad_when_is_refused_with_its_line(tmp_path):
     routes = tmp_path / "routes.toml"
     routes.write_text('[[store_as]]\nstore_as = "rle-lossless"\nwhen = "later"\n')
