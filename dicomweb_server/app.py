@@ -52,6 +52,11 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             tasks.append(asyncio.create_task(retention.run_periodically(app.state.archive, policy,
                                                                         settings.retention_interval),
                                              name="retention"))
+        routing = app.state.archive.routing
+        if routing is not None and any(r.when == "after_ack" for r in routing.routes.store_as):
+            from .policy.recompress import after_ack_periodically  # compress after the acknowledgement
+
+            tasks.append(asyncio.create_task(after_ack_periodically(app.state.archive), name="recompress-after-ack"))
         try:
             yield
         finally:

@@ -38,7 +38,7 @@ from .dicom.status import FailureReason, InstanceError
 from .policy import ingest
 from .lifecycle import reject
 from .lifecycle.update import UpdateError, replace_version
-from .lifecycle.versions import current_file, kept_files, split_version
+from .lifecycle.versions import current_file, kept_files, main_file, split_version
 from .policy import retention
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
 from .settings import Settings
@@ -269,6 +269,8 @@ class Archive:
         n = 0
         files = sorted((obj.modified, obj.path) for obj in self.blobs.listing())
         for _mtime, rel in files:
+            if main_file(rel) is not None:
+                continue  # a recompress side file: its main file holds the instance (policy/recompress.py)
             try:
                 with self.blobs.local_copy(rel) as local:
                     rec = describe_instance(local, bulk_threshold=self.settings.bulk_threshold)
@@ -415,6 +417,8 @@ class Archive:
         instance as received. Before the acknowledgement: see policy/ingest.py."""
         rule = self.routing.routes.store_as_for(rec)  # type: ignore[union-attr]
         if rule is None or part.path is None or rec.transfer_syntax_uid == rule.transfer_syntax:
+            return rec
+        if rule.when == "after_ack":  # stored as received; re-encoded later (policy/recompress.py)
             return rec
         new = ingest.compress_spooled(part.path, rule, rec.sop_uid)
         if new is None:

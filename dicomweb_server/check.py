@@ -12,6 +12,9 @@ of an index row) with what it is and, with ``repair``, what was done:
 - **unreadable**: not a DICOM file with valid Study/Series/SOP Instance UIDs: moved to
   ``lost+found/`` (in the data folder, never deleted) with the reason.
 - **missing file**: an index row whose file is gone: the row is dropped.
+- **recompress leftover** / **recompress unfinished** (policy/recompress.py): a side file
+  ``{sop}[.vN].recompressed.dcm`` no row names (removed by ``repair``), or a row naming one
+  (readable; ``repair`` finishes the switch).
 - **versions** (lifecycle/versions.py): ``{sop}.vN.dcm`` files, and the base file of an
   instance whose current file is a version, are kept versions (or the files of an update
   a crash stopped before its index switch): counted, never indexed nor moved; with
@@ -49,7 +52,7 @@ from .archive import Archive
 from .dicom.instance import describe_instance
 from .dicom.status import InstanceError
 from .store.base import Refused
-from .lifecycle.versions import expired, split_version
+from .lifecycle.versions import expired, main_file, split_version
 from .store.blobs import fsync_dir
 
 log = logging.getLogger("dicomweb_server.check")
@@ -133,6 +136,7 @@ def reconcile_files(archive: Archive, repair: bool = False) -> Report:
     unrelated = _unrelated(by_path, files)
     report.refused = repair and unrelated
     rest = _versions(archive, report, by_path, {rel: None for rel in files - set(by_path)}, repair and not unrelated)
+    _side_rows(archive, report, by_path, repair and not unrelated)
     for rel in sorted(rest):
         report.problems.append(_file_problem(archive, rel, repair))
     for rel, uid in sorted(by_path.items()):
@@ -166,7 +170,9 @@ def _versions(archive: Archive, report: Report, by_path: dict[str, str], unindex
     blobs, index = archive.blobs, archive.index
     for rel, modified in unindexed.items():
         base, n = split_version(rel)
-        if base in bases:
+        if main_file(rel) is not None:
+            report.problems.append(_side_leftover(archive, rel, base, repair))
+        elif base in bases:
             report.versions += 1
             if repair:
                 if modified is None:
@@ -196,6 +202,39 @@ def _versions(archive: Archive, report: Report, by_path: dict[str, str], unindex
         else:
             rest.append(rel)
     return rest
+
+
+def _side_leftover(archive: Archive, rel: str, base: str, repair: bool) -> Problem:
+    """A recompress side file no index row names (policy/recompress.py: a stop before its
+    first commit or after its last): the instance is whole in its main file; removed by
+    ``repair`` (under the instance's locks: a recompress in flight is not undone)."""
+    problem = Problem("recompress leftover", rel, "the re-encoded copy of a stored file that a stopped "
+                                                  "`recompress` left; no index row names it")
+    if repair:
+        uid = PurePosixPath(base).stem
+        with archive.blobs.locked([uid]), archive.index.locked([uid]):
+            loc = archive.index.locate(uid)
+            if loc is None or loc.path != rel:
+                archive.blobs.remove(rel)
+                problem.action = "removed"
+            else:
+                problem.action = "indexed meanwhile: kept"
+    return problem
+
+
+def _side_rows(archive: Archive, report: Report, by_path: dict[str, str], repair: bool) -> None:
+    """Index rows naming a recompress side file (a stop between the two commits of its
+    switch, policy/recompress.py): readable as they are; ``repair`` finishes the switch."""
+    for rel, uid in sorted(by_path.items()):
+        if main_file(rel) is None:
+            continue
+        problem = Problem("recompress unfinished", uid, f"indexed at the side file {rel} (a `recompress` "
+                                                        "stopped during its switch; the instance is readable)")
+        if repair:
+            from .policy.recompress import finish
+
+            problem.action = "switch finished" if finish(archive, uid) else "nothing left to do"
+        report.problems.append(problem)
 
 
 def _unrelated(by_path: dict[str, str], stored: set[str]) -> bool:
@@ -290,6 +329,7 @@ def reconcile_objects(archive: Archive, repair: bool = False, grace: float = GRA
     now = time.time()
     rest = _versions(archive, report, by_path, {rel: listed[rel].modified for rel in set(listed) - set(by_path)},
                      repair and not unrelated and bool(by_path))
+    _side_rows(archive, report, by_path, repair and not unrelated)
     for rel in sorted(rest):
         obj = listed[rel]
         age = now - obj.modified

@@ -654,6 +654,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_retention_parser(sub, _add_settings_args, _retention)
     pull_cli.add_parser(sub, _add_settings_args, _settings, _existing_archive, _open_archive)
+    from .policy import recompress_cli  # (its command: settings, then the archive, as retention's)
+
+    recompress_cli.add_parser(sub, _add_settings_args, lambda a: recompress_cli.command(
+        a, _settings(a), _existing_archive, _open_archive))
 
     upd = sub.add_parser("update", help="change Patient/Study (or, with --series, Series) attributes of a stored "
                                         "study: every instance gets a new version (lifecycle/update.py)")

@@ -2,7 +2,8 @@
 export to a destination (both need the ``write`` scope, see api/auth.py), a
 de-identification project's pseudonym table (``admin`` scope: it re-identifies
 patients; deid/pseudonyms.py), a pull from another PACS (``admin`` scope: a job,
-dimse/pull.py) and the Prometheus metrics (``/metrics``)."""
+dimse/pull.py), the recompress job (``admin`` scope: it rewrites stored files;
+policy/recompress.py) and the Prometheus metrics (``/metrics``)."""
 
 from __future__ import annotations
 
@@ -162,6 +163,35 @@ async def pull(request: Request, archive: ArchiveDep) -> Response:
     except JobError as e:
         raise DICOMwebHTTPError(400, str(e)) from None
     return await accepted(request, "pull", params)
+
+
+@router.post("/admin/recompress", summary="Re-encode stored instances by the [[store_as]] rules (a job)")
+async def recompress(archive: ArchiveDep, request: Request) -> Response:
+    """Queue the ``recompress`` job (policy/recompress.py): every stored instance (or those
+    ``match`` names) re-encoded losslessly by the first ``[[store_as]]`` rule of the routes
+    file that matches it, verified, crash-safe. Body (optional): a JSON object of the job's
+    parameters ``match`` (QIDO-RS keys), ``rate`` (instances/s), ``bytes_rate`` (bytes/s),
+    ``limit``, ``quiet`` (seconds without a store before each instance), ``dry_run``.
+    ``202`` with the job and its Location (``GET /jobs/{id}``: progress, then the report of
+    bytes saved per transfer syntax); 400 for bad parameters or a routes file without
+    ``[[store_as]]`` rules. Needs the ``admin`` scope: it rewrites stored files."""
+    from ..jobs import JobError
+    from ..policy.recompress import check_params
+    from .jobs import accepted
+
+    body = await read_body(request, 64 * 1024, "the parameters")
+    try:
+        params = orjson.loads(body) if body.strip() else {}
+        if isinstance(params, dict) and "follow" in params:
+            raise JobError("unknown parameter 'follow' (the server's own after-ack passes)")
+        check_params(params)
+    except orjson.JSONDecodeError as e:
+        raise DICOMwebHTTPError(400, f"the body is not JSON: {e}") from None
+    except JobError as e:
+        raise DICOMwebHTTPError(400, str(e)) from None
+    if archive.routing is None or not archive.routing.routes.store_as:
+        raise DICOMwebHTTPError(400, "no [[store_as]] rule: start the server with --routes FILE holding them")
+    return await accepted(request, "recompress", params)
 
 
 @router.get("/metrics", summary="Prometheus metrics")

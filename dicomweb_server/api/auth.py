@@ -278,11 +278,12 @@ class AuthAuditMiddleware:
             if found is not None:
                 # the admin endpoints (routing queue, export) change what leaves the archive: write scope;
                 # the pseudonym tables re-identify patients: admin scope (deid/pseudonyms.py), as
-                # a pull from another PACS (dimse/pull.py: what enters the archive);
+                # a pull from another PACS (dimse/pull.py: what enters the archive) and a recompress
+                # (it rewrites every stored file: policy/recompress.py);
                 # labels are changed with the write scope, a DELETE of one included; the share
                 # links are listed and revoked with the write scope (api/shares.py), and so are
                 # background jobs (api/jobs.py)
-                need = ("admin" if rel.startswith(("/admin/deid/", "/admin/pull"))
+                need = ("admin" if rel.startswith(("/admin/deid/", "/admin/pull", "/admin/recompress"))
                         else "write" if rel.startswith(("/admin/", "/shares", "/jobs"))
                         or (method == "DELETE" and "/labels/" in rel)
                         else _METHOD_SCOPE.get(method, "read"))

@@ -11,6 +11,11 @@ is current, so that:
 - the in-memory index, re-reading every file at start-up, indexes the file of the
   current version only (:func:`current_file`).
 
+A *side file* ``{sop}[.vN].recompressed.dcm`` (:func:`side_file`) is the re-encoded copy of
+the file beside it while ``recompress`` switches the instance to it (policy/recompress.py):
+it holds the same data set (version) as its main file, is indexed only between the two
+commits of that switch, and is never read at start-up.
+
 The files of earlier versions are kept ``keep_versions`` days (settings) after they were
 replaced (the time of the change-log row of the version that followed), then removed by
 :func:`purge`: in the server at start and hourly (the timer of the rejected instances'
@@ -36,9 +41,26 @@ def version_path(base: str, version: int) -> str:
     return f"{base[:-4]}.v{version}.dcm"
 
 
+#: the suffix of a side file (policy/recompress.py): the re-encoded copy of a stored file,
+#: indexed while its bytes take the stored file's place
+SIDE = ".recompressed.dcm"
+
+
+def side_file(rel: str) -> str:
+    """The side file of the stored file ``rel`` (``{sop}[.vN].recompressed.dcm``)."""
+    assert rel.endswith(".dcm") and not rel.endswith(SIDE)
+    return rel[:-4] + SIDE
+
+
+def main_file(rel: str) -> str | None:
+    """The stored file whose side file ``rel`` is; None when ``rel`` is not a side file."""
+    return rel[: -len(SIDE)] + ".dcm" if rel.endswith(SIDE) else None
+
+
 def split_version(rel: str) -> tuple[str, int | None]:
     """(the instance's base path, version) of a stored file; version None for the base
-    file itself."""
+    file itself. A side file gives those of its main file."""
+    rel = main_file(rel) or rel
     m = _VERSIONED.match(rel)
     if m is None:
         return rel, None
@@ -53,7 +75,10 @@ def file_of(base: str, change: Change) -> str:
 
 def current_file(rel: str, last: tuple[str, str, int] | None) -> bool:
     """Whether ``rel`` is the current file of its instance, given its latest change-log
-    row (action, state, version), None when never logged (start-up of the in-memory index)."""
+    row (action, state, version), None when never logged (start-up of the in-memory index).
+    A side file never is: its main file is there, with the same data set (policy/recompress.py)."""
+    if main_file(rel) is not None:
+        return False
     _base, n = split_version(rel)
     made_by_version = last is not None and last[0] in ("update", "restore")
     if n is None:
@@ -170,7 +195,8 @@ def expired(modified: float, keep_days: float, now: float | None = None) -> bool
 
 
 def kept_files(blobs, base: str) -> list[tuple[str, float]]:
-    """(path, modified) of the version files beside the instance filed at ``base``."""
+    """(path, modified) of the version files (and side files) beside the instance filed at
+    ``base``."""
     folder, _, name = base.rpartition("/")
     stem = name[:-4]
     if getattr(blobs, "sizes", None) is not None:  # objects: the series folder listed
@@ -183,7 +209,7 @@ def kept_files(blobs, base: str) -> list[tuple[str, float]]:
         return []
     for p in entries:
         rel = f"{folder}/{p.name}"
-        if p.name.startswith(stem + ".v") and split_version(rel) [0] == base and rel != base:
+        if p.name.startswith(stem + ".") and split_version(rel)[0] == base and rel != base:
             try:
                 out.append((rel, p.stat().st_mtime))
             except FileNotFoundError:

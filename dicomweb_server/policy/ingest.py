@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dicomweb_server.policy.ingest")
 
-__all__ = ["NotEncoded", "compress_spooled", "derive_lossy", "encode_file", "lossy_uid", "same_pixels"]
+__all__ = ["NotEncoded", "compress_spooled", "derive_lossy", "encode_file", "encode_verified", "lossy_uid",
+           "same_pixels"]
 
 
 def same_pixels(received: str, encoded: str, *, lossy: bool = False) -> str | None:
@@ -76,6 +77,10 @@ def same_pixels(received: str, encoded: str, *, lossy: bool = False) -> str | No
 class NotEncoded(Exception):
     """The instance cannot be stored as the rule asks; the message says why (the
     received file is then kept as it is)."""
+
+
+class NoPixelData(NotEncoded):
+    """Nothing to encode: the instance has no Pixel Data."""
 
 
 def _verify(received: Path, encoded: Path) -> str | None:
@@ -142,17 +147,34 @@ def encode_file(source: Path, rule: StoreAs, *, directory: Path | None = None) -
     the same shape with the attributes of :func:`derive_lossy`. ``source`` is left
     alone. Raises NotEncoded (why) when it cannot be, or has no Pixel Data; nothing
     new is left behind then."""
-    target_ts = rule.transfer_syntax
+    return _encode(source, rule.transfer_syntax, rule.lossy, directory or source.parent)
+
+
+def encode_verified(path: Path, target_ts: str, folder: Path) -> tuple[Path | None, str | None]:
+    """``path`` (a PS3.10 file) re-encoded losslessly in ``target_ts`` into a new, fdatasync'ed,
+    verified file in ``folder`` (:func:`encode_file`'s work): (the new file, None); or (None,
+    why not) when it cannot be read, encoded or verified; or (None, None) when it has no Pixel
+    Data. ``path`` is left alone. ``recompress`` (policy/recompress.py) goes through here: it
+    re-encodes in place, keeping the SOP Instance UID, so never to a lossy syntax."""
+    try:
+        return _encode(path, target_ts, False, folder), None
+    except NoPixelData:
+        return None, None
+    except NotEncoded as e:
+        return None, str(e)
+
+
+def _encode(source: Path, target_ts: str, allow_lossy: bool, directory: Path) -> Path:
     lossy = transcode.is_lossy_target(target_ts)
-    if lossy and not rule.lossy:
+    if lossy and not allow_lossy:
         raise NotEncoded(f"{target_ts} is lossy and the rule does not say lossy = true")
     try:
         ds = pydicom.dcmread(source)
     except Exception as e:  # noqa: BLE001 - it was read once already; keep it as received
         raise NotEncoded(f"cannot be read again: {e}") from None
     if "PixelData" not in ds:
-        raise NotEncoded("no Pixel Data")
-    fd, name = tempfile.mkstemp(dir=directory or source.parent, suffix=".store_as")
+        raise NoPixelData("no Pixel Data")
+    fd, name = tempfile.mkstemp(dir=directory, suffix=".store_as")
     out = Path(name)
     try:
         try:
@@ -187,7 +209,8 @@ def compress_spooled(path: Path, rule: StoreAs, sop_uid: str) -> Path | None:
     place."""
     try:
         return encode_file(path, rule)
+    except NoPixelData:
+        return None
     except NotEncoded as e:
-        if str(e) != "no Pixel Data":
-            log.warning("store_as: instance %s kept as received: %s", sop_uid, e)
+        log.warning("store_as: instance %s kept as received: %s", sop_uid, e)
         return None

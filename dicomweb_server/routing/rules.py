@@ -35,6 +35,8 @@
                                     # "rle-lossless"; lossy only with lossy = true:
                                     # "j2k-lossy", "htj2k-lossy", "jpeg-baseline" (a new SOP
                                     # Instance UID, PS3.3 C.7.6.1.1.5: policy/ingest.py)
+    when = "before_ack"             # or "after_ack" (lossless only): stored as received,
+                                    # re-encoded in the background (policy/recompress.py)
 
 A rule's ``match`` holds QIDO-RS matching keys (PS3.18 §8.3.4, PS3.4 C.2.2.2) and is
 parsed by the same :func:`dicom.matching.parse_query` as a search for instances, then
@@ -126,9 +128,16 @@ class StoreAs:
     alternatives: tuple[tuple[Match, ...], ...]
     transfer_syntax: str
     lossy: bool = False  # a lossy syntax, which the rule had to ask for with ``lossy = true``
+    #: "before_ack": encoded before the sender's success (policy/ingest.py); "after_ack": stored
+    #: as received, acknowledged, then re-encoded in the background (policy/recompress.py)
+    when: str = "before_ack"
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
+
+
+#: when a ``[[store_as]]`` rule encodes: before the acknowledgement, or after it
+STORE_AS_WHEN = ("before_ack", "after_ack")
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,7 +488,7 @@ LOSSY_STORE_AS = {
 
 
 def _store_as(r: dict, i: int, fail) -> StoreAs:
-    name = _named(r, "store_as", i, ("name", "match", "store_as", "lossy"), f"store_as {i + 1}", fail)
+    name = _named(r, "store_as", i, ("name", "match", "store_as", "lossy", "when"), f"store_as {i + 1}", fail)
     value, lossy = r.get("store_as"), r.get("lossy", False)
     if not isinstance(lossy, bool):
         raise fail("store_as", i, "lossy", "true or false is required")
@@ -491,11 +500,17 @@ def _store_as(r: dict, i: int, fail) -> StoreAs:
     if value not in STORE_AS and value not in LOSSY_STORE_AS:
         raise fail("store_as", i, "store_as", f"one of {', '.join(STORE_AS)} is required "
                    f"(or, with lossy = true, {', '.join(LOSSY_STORE_AS)})")
+    when = r.get("when", "before_ack")
+    if when not in STORE_AS_WHEN:
+        raise fail("store_as", i, "when", f"{when!r}: one of {', '.join(map(repr, STORE_AS_WHEN))} is required")
+    if lossy and when == "after_ack":  # recompress re-encodes in place (same UID): lossless only
+        raise fail("store_as", i, "when", "'after_ack' re-encodes the stored instance in place, keeping its "
+                   "SOP Instance UID: lossless syntaxes only (a lossy copy is a new instance, made on arrival)")
     try:
         alternatives = match_alternatives(r.get("match", {}))
     except ValueError as e:
         raise fail("store_as", i, "match", str(e)) from None
-    return StoreAs(name, alternatives, STORE_AS.get(value) or LOSSY_STORE_AS[value], lossy)
+    return StoreAs(name, alternatives, STORE_AS.get(value) or LOSSY_STORE_AS[value], lossy, when)
 
 
 def _url_problem(url: object) -> str | None:

@@ -183,6 +183,15 @@ class Index(ABC):
         record contradicts the hierarchy (a study of another patient's...)."""
         raise NotImplementedError
 
+    def refile(self, record: InstanceRecord, old_path: str) -> bool:
+        """Point one instance's row at another file holding the same data set in another
+        encoding (policy/recompress.py: a lossless re-encoding is the same SOP Instance,
+        PS3.5 §10), in ONE durable commit, if the row still names ``old_path``: its file,
+        size, transfer syntax, pixel layout and stored metadata become ``record``'s. No
+        change-log row (the data set did not change) and no hook runs. False, nothing
+        changed, when the row is gone (deleted, rejected) or names another file."""
+        raise NotImplementedError
+
     def history(self, sop_uid: str) -> list[Change]:
         """The change-log rows of one instance, in Sequence order."""
         raise NotImplementedError

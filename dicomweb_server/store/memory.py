@@ -238,6 +238,19 @@ class MemoryIndex(Index):
             self._remove(study_uid, series_uid, sop_uid, log=None)
             self._insert(records, action)
 
+    def refile(self, record: InstanceRecord, old_path: str) -> bool:
+        """Index.refile: nothing to write (the files are the index: at start-up the file at
+        the instance's name is read, lifecycle/versions.py side files are skipped)."""
+        with self._lock:
+            inst = self._instances.get(record.sop_uid)
+            if inst is None or inst.path != old_path:
+                return False
+            self._bytes += record.size - inst.size
+            inst.ts, inst.path, inst.size, inst.pixel = (record.transfer_syntax_uid, record.path, record.size,
+                                                         record.pixel)
+            inst.metadata = zlib.compress(record.metadata, 1)
+            return True
+
     def _insert(self, records: list[InstanceRecord], action: str = "create") -> list[bool | Refused]:
         """The in-memory part of :meth:`add` (under the lock)."""
         out: list[bool | Refused] = []

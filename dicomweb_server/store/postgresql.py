@@ -431,6 +431,11 @@ class PostgreSQLIndex(SQLIndex):
         with self._writing(uids) as con:
             self._replace_rows(con, records, study_uid, series_uid, sop_uid, action)
 
+    def refile(self, record: InstanceRecord, old_path: str) -> bool:
+        # the study's lock, as a delete of it takes; the instance's, as an update's switch
+        with self._writing([record.study_uid, record.sop_uid]) as con:
+            return self._refile_row(con, record, old_path)
+
     def history(self, sop_uid: str):
         return self._retried(lambda: SQLIndex.history(self, sop_uid))
 

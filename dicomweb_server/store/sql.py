@@ -484,6 +484,14 @@ class SQLIndex(Index):
         self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r in records])
         self._run_replace_hooks(con, records, action)  # routing's forwards of the new versions
 
+    def _refile_row(self, con, record: InstanceRecord, old_path: str) -> bool:
+        """Index.refile inside the caller's transaction."""
+        return self._x(con, "UPDATE instance SET _transfer_syntax = ?, _path = ?, _size = ?, _pixel = ?, "
+                       "_metadata = ? WHERE SOPInstanceUID = ? AND _path = ?",
+                       (record.transfer_syntax_uid, record.path, record.size,
+                        orjson.dumps(record.pixel) if record.pixel is not None else None, record.metadata,
+                        record.sop_uid, old_path)).rowcount == 1
+
     def history(self, sop_uid: str) -> list[changelog.Change]:
         with self._reading() as con:
             return changelog.history(lambda sql, p: self._x(con, sql, p), sop_uid)

@@ -80,7 +80,17 @@ WHEN NOT coalesce((SELECT NEW._path = p || '.dcm' OR (NEW._path GLOB p || '.v[1-
                    FROM (SELECT s.StudyInstanceUID || '/' || se.SeriesInstanceUID || '/' || NEW.SOPInstanceUID AS p
                          FROM series se JOIN study s ON s.pk = se.study_pk WHERE se.pk = NEW.series_pk)), 0)
 BEGIN SELECT RAISE(ABORT, 'instance filed under another series or study'); END;
-CREATE TRIGGER IF NOT EXISTS instance_stays_in_series BEFORE UPDATE OF series_pk, _path, SOPInstanceUID ON instance
+-- Its file may change to another of its own names only: a version's, or the side file of a
+-- re-encoding (policy/recompress.py: study/series/sop[.vN].recompressed.dcm).
+DROP TRIGGER IF EXISTS instance_stays_in_series;
+CREATE TRIGGER instance_stays_in_series BEFORE UPDATE OF series_pk, _path, SOPInstanceUID ON instance
+WHEN NEW.series_pk != OLD.series_pk OR NEW.SOPInstanceUID != OLD.SOPInstanceUID OR NOT (NEW._path = OLD._path
+  OR coalesce((SELECT NEW._path IN (p || '.dcm', p || '.recompressed.dcm')
+                      OR ((NEW._path GLOB p || '.v[1-9]*.dcm' AND NEW._path NOT GLOB p || '.v*[^0-9]*.dcm')
+                          OR (NEW._path GLOB p || '.v[1-9]*.recompressed.dcm'
+                              AND NEW._path NOT GLOB p || '.v*[^0-9]*.recompressed.dcm'))
+               FROM (SELECT s.StudyInstanceUID || '/' || se.SeriesInstanceUID || '/' || NEW.SOPInstanceUID AS p
+                     FROM series se JOIN study s ON s.pk = se.study_pk WHERE se.pk = NEW.series_pk)), 0))
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
@@ -201,6 +211,10 @@ class SQLiteIndex(SQLIndex):
                 sop_uid: str | None = None, action: str = "update") -> None:
         with immediate(self._con()) as con:
             self._replace_rows(con, records, study_uid, series_uid, sop_uid, action)
+
+    def refile(self, record: InstanceRecord, old_path: str) -> bool:
+        with immediate(self._con()) as con:
+            return self._refile_row(con, record, old_path)
 
     def set_label(self, study_uid: str, label: str, present: bool = True,
                   allowed: Filter = UNRESTRICTED) -> bool | None:

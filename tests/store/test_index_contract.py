@@ -3,6 +3,7 @@ SQLite indexes must give the same answers to the same calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import sqlite3
 import threading
@@ -158,6 +159,33 @@ def test_counts_sum_the_instances_bytes(loaded):
     index.delete(s2)
     index.delete(s1)
     assert index.counts() == IndexCounts(0, 0, 0, 0)
+
+
+def test_refile_switches_one_row_to_another_file_if_unchanged(loaded):
+    """Index.refile (policy/recompress.py): the row's file, size, syntax and pixel layout
+    switch in one commit when it still names the old file; no change-log row; the counts
+    follow the new size; a stale or absent row is left alone (False)."""
+    index, recs, s1, _s2, se1 = loaded
+    old = recs[0]
+    before = index.counts().stored_bytes
+    logged = len(index.changes(limit=100))
+    new = dataclasses.replace(old, path=old.path[:-4] + ".recompressed.dcm", size=old.size - 100,
+                              transfer_syntax_uid="1.2.840.10008.1.2.4.80",
+                              pixel={**old.pixel, "frame_length": 77})
+    assert index.refile(new, "elsewhere.dcm") is False  # stale: another file is indexed
+    assert index.locate(old.sop_uid).path == old.path
+    assert index.refile(new, old.path) is True
+    loc = index.locate(old.sop_uid)
+    assert (loc.path, loc.size, loc.transfer_syntax_uid, loc.pixel["frame_length"]) == \
+        (new.path, old.size - 100, "1.2.840.10008.1.2.4.80", 77)
+    assert (loc.study_uid, loc.series_uid) == (s1, se1)
+    assert index.counts().stored_bytes == before - 100
+    assert dict(index.paths())[old.sop_uid] == new.path
+    assert [x.sop_uid for x in index.instances(s1)] == [r.sop_uid for r in recs[:3]]  # order kept
+    assert len(index.changes(limit=100)) == logged
+    assert index.refile(new, old.path) is False  # already switched
+    index.delete(s1, se1, old.sop_uid)
+    assert index.refile(dataclasses.replace(old), new.path) is False  # gone
 
 
 def test_sqlite_counts_read_no_instance_rows(tmp_path):
