@@ -1,7 +1,7 @@
 /* The router of the operator's page (see core.js); loaded last: it starts the page. */
 "use strict";
 
-/* -- the router: #/find?..., #/study/UID, #/watch --------------------------------------------- */
+/* -- the router: #/find?..., #/study/UID, #/jobs, #/jobs/ID, #/watch ---------------------------- */
 
 async function route() {
   const hash = location.hash || "#/find";
@@ -13,6 +13,8 @@ async function route() {
   }
   if (path.startsWith("/study/")) await renderStudy(decodeURIComponent(path.slice(7)));
   else if (path === "/watch") renderWatch();
+  else if (path === "/jobs") await renderJobs();
+  else if (path.startsWith("/jobs/")) await renderJob(decodeURIComponent(path.slice(6)));
   else await renderFind(params);
   document.title = `dicomweb-archive: ${path.split("/")[1] || "find"}`;
 }

@@ -1,12 +1,13 @@
 /* The operator's page of dicomweb-archive (dicomweb_server/ui/, docs/operator.md).
  * Plain JavaScript, no build step, no library: every read and every change goes through
  * the archive's own REST API (QIDO-RS, WADO-RS, STOW-RS, DELETE, $update, reject/restore,
- * the change feed, /admin/..., /metrics), with the credentials typed in the page.
+ * the change feed, /admin/..., /jobs, /metrics), with the credentials typed in the page.
  *
  * Several classic scripts (index.html loads them in order, deferred) share the page's global
  * scope: core.js (this file: the API, DICOM JSON values, DOM helpers, the confirm step),
  * auth.js (credentials, OIDC login), find.js (Find, upload), study.js (the study page),
- * actions.js (the study's actions), watch.js (Watch), app.js (the router, started last). */
+ * actions.js (the study's actions), deidentify.js (de-identification jobs), jobs.js (the
+ * Jobs view), watch.js (Watch), app.js (the router, started last). */
 "use strict";
 
 const PREFIX = document.querySelector('meta[name="dicomweb-prefix"]').content;

@@ -93,6 +93,7 @@ async function renderFind(params) {
     offset > 0 ? el("a", { href: link({ offset: Math.max(0, offset - limit) }) }, "← Previous") : null,
     more ? el("a", { href: link({ offset: offset + limit }) }, "Next →") : null);
   results.replaceChildren(rows.length ? t : el("p", {}, "No study matches."), pager);
+  if (rows.length) results.append(deidResultsBox(q, value(rows[0], "0020000D")));
   say(`${rows.length}${more ? "+" : ""} ${rows.length === 1 && !more ? "study" : "studies"} found.`);
 }
 

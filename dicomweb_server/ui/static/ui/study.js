@@ -55,6 +55,7 @@ async function renderStudy(uid) {
         " Note: the viewer sends no credentials, so with the archive's authentication on it shows nothing (its requests get 401); use the download below, or a viewer on a network the archive trusts.") : null),
     study ? el("p", { class: "downloads" }, downloadButton(dw(`/studies/${uid}/archive`), `study-${uid}.zip`, "Download study (ZIP with DICOMDIR)")) : null,
     study ? deidForm(uid) : null,
+    study ? deidStudyBox(uid) : null,
     await section("series", "Series", () => seriesList(uid)),
     study ? await section("arrivals", "What arrived, from where", () => arrivals(uid)) : null,
     study ? await section("labels", "Labels", () => labelBox(uid)) : null,  // a rejected study: hidden, 404
