@@ -40,7 +40,7 @@ async function renderStudy(uid) {
     return;
   }
   const name = study ? value(study, "00100010") : "(rejected)";
-  view.replaceChildren(
+  view.replaceChildren(...[  // (replaceChildren writes a null as the text "null": the parts a rejected study has not are left out)
     el("h1", {}, `Study of ${name}`),
     study ? el("dl", { class: "facts" },
       el("dt", {}, "Patient ID"), el("dd", { id: "fact-patient-id" }, value(study, "00100020")),
@@ -67,7 +67,7 @@ async function renderStudy(uid) {
     await section("versions", "Versions", () => versionList(uid)),
     await section("history", "Change history (change feed)", () => changeHistory(uid)),
     await section("delete", "Delete", () => deleteBox(uid)),
-  );
+  ].filter(Boolean));
   say("");
 }
 
