@@ -329,6 +329,7 @@ def test_operator_page(browser, archives, tmp_path, artifacts):  # noqa: F811 (b
         page.get_by_role("button", name="Reject study").click()
         _confirm(page, "Reject")
         page.locator("#rejection-state", has_text="6 instance(s) rejected").wait_for()
+        assert "null" not in page.locator("#view").inner_text()  # (the parts a rejected study has not: left out)
         assert _studies(a.url, AUTH, StudyInstanceUID=uid) == []
         page.get_by_role("button", name="Restore rejected instances").click()
         _confirm(page, "Restore")

@@ -52,10 +52,14 @@ def test_the_operator_page_and_its_files_need_no_credentials_the_api_does(tmp_pa
         assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
         assert '<meta name="dicomweb-prefix" content="">' in page.text
         assert re.findall(r"https?://", page.text) == []
-        js = c.get("/ui/static/ui/app.js")
-        assert js.status_code == 200
-        assert hashlib.sha256(js.content).digest() == hashlib.sha256((STATIC / "ui/app.js").read_bytes()).digest()
-        assert re.findall(r"https?://", js.text) == []
+        scripts = re.findall(r'<script src="/ui/static/(ui/[a-z]+\.js)" defer></script>', page.text)
+        assert scripts[0] == "ui/core.js" and scripts[-1] == "ui/app.js"  # the router, which starts the page, last
+        assert sorted(scripts) == sorted(f"ui/{p.name}" for p in (STATIC / "ui").glob("*.js"))  # every one, no other
+        for name in scripts:  # each served as shipped, none over 500 lines, none naming another origin
+            js = c.get(f"/ui/static/{name}")
+            assert js.status_code == 200
+            assert hashlib.sha256(js.content).digest() == hashlib.sha256((STATIC / name).read_bytes()).digest()
+            assert re.findall(r"https?://", js.text) == [] and js.text.count("\n") < 500, name
         assert c.get("/docs").status_code == 200
         # what the page asks for is the API's to allow
         assert c.get("/studies").status_code == 401
