@@ -1,7 +1,8 @@
 """The DIMSE listener: association policy and the handlers bound per event
 (pynetdicom). Verification (C-ECHO), Storage (C-STORE), Query/Retrieve (C-FIND,
 C-GET, C-MOVE; Patient Root and Study Root), Storage Commitment Push Model (N-ACTION,
-N-EVENT-REPORT: :mod:`.commitment`) and Modality Worklist (C-FIND: :mod:`.worklist`) SCP.
+N-EVENT-REPORT: :mod:`.commitment`), Modality Worklist (C-FIND: :mod:`.worklist`) and
+Modality Performed Procedure Step (N-CREATE, N-SET: :mod:`.mpps`) SCP.
 
 One write path: a C-STORE is streamed by pynetdicom into a file in the archive's
 spool folder (``STORE_RECV_CHUNKED_DATASET``), then handed to :meth:`Archive.store`,
@@ -46,6 +47,7 @@ from pynetdicom.association import Association
 from pynetdicom.presentation import PresentationContext
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
+    ModalityPerformedProcedureStep,
     ModalityWorklistInformationFind,
     PatientRootQueryRetrieveInformationModelFind,
     StudyRootQueryRetrieveInformationModelFind,
@@ -58,7 +60,7 @@ from ..archive import Archive, source_of_dimse
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
-from . import access, pdata, reactor, slots, store_rsp, tls, worklist
+from . import access, mpps, pdata, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
 from .pdata import PDURefused
 from . import status as S
@@ -383,6 +385,7 @@ class DimseServer(RetrieveSCP):
             ae.add_supported_context(model)
         # the requester is the SCU; the N-EVENT-REPORT goes back on this association (PS3.4 J.3)
         ae.add_supported_context(StorageCommitmentPushModel)
+        ae.add_supported_context(ModalityPerformedProcedureStep)  # N-CREATE, N-SET (PS3.4 F.7: mpps.py)
         return ae
 
     def _open_commitment(self) -> Reporter:
@@ -424,6 +427,8 @@ class DimseServer(RetrieveSCP):
             (evt.EVT_C_GET, self._on_get),
             (evt.EVT_C_MOVE, self._on_move),
             (evt.EVT_N_ACTION, self.commitment.on_n_action),
+            (evt.EVT_N_CREATE, functools.partial(mpps.on_n_create, self.archive.index)),
+            (evt.EVT_N_SET, functools.partial(mpps.on_n_set, self.archive.index)),
             (evt.EVT_ABORTED, self._on_abort),
             (evt.EVT_CONN_CLOSE, self._on_close),
             (evt.EVT_ACCEPTED, self._audit),
