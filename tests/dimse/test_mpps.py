@@ -47,6 +47,9 @@ def test_a_modality_performs_a_scheduled_step(dimse):
         status, attrs = assoc.send_n_create(_ds(created("SPS1", study)), MPPS, uid)
         assert status.Status == 0x0000
         assert _sps_status(dimse, "SPS1") == "STARTED"
+        key = "ScheduledProcedureStepSequence.ScheduledProcedureStepStatus"
+        assert dimse.http.get("/worklist", params={key: "SCHEDULED"}).json() == []  # nothing left to do
+        assert len(dimse.http.get("/worklist", params={key: "STARTED"}).json()) == 1
         # the same UID again: Duplicate SOP instance (PS3.7 Annex C)
         assert assoc.send_n_create(_ds(created("SPS1", study)), MPPS, uid)[0].Status == 0x0111
         assert [int(assoc.send_c_store(ds).Status) for ds in images] == [0, 0]
