@@ -362,6 +362,7 @@ class DimseServer(RetrieveSCP):
         self.tls_port: int | None = None  # the TLS port bound by start (PS3.15 Annex B)
         self._outbox = None  # the storage commitment reports' (commitment.py), opened by start()
         self.commitment: Reporter | None = None
+        self.orders = None  # the HL7 v2 orders' MLLP port (orders/mllp.py) with hl7_port
 
     # --- association policy (kept out of the handlers) ----------------------------------
 
@@ -450,6 +451,8 @@ class DimseServer(RetrieveSCP):
             self.ae.dimse_slots.close()  # type: ignore[attr-defined]
             self._stop_commitment()
             raise
+        if self.settings.hl7_port and self.orders is None:
+            self._start_orders(host)
         # Everything alive now (pydicom's dictionaries, pynetdicom's 2,800 supported
         # presentation contexts, the archive) lives as long as the listener: out of the
         # collector's sight. Each association allocates enough to trigger collections,
@@ -502,6 +505,19 @@ class DimseServer(RetrieveSCP):
             server.finish_request = finish_after_handshake  # type: ignore[method-assign]
         return server
 
+    def _start_orders(self, host: str) -> None:
+        """The MLLP port of HL7 v2 orders (orders/mllp.py); one that cannot listen is logged,
+        DIMSE goes on."""
+        from ..orders.mllp import OrderListener  # (python-hl7: imported when the port is on)
+
+        listener = OrderListener(self.archive.index, self.settings.ae_title, self.settings.hl7_max_message)
+        try:
+            listener.start(host, self.settings.hl7_port)
+        except OSError as e:
+            log.error("HL7 MLLP port %s:%d cannot listen: %s; HL7 orders are off", host, self.settings.hl7_port, e)
+            return
+        self.orders = listener
+
     def _stop_commitment(self) -> None:
         reporter, self.commitment = self.commitment, None
         if reporter is not None:
@@ -536,6 +552,9 @@ class DimseServer(RetrieveSCP):
             end_associations(one, deadline - time.monotonic())
         self.ae.dimse_slots.close()  # type: ignore[attr-defined]
         self._stop_commitment()
+        orders, self.orders = self.orders, None
+        if orders is not None:
+            orders.stop()
         if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
             gc.unfreeze()
