@@ -66,6 +66,11 @@ def test_a_modality_performs_a_scheduled_step(dimse):
                                 generate_uid())[0].Status == 0x0112
     finally:
         assoc.release()
+    step = dimse.http.get(f"/mpps/{uid}").json()  # GET /mpps/{uid}: the step as it ended
+    assert (step["00400252"]["Value"], step["00400253"]["Value"], step["00400251"]["Value"]) == (
+        ["COMPLETED"], ["PPS1"], ["084500"])
+    assert len(step["00400340"]["Value"][0]["00081140"]["Value"]) == 3
+    assert dimse.http.get(f"/mpps/{generate_uid()}").status_code == 404
     doc = dimse.http.get(f"/admin/studies/{study}/arrivals").json()
     assert [(c["kind"], c["transaction"], c["requester"], c["declared"], c["arrived"], c["missing"])
             for c in doc["commitments"]] == [
