@@ -17,7 +17,10 @@ From the index alone (store/arrivals.py), never from the files:
   - the Storage Commitment requests that named an instance of the study (PS3.4 J.3.2, their
     Referenced SOP Sequence: dimse/commitment.py): each with the instances it named, how
     many are stored, how many of those in this study, and the missing ones (not stored,
-    or in a study the caller may not see).
+    or in a study the caller may not see);
+  - the same for each completed Modality Performed Procedure Step that named one (PS3.4
+    F.7.2.2: the images its Performed Series Sequence lists; dimse/mpps.py), ``kind`` "mpps"
+    and its SOP Instance UID as ``transaction`` (``kind`` "storage-commitment" otherwise).
 """
 
 from __future__ import annotations
@@ -87,12 +90,14 @@ def study_arrivals(index: Index, study_uid: str, allowed: Filter = UNRESTRICTED)
 
 
 def _commitments(index: Index, study_uid: str, allowed: Filter) -> list[dict]:
-    """The Storage Commitment requests that named an instance of the study."""
+    """The Storage Commitment requests and the completed performed procedure steps that
+    named an instance of the study."""
     here = {loc.sop_uid for loc in index.instances(study_uid, allowed=allowed)}
     requests: dict[str, dict] = {}
     for d in index.declarations(sorted(here)):
         r = requests.setdefault(d.transaction_uid, {
-            "transaction": d.transaction_uid, "requester": d.requester, "time": iso(d.time),
+            "kind": "storage-commitment", "transaction": d.transaction_uid, "requester": d.requester,
+            "time": iso(d.time),
             "declared": 0, "arrived": 0, "in_study": 0, "missing_count": 0, "missing": []})
         r["declared"] += 1
         if d.sop_uid in here:
@@ -104,4 +109,6 @@ def _commitments(index: Index, study_uid: str, allowed: Filter) -> list[dict]:
             r["missing_count"] += 1
             if len(r["missing"]) < MISSING_LISTED:
                 r["missing"].append({"sop_class": d.sop_class_uid, "sop": d.sop_uid})
+    for uid in index.mpps_among(sorted(requests)):  # "transaction": the step's SOP Instance UID
+        requests[uid]["kind"] = "mpps"
     return list(requests.values())

@@ -606,6 +606,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "doubled each attempt)")
     serve.add_argument("--dimse-commitment-max-attempts", dest="dimse_commitment_max_attempts", type=int,
                        help="storage commitment: attempts before a report is a dead letter (default 20)")
+    serve.add_argument("--hl7-port", dest="hl7_port", type=int,
+                       help="MLLP port for HL7 v2 ORM^O01 orders into the worklist (default 0 = off)")
+    serve.add_argument("--hl7-max-message", dest="hl7_max_message", type=int,
+                       help="the longest HL7 message read, in bytes (default 1 MiB)")
     serve.add_argument("--dimse-allow-ae", dest="dimse_allowed_aes", action="append",
                        help="accept associations only from this calling AE title (repeat; default any)")
     serve.add_argument("--dimse-check-called-ae", dest="dimse_check_called_ae", action="store_true", default=None,

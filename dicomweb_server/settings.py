@@ -177,6 +177,10 @@ class Settings(BaseSettings):
                                           "attempt, at most 60 times this)")
     dimse_commitment_max_attempts: int = Field(20, ge=1, le=10000, description="storage commitment: attempts to "
                                                "send a report before it is a dead letter of the outbox")
+    hl7_port: int = Field(0, ge=0, le=65535, description="MLLP port of HL7 v2 ORM^O01 orders into the modality "
+                          "worklist, served by the DIMSE listener (0 = off)")
+    hl7_max_message: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="the longest HL7 message "
+                                 "the MLLP port reads, in bytes (a longer one closes the connection)")
     dimse_in_worker: bool = Field(False, description="internal: run the listener inside the HTTP worker")
     jobs_concurrency: int = Field(2, ge=1, le=64, description="background jobs (de-identify, recompress, pull): "
                                   "how many of one kind run at once across the archive's processes and nodes")

@@ -182,7 +182,8 @@ def dimse_contexts() -> str:
 
     ae = _listener_ae()
     storage = {cx.abstract_syntax for cx in _storage_contexts(ae)}
-    rows = [("Verification, Storage Commitment, Query/Retrieve and Modality Worklist "
+    rows = [("Verification, Storage Commitment, Query/Retrieve, Modality Worklist and Modality Performed "
+             "Procedure Step "
              "(accepted, one presentation context each):"), "",
             "| SOP class | UID | transfer syntaxes | role |", "|---|---|---|---|"]
     for cx in ae.supported_contexts:

@@ -2,7 +2,9 @@
 dimse/worklist.py): ``POST /worklist`` (one DICOM JSON entry or a list: ``write`` scope),
 ``GET /worklist`` (matching keys as QIDO-RS parameters), ``GET /worklist/{id}``,
 ``DELETE /worklist/{id}`` (``delete`` scope, as every DELETE). ``{id}`` is the Scheduled
-Procedure Step ID of the entry's first Scheduled Procedure Step Sequence item."""
+Procedure Step ID of the entry's first Scheduled Procedure Step Sequence item.
+``GET /mpps/{uid}``: a Modality Performed Procedure Step a modality reported (N-CREATE,
+N-SET: dimse/mpps.py), read only."""
 
 from __future__ import annotations
 
@@ -85,3 +87,13 @@ async def delete_entry(archive: ArchiveDep, sps_id: str) -> Response:
     if not await run_in_threadpool(archive.index.delete_worklist, sps_id):
         raise DICOMwebHTTPError(404, f"no worklist entry {sps_id!r}")
     return Response(status_code=204)
+
+
+@router.get("/mpps/{sop_uid}", summary="A modality performed procedure step")
+async def get_mpps(archive: ArchiveDep, sop_uid: str) -> Response:
+    """The step as the modality's N-CREATE and N-SETs left it (DICOM JSON; PS3.4 F.7.2),
+    404 when there is none."""
+    step = await run_in_threadpool(archive.index.mpps, sop_uid)
+    if step is None:
+        raise DICOMwebHTTPError(404, f"no performed procedure step {sop_uid!r}")
+    return _json(step)

@@ -11,7 +11,8 @@ own address, each within its scopes:
 - on an accepted association, every DIMSE request goes through one check,
   :meth:`AccessPolicy.authorize`, before any service runs: C-ECHO needs no scope, C-STORE
   the ``write`` scope, C-FIND (Modality Worklist too), C-GET and C-MOVE the ``read`` scope,
-  N-ACTION (Storage Commitment, :mod:`.commitment`) the ``write`` scope, and any other service
+  N-ACTION (Storage Commitment, :mod:`.commitment`), N-CREATE and N-SET (Modality Performed
+  Procedure Step, :mod:`.mpps`) the ``write`` scope, and any other service
   (none is offered today: a service added later) is refused until it is given a scope in
   :data:`SERVICE_SCOPES`. A request refused is answered by its response with status 0x0124
   "Refused: Not Authorized" (PS3.7 Annex C, a general status every DIMSE-C and DIMSE-N
@@ -61,9 +62,10 @@ audit_log = logging.getLogger("dicomweb_server.audit")
 SERVICE_SCOPES: dict[str, str | None] = {
     "C-ECHO": None, "C-STORE": "write", "C-FIND": "read", "C-GET": "read", "C-MOVE": "read",
     "N-ACTION": "write",  # Storage Commitment (commitment.py): asked by who stored the instances
+    "N-CREATE": "write", "N-SET": "write",  # Modality Performed Procedure Step (mpps.py): a modality's report
 }
 _ACTIONS = {"C-ECHO": "echo", "C-STORE": "store", "C-FIND": "search", "C-GET": "retrieve", "C-MOVE": "retrieve",
-            "N-ACTION": "commit"}
+            "N-ACTION": "commit", "N-CREATE": "perform", "N-SET": "perform"}
 
 #: seconds a resolved peer host name is kept
 RESOLVE_TTL = 60.0

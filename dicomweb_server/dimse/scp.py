@@ -1,7 +1,8 @@
 """The DIMSE listener: association policy and the handlers bound per event
 (pynetdicom). Verification (C-ECHO), Storage (C-STORE), Query/Retrieve (C-FIND,
 C-GET, C-MOVE; Patient Root and Study Root), Storage Commitment Push Model (N-ACTION,
-N-EVENT-REPORT: :mod:`.commitment`) and Modality Worklist (C-FIND: :mod:`.worklist`) SCP.
+N-EVENT-REPORT: :mod:`.commitment`), Modality Worklist (C-FIND: :mod:`.worklist`) and
+Modality Performed Procedure Step (N-CREATE, N-SET: :mod:`.mpps`) SCP.
 
 One write path: a C-STORE is streamed by pynetdicom into a file in the archive's
 spool folder (``STORE_RECV_CHUNKED_DATASET``), then handed to :meth:`Archive.store`,
@@ -46,6 +47,7 @@ from pynetdicom.association import Association
 from pynetdicom.presentation import PresentationContext
 from pynetdicom.dsutils import create_file_meta
 from pynetdicom.sop_class import (
+    ModalityPerformedProcedureStep,
     ModalityWorklistInformationFind,
     PatientRootQueryRetrieveInformationModelFind,
     StudyRootQueryRetrieveInformationModelFind,
@@ -58,7 +60,7 @@ from ..archive import Archive, source_of_dimse
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
-from . import access, pdata, pins, reactor, slots, store_rsp, tls, worklist
+from . import access, mpps, pdata, pins, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
 from .pdata import PDURefused
 from . import status as S
@@ -389,6 +391,7 @@ class DimseServer(RetrieveSCP):
         self.tls_port: int | None = None  # the TLS port bound by start (PS3.15 Annex B)
         self._outbox = None  # the storage commitment reports' (commitment.py), opened by start()
         self.commitment: Reporter | None = None
+        self.orders = None  # the HL7 v2 orders' MLLP port (orders/mllp.py) with hl7_port
 
     # --- association policy (kept out of the handlers) ----------------------------------
 
@@ -412,6 +415,7 @@ class DimseServer(RetrieveSCP):
             ae.add_supported_context(model)
         # the requester is the SCU; the N-EVENT-REPORT goes back on this association (PS3.4 J.3)
         ae.add_supported_context(StorageCommitmentPushModel)
+        ae.add_supported_context(ModalityPerformedProcedureStep)  # N-CREATE, N-SET (PS3.4 F.7: mpps.py)
         return ae
 
     def _open_commitment(self) -> Reporter:
@@ -454,6 +458,8 @@ class DimseServer(RetrieveSCP):
             (evt.EVT_C_GET, self._on_get),
             (evt.EVT_C_MOVE, self._on_move),
             (evt.EVT_N_ACTION, self.commitment.on_n_action),
+            (evt.EVT_N_CREATE, functools.partial(mpps.on_n_create, self.archive.index)),
+            (evt.EVT_N_SET, functools.partial(mpps.on_n_set, self.archive.index)),
             (evt.EVT_ABORTED, self._on_abort),
             (evt.EVT_CONN_CLOSE, self._on_close),
             (evt.EVT_ACCEPTED, self._audit),
@@ -475,6 +481,8 @@ class DimseServer(RetrieveSCP):
             self.ae.dimse_slots.close()  # type: ignore[attr-defined]
             self._stop_commitment()
             raise
+        if self.settings.hl7_port and self.orders is None:
+            self._start_orders(host)
         # Everything alive now (pydicom's dictionaries, pynetdicom's 2,800 supported
         # presentation contexts, the archive) lives as long as the listener: out of the
         # collector's sight. Each association allocates enough to trigger collections,
@@ -527,6 +535,19 @@ class DimseServer(RetrieveSCP):
             server.finish_request = finish_after_handshake  # type: ignore[method-assign]
         return server
 
+    def _start_orders(self, host: str) -> None:
+        """The MLLP port of HL7 v2 orders (orders/mllp.py); one that cannot listen is logged,
+        DIMSE goes on."""
+        from ..orders.mllp import OrderListener  # (python-hl7: imported when the port is on)
+
+        listener = OrderListener(self.archive.index, self.settings.ae_title, self.settings.hl7_max_message)
+        try:
+            listener.start(host, self.settings.hl7_port)
+        except OSError as e:
+            log.error("HL7 MLLP port %s:%d cannot listen: %s; HL7 orders are off", host, self.settings.hl7_port, e)
+            return
+        self.orders = listener
+
     def _stop_commitment(self) -> None:
         reporter, self.commitment = self.commitment, None
         if reporter is not None:
@@ -561,6 +582,9 @@ class DimseServer(RetrieveSCP):
             end_associations(one, deadline - time.monotonic())
         self.ae.dimse_slots.close()  # type: ignore[attr-defined]
         self._stop_commitment()
+        orders, self.orders = self.orders, None
+        if orders is not None:
+            orders.stop()
         if generation == _generation:  # no other listener started in this process meanwhile
             _unpatch()
             gc.unfreeze()

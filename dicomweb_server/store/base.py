@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.instance import InstanceRecord
 from ..dicom.matching import Query
+from ..dicom.mpps import Performed, sps_ids
 from ..dicom.patient import PatientIdentity
 from ..dicom.status import FailureReason
 from ..dicom.worklist import Entry as WorklistEntry
 from .changes import Change
 from . import arrivals as arrivals_table
 from . import shares as shares_table
+from . import mpps as mpps_table
 from . import worklist as worklist_table
 from .rejections import Rejection
 
@@ -305,6 +307,34 @@ class Index(ABC):
         """Remove an entry; False when there was none."""
         with self._table_writing([f"worklist:{sps_id}"]) as x:
             return worklist_table.drop(x, sps_id)
+
+    # --- modality performed procedure steps (store/mpps.py, dicom/mpps.py) --------------
+
+    def create_mpps(self, sop_uid: str, requester: str, attributes: dict, now: float) -> Performed:
+        """An N-CREATE (DICOM JSON ``attributes``), its worklist entries marked, in one durable
+        commit; :class:`dicom.mpps.MppsError` when refused (nothing written then)."""
+        keys = [f"mpps:{sop_uid}", *(f"worklist:{s}" for s in sps_ids(attributes))]
+        with self._table_writing(keys) as x:
+            return mpps_table.create(x, sop_uid, requester, attributes, now)
+
+    def modify_mpps(self, sop_uid: str, requester: str, changes: dict, now: float) -> Performed:
+        """An N-SET (DICOM JSON ``changes``), its worklist entries marked and, once completed,
+        its instances declared (store/arrivals.py), in one durable commit; :class:`dicom.mpps.MppsError`
+        when refused (nothing written then)."""
+        stored = self.mpps(sop_uid) or {}
+        keys = [f"mpps:{sop_uid}", *(f"worklist:{s}" for s in sps_ids(stored))]
+        with self._table_writing(keys) as x:
+            return mpps_table.modify(x, sop_uid, requester, changes, now)
+
+    def mpps(self, sop_uid: str) -> dict | None:
+        """A performed procedure step (DICOM JSON); None when there is none."""
+        with self._table_reading() as x:
+            return mpps_table.get(x, sop_uid)
+
+    def mpps_among(self, sop_uids: list[str]) -> set[str]:
+        """Those of these UIDs that are performed procedure steps."""
+        with self._table_reading() as x:
+            return mpps_table.known(x, sop_uids)
 
     # --- what arrived, and what senders declared (store/arrivals.py) ---------------------
 

@@ -39,6 +39,7 @@ from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
 from . import shares as shares_table
+from . import mpps as mpps_table
 from . import worklist as worklist_table
 from .base import Index, IndexCounts, InstanceLocation, Refused, ReplaceRefused, SearchHit, hierarchy_conflict
 from .connections import immediate
@@ -139,7 +140,7 @@ class MemoryIndex(Index):
         self._journal.executescript(changelog.sqlite_schema() + rejections.sqlite_schema()
                                     + worklist_table.sqlite_schema()
                                     + study_labels.sqlite_schema() + shares_table.sqlite_schema()
-                                    + arrivals_table.journal_schema())
+                                    + arrivals_table.journal_schema() + mpps_table.sqlite_schema())
         # study labels (store/labels.py): their rows in the journal, a set per study here
         self._labels: dict[str, set[str]] = {}
         for study_uid, label in study_labels.every(self._x):

@@ -31,7 +31,8 @@ SQLite index (store/sql.py); what differs is here:
   worklist (store/worklist.py) and the outbox's ``_payload`` (storage commitment reports),
   version 11 the study labels (store/labels.py), version 12 the share links
   (store/shares.py), version 13 the background jobs (jobs/store.py), version 14 the instances'
-  sources and the instances Storage Commitment requests declared (store/arrivals.py).
+  sources and the instances Storage Commitment requests declared (store/arrivals.py), version
+  15 the Modality Performed Procedure Step instances (store/mpps.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
 from . import shares as shares_table
+from . import mpps as mpps_table
 from . import worklist as worklist_table
 from .base import IndexUnavailable, Refused
 from .sql import (
@@ -220,10 +222,15 @@ def _v14() -> list[str]:
     return arrivals_table.postgresql_schema()
 
 
+def _v15() -> list[str]:
+    """Modality Performed Procedure Step instances (store/mpps.py; dimse/mpps.py)."""
+    return mpps_table.postgresql_schema()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
 MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-              13: _v13, 14: _v14}
+              13: _v13, 14: _v14, 15: _v15}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -417,6 +424,9 @@ class PostgreSQLIndex(SQLIndex):
 
     def worklist(self, prefilter):
         return self._retried(lambda: SQLIndex.worklist(self, prefilter))
+
+    def mpps(self, sop_uid):
+        return self._retried(lambda: SQLIndex.mpps(self, sop_uid))
 
     def share(self, share_id=None, token_sha256=None):
         return self._retried(lambda: SQLIndex.share(self, share_id, token_sha256))

@@ -20,6 +20,7 @@ from . import changes as changelog
 from . import labels as study_labels
 from . import rejections
 from . import shares as shares_table
+from . import mpps as mpps_table
 from . import worklist as worklist_table
 from .base import Refused
 from .connections import ThreadConnections, immediate
@@ -94,7 +95,7 @@ WHEN NEW.series_pk != OLD.series_pk OR NEW.SOPInstanceUID != OLD.SOPInstanceUID 
 BEGIN SELECT RAISE(ABORT, 'an instance cannot move to another series or study'); END;
 CREATE TRIGGER IF NOT EXISTS series_stays_in_study BEFORE UPDATE OF study_pk, SeriesInstanceUID ON series
 BEGIN SELECT RAISE(ABORT, 'a series cannot move to another study'); END;
-""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + shares_table.sqlite_schema() + arrivals_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
+""" + changelog.sqlite_schema() + rejections.sqlite_schema() + worklist_table.sqlite_schema() + study_labels.sqlite_schema() + shares_table.sqlite_schema() + arrivals_table.sqlite_schema() + mpps_table.sqlite_schema() + ";\n".join(sequence_item_schema(SQLITE)) + ";\n"
 
 
 def _statements(script: str) -> Iterator[str]:

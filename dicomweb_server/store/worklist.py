@@ -11,8 +11,10 @@ import time
 
 import orjson
 
-from ..dicom.worklist import Entry
+from ..dicom.worklist import SPS_SEQUENCE, Entry
 from .changes import Execute
+
+SPS_STATUS = "00400020"  # Scheduled Procedure Step Status
 
 _KEYS = ("StudyInstanceUID", "AccessionNumber", "PatientID", "Modality", "ScheduledStationAETitle", "StartDate")
 _COLS = "ScheduledProcedureStepID, " + ", ".join(_KEYS) + ", _json, _time"
@@ -84,3 +86,15 @@ def get(x: Execute, sps_id: str) -> dict | None:
 
 def drop(x: Execute, sps_id: str) -> bool:
     return x("DELETE FROM worklist WHERE ScheduledProcedureStepID = ?", (sps_id,)).rowcount > 0
+
+
+def set_status(x: Execute, sps_id: str, status: str) -> bool:
+    """Set the Scheduled Procedure Step Status (0040,0020) of the entry's first Scheduled
+    Procedure Step Sequence item (the one its ID is), keeping its place in the order;
+    False when there is no such entry."""
+    entry = get(x, sps_id)
+    if entry is None:
+        return False
+    entry[SPS_SEQUENCE]["Value"][0][SPS_STATUS] = {"vr": "CS", "Value": [status]}
+    x("UPDATE worklist SET _json = ? WHERE ScheduledProcedureStepID = ?", (orjson.dumps(entry).decode(), sps_id))
+    return True

@@ -36,7 +36,8 @@ def client(tmp_path):
 def test_the_worklist_is_for_unrestricted_callers(client):
     assert client.post("/worklist", json=ENTRY, headers=h(ALL)).status_code == 201
     for method, path, kw in (("GET", "/worklist", {}), ("GET", "/worklist/SPS-1", {}),
-                             ("POST", "/worklist", {"json": ENTRY}), ("DELETE", "/worklist/SPS-1", {})):
+                             ("POST", "/worklist", {"json": ENTRY}), ("DELETE", "/worklist/SPS-1", {}),
+                             ("GET", "/mpps/1.2.3", {})):  # (the performed steps: the same router)
         r = client.request(method, path, headers=h(ONLY_A), **kw)
         assert r.status_code == 403 and "SECRET" not in r.text, (method, path, r.text)
     assert [e["00100020"]["Value"] for e in client.get("/worklist", headers=h(ALL)).json()] == [["PB"]]

@@ -198,11 +198,13 @@ def test_a_service_without_a_scope_is_refused():
     identity, _ = policy.identify("WS", "::ffff:127.0.0.1")  # a dual-stack socket's IPv4 address
     assert identity == Identity("WS", frozenset({"read", "write"}), "dimse-peer")
     assert [policy.authorize(identity, s) for s in ("C-ECHO", "C-STORE", "C-FIND", "C-GET", "C-MOVE")] == [None] * 5
-    assert policy.authorize(identity, "N-CREATE") == "N-CREATE is not a service peers are authorized for"
-    # Storage Commitment's N-ACTION (commitment.py) needs the write scope, as a C-STORE
-    assert policy.authorize(identity, "N-ACTION") is None
+    assert policy.authorize(identity, "N-DELETE") == "N-DELETE is not a service peers are authorized for"
+    # Storage Commitment's N-ACTION (commitment.py) and MPPS's N-CREATE and N-SET (mpps.py) need
+    # the write scope, as a C-STORE
+    assert [policy.authorize(identity, s) for s in ("N-ACTION", "N-CREATE", "N-SET")] == [None] * 3
     reader = Identity("WS", frozenset({"read"}), "dimse-peer")
-    assert policy.authorize(reader, "N-ACTION") == "N-ACTION needs the 'write' scope, which peer 'WS' lacks"
+    assert [policy.authorize(reader, s) for s in ("N-ACTION", "N-CREATE", "N-SET")] == [
+        f"{s} needs the 'write' scope, which peer 'WS' lacks" for s in ("N-ACTION", "N-CREATE", "N-SET")]
     assert policy.authorize(None, "C-ECHO") == "no identity"
     open_policy = AccessPolicy(Settings(), {})
     anyone, _ = open_policy.identify("ANY", "10.1.2.3")

@@ -114,7 +114,7 @@ def test_study_arrivals_against_declarations(index, tmp_path):  # noqa: F811
             {"series": se2, "instances": 1, "bytes": recs[2].size, "sources": {"dimse:CT_SCANNER": 1},
              "declared": None},
         ],
-        "commitments": [{"transaction": "1.2.3.300", "requester": "CT_SCANNER", "time": "2023-11-14T22:13:20.000000Z",
+        "commitments": [{"kind": "storage-commitment", "transaction": "1.2.3.300", "requester": "CT_SCANNER", "time": "2023-11-14T22:13:20.000000Z",
                          "declared": 5, "arrived": 4, "in_study": 3, "missing_count": 1,
                          "missing": [{"sop_class": CT_IMAGE_STORAGE, "sop": missing}]}],
     }

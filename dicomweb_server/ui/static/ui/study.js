@@ -124,14 +124,15 @@ async function arrivals(uid) {
       doc.declared === null ? " (no instance declares Number of Study Related Instances)" : " (Number of Study Related Instances its instances declare)"),
     el("dt", {}, "Size"), el("dd", { id: "arrival-size" }, size(doc.bytes)),
     el("dt", {}, "Sources"), el("dd", { id: "arrival-sources" }, sources(doc.sources)));
-  if (!doc.commitments.length) return [facts, el("p", { class: "muted" }, "No storage commitment request named its instances.")];
-  return [facts, table("Storage commitment requests that named its instances (what the sender declared it sent)", [
-    { label: "Requested", cell: (c) => c.time },
+  if (!doc.commitments.length) return [facts, el("p", { class: "muted" }, "No storage commitment request or completed procedure step named its instances.")];
+  return [facts, table("Storage commitment requests and completed procedure steps (MPPS) that named its instances (what the sender declared it sent)", [
+    { label: "Declared", cell: (c) => c.time },
+    { label: "Kind", cell: (c) => (c.kind === "mpps" ? "MPPS" : "Storage commitment") },
     { label: "By (AE title)", cell: (c) => c.requester },
     { label: "Arrived", cell: (c) => [arrivedOf(c.arrived, c.declared), c.in_study !== c.arrived ? ` (${c.in_study} in this study)` : ""] },
     { label: "Missing", cell: (c) => (c.missing_count ? el("ul", { class: "missing" }, c.missing.slice(0, 20).map((m) => el("li", {}, el("code", {}, m.sop))),
       c.missing_count > 20 ? el("li", {}, `and ${c.missing_count - 20} more`) : null) : "none") },
-    { label: "Transaction UID", cell: (c) => el("code", {}, c.transaction) },
+    { label: "Transaction UID (MPPS: its SOP Instance UID)", cell: (c) => el("code", {}, c.transaction) },
   ], doc.commitments)];
 }
 
