@@ -61,6 +61,9 @@ class InstanceRecord:
     size: int
     patient: PatientIdentity  # whose study this is (dicom/patient.py)
     path: str = ""  # relative to the blob root, set when the file is placed
+    # labels on arrival (access/labels_in.py): put on its study by the Index.add that
+    # indexes it as new, in that add's transaction (store/labels.py); not kept per instance
+    labels: tuple[str, ...] = ()
 
 
 def instance_path(study_uid: str, series_uid: str, sop_uid: str) -> str:

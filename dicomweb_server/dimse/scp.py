@@ -58,6 +58,7 @@ from ..archive import Archive
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
+from ..routing.rules import Arrival
 from . import access, pdata, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
 from .pdata import PDURefused
@@ -578,7 +579,9 @@ class DimseServer(RetrieveSCP):
                 log.warning("C-STORE from %s refused: %s", event.assoc.requestor.ae_title, mismatch)
                 return _status(S.STORE_DATASET_MISMATCH, mismatch)
             part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
-            outcome = self.archive.store([part], access=self._access(event))
+            # the calling AE title: labels on arrival by SourceApplicationEntityTitle (access/labels_in.py)
+            outcome = self.archive.store([part], access=self._access(event),
+                                         arrival=Arrival(calling_ae=str(event.assoc.requestor.ae_title).strip()))
         except Exception as e:  # never a dead association thread: a failure status instead
             log.exception("C-STORE failed")
             try:

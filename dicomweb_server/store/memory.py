@@ -276,8 +276,10 @@ class MemoryIndex(Index):
             try:  # routing's outbox and the change log (on disk): durable before the answer, or
                 # nothing of this add stays
                 self._run_write_hooks(None, records, out)
+                labelled = sorted({(r.study_uid, label) for r, new in zip(records, out) if new is True
+                                   for label in r.labels})  # labels on arrival: in the same transaction
                 hide = self._log_add(action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
-                                              if new is True], self._rejecting)
+                                              if new is True], self._rejecting, labelled)
             except BaseException:
                 for r, new in zip(records, out):
                     if new is True:
@@ -300,17 +302,25 @@ class MemoryIndex(Index):
         return sum(1 for _st, _se, sop in refs if sop in self._instances)
 
     def _log_add(self, action: str, instances: list[tuple[str, str, str]],
-                 rejecting: list[tuple[list[tuple[str, str, str]], str, float]]) -> list[tuple[str, set[str]]]:
-        """The change-log rows of an add and, in the same durable transaction, the
+                 rejecting: list[tuple[list[tuple[str, str, str]], str, float]],
+                 labelled: list[tuple[str, str]] = ()) -> list[tuple[str, set[str]]]:
+        """The change-log rows of an add and, in the same durable transaction, the labels
+        on arrival of its new instances' studies (``labelled``: (study, label); a label
+        new to its study logs a ``label`` row per instance, as :meth:`set_label`) and the
         rejections its hooks asked for (rows in the rejection table, reject rows);
         returns (study, SOP Instance UIDs) to hide from the index now."""
-        if not rejecting:
+        if not rejecting and not labelled:
             self._log(action, instances)
             return []
         hide: list[tuple[str, set[str]]] = []
         hidden: set[str] = set()
         with immediate(self._journal) as con:
             changes = changelog.append(self._x, changelog.now(), action, instances)
+            put = [(study, label) for study, label in labelled if study_labels.put(self._x, study, label, True)]
+            for study, _label in put:
+                changes += changelog.append(self._x, changelog.now(), "label", [
+                    (study, i.series.uid, i.uid) for i in sorted(self._iter_instances(self._studies[study], None),
+                                                                 key=lambda i: i.seq)])
             for refs, code, now in rejecting:
                 rows, by_study = self._rejection_rows(refs)
                 rejections.record(self._x, rows, code, now)
@@ -322,6 +332,8 @@ class MemoryIndex(Index):
                     changes += changelog.append(self._x, changelog.now(), "reject", victims)
                     hide.append((study, sops))
             self._run_change_hooks(con, changes)
+        for study, label in put:
+            self._labels.setdefault(study, set()).add(label)
         self._rejected.update(sop for refs, _code, _now in rejecting for _st, _se, sop in refs)
         return hide
 
