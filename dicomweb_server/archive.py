@@ -25,11 +25,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import faults, metrics
+from .access import labels_in
 from .access.rules import FULL, Access
 from .dicom.instance import InstanceRecord, describe_instance, instance_url
 from .dicom.multipart import MEMORY_PART_BYTES, SpooledPart
@@ -41,6 +43,7 @@ from .lifecycle.update import UpdateError, replace_version
 from .lifecycle.versions import current_file, kept_files, main_file, split_version
 from .policy import retention
 from .routing import Routes, Routing, load_routes, open_outbox, outbox_path
+from .routing.rules import NOWHERE, Arrival
 from .settings import Settings
 from .store.base import Index, IndexUnavailable, Refused
 from .store.blobs import BlobStore, Placed, is_out_of_resources
@@ -306,7 +309,7 @@ class Archive:
     # --- STOW-RS ------------------------------------------------------------------------
 
     def store(self, parts: list[SpooledPart], expected_study_uid: str | None = None,
-              access: Access = FULL, source: str = "") -> StoreOutcome:
+              access: Access = FULL, source: str = "", arrival: Arrival = NOWHERE) -> StoreOutcome:
         """Store the parts of one STOW-RS request (PS3.18 §10.5); durable on return.
 
         Each part succeeds or fails on its own. Spool files of parts that were not
@@ -320,27 +323,32 @@ class Archive:
 
         ``source`` says where the instances came from (the front door's
         :func:`source_of_dimse`, :func:`source_of_stow`, :data:`IMPORT_SOURCE`): the index
-        keeps it with each new instance (the operator's page shows it; docs/notes/sources.md).
+        keeps it with each new instance (the operator's page shows it; docs/arrivals.md).
+        ``arrival``: how the parts came (the C-STORE's calling AE title, the STOW-RS door),
+        for the labels on arrival (access/labels_in.py), written in the commit that indexes
+        each instance.
         """
         with self._tracked():
-            return self._store(parts, expected_study_uid, access, source)
+            return self._store(parts, expected_study_uid, access, source, arrival)
 
     def _store(self, parts: list[SpooledPart], expected_study_uid: str | None,
-               access: Access = FULL, source: str = "") -> StoreOutcome:
+               access: Access = FULL, source: str = "", arrival: Arrival = NOWHERE) -> StoreOutcome:
         outcome = StoreOutcome()
         if self._unrouted_ledger:
             self._disarm_ledger()
         faults.point("spooled")
         with self.committer.expecting() as announced:
-            self._store_parts(parts, expected_study_uid, outcome, announced, access, source)
+            self._store_parts(parts, expected_study_uid, outcome, announced, access, source, arrival)
         return outcome
 
     def _store_parts(self, parts: list[SpooledPart], expected_study_uid: str | None, outcome: StoreOutcome,
-                     announced: Expected, access: Access = FULL, source: str = "") -> StoreOutcome:
+                     announced: Expected, access: Access = FULL, source: str = "",
+                     arrival: Arrival = NOWHERE) -> StoreOutcome:
         described: list[tuple[InstanceRecord, SpooledPart]] = []
         seen: set[str] = set()
         verdict: dict[str, bool] = {}  # study -> whether a restricted client may store into it
         new_studies: set[str] = set()  # new studies a restricted client stores: given its write label
+        routes = self.routing.routes if self.routing is not None else None
         for part in parts:
             # a small part still in memory is parsed from there, and written to its spool
             # file (data fdatasync'ed on the descriptor that wrote it) only once valid
@@ -370,7 +378,9 @@ class Archive:
                 if failure is not None:
                     outcome.failed.append(Failed(failure.reason, failure.message, rec.sop_class_uid, rec.sop_uid))
                     continue
-            if not access.filter.unrestricted and not self._may_store(rec.study_uid, access, verdict, new_studies):
+            labels = labels_in.rule_labels(routes, rec, arrival)
+            if not access.filter.unrestricted and not self._may_store(rec.study_uid, access, verdict, new_studies,
+                                                                      labels):
                 outcome.failed.append(Failed(FailureReason.NOT_AUTHORIZED,
                                              f"not authorized to store into study {rec.study_uid}",
                                              rec.sop_class_uid, rec.sop_uid))
@@ -378,6 +388,8 @@ class Archive:
             if self.routing is not None and self.routing.routes.store_as:
                 rec = self._store_as(rec, part, expected_study_uid)
             rec.source = source
+            # labels on arrival: written by the commit that indexes the instance (Index.add)
+            rec.labels = tuple(sorted(labels_in.with_write_label(labels, access, rec.study_uid in new_studies)))
             seen.add(rec.sop_uid)
             described.append((rec, part))
         # the parts that failed so far, in order; later failures name their instance
@@ -398,9 +410,6 @@ class Archive:
                                                  rec.sop_class_uid, rec.sop_uid))
         for failure in outcome.failed[first:]:
             failure.source = spooled.get(failure.sop_instance_uid or "")
-        for study_uid in new_studies & {s.study_uid for s in outcome.stored}:
-            # (after the commit: until then the study is unlabelled, seen by unrestricted readers only)
-            self.index.set_label(study_uid, access.write_label)  # type: ignore[arg-type]
         for part in parts:  # spool files not linked into place (place() removed the others)
             if part.path is not None:
                 try:
@@ -435,17 +444,20 @@ class Archive:
         part.path, part.synced = new, True
         return encoded
 
-    def _may_store(self, study_uid: str, access: Access, verdict: dict[str, bool], new_studies: set[str]) -> bool:
+    def _may_store(self, study_uid: str, access: Access, verdict: dict[str, bool], new_studies: set[str],
+                   labels: Iterable[str] = ()) -> bool:
         """Whether a client restricted to labels may store into this study: one it may see,
-        or a new one when it has a write label (then in ``new_studies``: labelled once
-        stored). An instance of a study that exists and it may not see fails with 0x0124
+        or a new one when it has a write label or the labels on arrival (``labels``) let it
+        see it (then in ``new_studies``: labelled by the commit that stores it). An
+        instance of a study that exists and it may not see fails with 0x0124
         (PS3.7 Annex C, Refused: Not Authorized; STOW-RS answers 409 when nothing was
         stored): never merged into that study. The message says no more than "not
         authorized", for a study that exists as for a new one it may not create."""
         if study_uid not in verdict:
             visible = self.index.labels(study_uid, access.filter) is not None
             exists = visible or self.index.labels(study_uid) is not None
-            verdict[study_uid] = visible or (not exists and access.write_label is not None)
+            verdict[study_uid] = visible or (not exists and (access.write_label is not None
+                                                             or access.filter.allows(labels)))
             if not exists and verdict[study_uid]:
                 new_studies.add(study_uid)
         return verdict[study_uid]
@@ -578,11 +590,6 @@ class Archive:
                 continue
             outcome.stored.append(Stored(rec.sop_class_uid, rec.sop_uid, rec.study_uid, rec.series_uid,
                                          duplicate=not new))
-        if self.routing is not None and self.routing.routes.labelling:
-            # labels on arrival: the routing rules' ``labels`` (after the commit, like a PUT of each)
-            for study_uid, label in sorted({(rec.study_uid, label) for rec, new in zip(pending, added)
-                                            if new is True for label in self.routing.routes.labels_for(rec)}):
-                self.index.set_label(study_uid, label)
 
     def _acknowledge_duplicates(self, records: list[InstanceRecord], outcome: StoreOutcome) -> None:
         """Identical duplicates are a success once every forward their rules name is

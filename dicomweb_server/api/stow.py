@@ -13,9 +13,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from ..access import labels_in
 from ..archive import DiskFull, StoreOutcome, retrieve_url, source_of_stow
 from ..dicom.media_types import DICOM, MULTIPART_RELATED, negotiate_json, parse_accept, parse_media_type
 from ..dicom.multipart import PartSpooler
+from ..routing.rules import NOWHERE, Arrival
 from ..dicom.status import FailureReason
 from .deps import (
     ArchiveDep,
@@ -87,7 +89,8 @@ def _source(request: Request) -> str:
     return source_of_stow(user, request.client.host if request.client is not None else None)
 
 
-async def _stow(request: Request, archive, base: str, study_uid: str | None) -> Response:
+async def _stow(request: Request, archive, base: str, study_uid: str | None,
+                arrival: Arrival = NOWHERE) -> Response:
     ctype = request.headers.get("content-type", "")
     mr = parse_media_type(ctype)
     if mr.type != MULTIPART_RELATED:
@@ -115,7 +118,7 @@ async def _stow(request: Request, archive, base: str, study_uid: str | None) -> 
         if not spooler.parts:
             raise DICOMwebHTTPError(400, "the multipart body holds no parts")
         outcome = await run_blocking(archive.store, spooler.parts, study_uid, access_of(request),
-                                     _source(request))
+                                     _source(request), arrival)
         request.state.audit_studies = {s.study_uid for s in outcome.stored}
     except ClientDisconnect:
         spooler.discard()
@@ -176,21 +179,40 @@ class _StowEndpoint:
     a STOW-RS's CPU (py-spy, issue 11). Errors still go through the app's exception
     handlers (:mod:`.errors`); the FastAPI routes below stay for the OpenAPI schema."""
 
-    def __init__(self, with_study: bool) -> None:
+    def __init__(self, with_study: bool, door: bool = False) -> None:
         self.with_study = with_study
+        self.door = door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        app = scope["app"]
+        archive = scope["app"].state.archive
+        arrival = _door(request, archive, scope["path_params"]["door"]) if self.door else NOWHERE
         study = checked_uid(scope["path_params"]["study"], "StudyInstanceUID") if self.with_study else None
-        response = await _stow(request, app.state.archive, await base_url(request), study)
+        response = await _stow(request, archive, await base_url(request), study, arrival)
         await response(scope, receive, send)
 
 
+def _door(request: Request, archive, name: str) -> Arrival:
+    """A STOW-RS door (``stow_prefix`` of the routes file's rules): 404 when no rule names
+    it; 403 for a client restricted to labels that may not see every label it gives
+    (a client stores only into labels it may write), before the body is read."""
+    doors = archive.routing.routes.stow_prefixes if archive.routing is not None else {}
+    if name not in doors:
+        raise DICOMwebHTTPError(404, f"no STOW-RS door {name!r} (stow_prefix of the routes file's rules)")
+    refused = labels_in.door_refusal(access_of(request), doors[name])
+    if refused is not None:
+        raise DICOMwebHTTPError(403, refused)
+    return Arrival(stow_prefix=name)
+
+
 def fast_routes(prefix: str) -> list[Route]:
-    """The STOW-RS routes to put before the app's others (see :class:`_StowEndpoint`)."""
+    """The STOW-RS routes to put before the app's others (see :class:`_StowEndpoint`),
+    and the STOW-RS doors of the routes file's ``stow_prefix`` rules
+    (``{prefix}/{door}/studies[/{study}]``: labels on arrival, access/labels_in.py)."""
     return [Route(prefix + "/studies", _StowEndpoint(False), methods=["POST"]),
-            Route(prefix + "/studies/{study}", _StowEndpoint(True), methods=["POST"])]
+            Route(prefix + "/studies/{study}", _StowEndpoint(True), methods=["POST"]),
+            Route(prefix + "/{door}/studies", _StowEndpoint(False, door=True), methods=["POST"]),
+            Route(prefix + "/{door}/studies/{study}", _StowEndpoint(True, door=True), methods=["POST"])]
 
 
 @router.post("/studies", summary="Store instances")

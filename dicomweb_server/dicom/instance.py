@@ -64,6 +64,9 @@ class InstanceRecord:
     #: where it came from, set by the archive's store (archive.py): ``dimse:`` + the calling AE
     #: title, ``stow:`` + the authenticated user or the client's address, ``import``; "" unknown
     source: str = ""
+    # labels on arrival (access/labels_in.py): put on its study by the Index.add that
+    # indexes it as new, in that add's transaction (store/labels.py); not kept per instance
+    labels: tuple[str, ...] = ()
 
 
 def instance_path(study_uid: str, series_uid: str, sop_uid: str) -> str:

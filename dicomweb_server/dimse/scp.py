@@ -60,6 +60,7 @@ from ..archive import Archive, source_of_dimse
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
+from ..routing.rules import Arrival
 from . import access, mpps, pdata, pins, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
 from .pdata import PDURefused
@@ -358,7 +359,10 @@ def store_received(archive: Archive, request, path: Path, source_ae: str, transf
             log.warning("C-STORE from %s refused: %s", source_ae, mismatch)
             return _status(S.STORE_DATASET_MISMATCH, mismatch)
         part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
-        outcome = archive.store([part], access=access, source=source_of_dimse(source_ae))
+        # the calling AE title: the instance's source, and labels on arrival by
+        # SourceApplicationEntityTitle (access/labels_in.py)
+        outcome = archive.store([part], access=access, source=source_of_dimse(source_ae),
+                                arrival=Arrival(calling_ae=str(source_ae).strip()))
     except Exception as e:  # never a dead association thread: a failure status instead
         log.exception("C-STORE failed")
         try:

@@ -56,10 +56,10 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from .. import metrics
 from ..config_values import name_problem
-from ..dicom.matching import Match, level_values, match_value, wildcard_regex
+from ..dicom.matching import Match, level_values, match_value
 from ..lifecycle.reject import reject_stored
 from ..routing.matcher import RuleIndex
-from ..routing.rules import _line_of, match_alternatives
+from ..routing.rules import _line_of, match_alternatives, split_sources
 
 if TYPE_CHECKING:
     from ..archive import Archive
@@ -71,7 +71,6 @@ audit_log = logging.getLogger("dicomweb_server.audit")  # api/auth.py's: configu
 #: PS3.16 CID 7011 "Data Retention Policy Expired": the code a rejecting rule uses
 RETENTION_EXPIRED = "113039^DCM"
 DAY = 86400.0
-_SOURCE_AE = "SourceApplicationEntityTitle"
 _BYTES = TypeAdapter(ByteSize)
 
 
@@ -190,15 +189,8 @@ def _rule(r: dict, i: int, fail) -> RetentionRule:
     name = r.get("name", f"rule {i + 1}")
     if problem := name_problem(name):
         raise fail(i, "name", problem)
-    match = dict(r.get("match", {})) if isinstance(r.get("match", {}), dict) else r.get("match")
-    sources: tuple[re.Pattern[str], ...] = ()
-    if isinstance(match, dict) and _SOURCE_AE in match:
-        value = match.pop(_SOURCE_AE)
-        values = value if isinstance(value, list) else str(value).split("\\")
-        if not values or not all(isinstance(v, str) and v.strip() for v in values):
-            raise fail(i, "match", f"{_SOURCE_AE}: an AE title or a list of them is required")
-        sources = tuple(wildcard_regex(v.strip()) for v in values)
     try:
+        match, sources = split_sources(r.get("match", {}))
         alternatives = match_alternatives(match)
     except ValueError as e:
         raise fail(i, "match", str(e)) from None

@@ -23,6 +23,11 @@
     on = ["store", "update"]   # optional, default ["store"]: also forward each new version
     labels = ["radio"]  # optional: the study of a matching instance gets these labels (access/filter.py)
 
+    [[rules]]           # labels on arrival by how the instance came (access/labels_in.py); labels only
+    match = { SourceApplicationEntityTitle = ["ECHO*"] }  # the C-STORE calling AE title (wildcards * ?)
+    stow_prefix = "cardio"   # or/and: STOW-RS to {prefix}/cardio/studies (a list: any of them)
+    labels = ["cardio"]
+
     [delivery]          # optional, the defaults shown (allowed ranges: DELIVERY_BOUNDS)
     batch_size = 20     concurrency = 2     max_attempts = 10    max_age = 86400
     backoff_base = 1.0  backoff_max = 300   poll_interval = 1.0  lease = 120   timeout = 60
@@ -44,7 +49,14 @@ evaluated with :func:`dicom.matching.match_value` against the values the index k
 for the stored instance: a rule matches exactly the instances that the search
 ``GET /instances?{match}`` finds. A TOML list of values, or values separated by a
 backslash as in DICOM (``Modality = "CT\\MR"``), means "any of them".
-No ``match`` means every instance. ``on`` says which events a rule forwards: ``store``
+No ``match`` means every instance. ``SourceApplicationEntityTitle`` (0002,0016) in a
+``match`` is the calling AE title of the DIMSE association that stored the instance
+(exact values, or wildcards ``*``/``?``; as in the retention policy, policy/retention.py),
+and ``stow_prefix`` names the STOW-RS doors (``POST {prefix}/{name}/studies``,
+api/stow.py) it came through: an instance another way (STOW-RS for the first,
+C-STORE or the plain ``/studies`` for the second) matches no such rule. Both say how
+an instance arrived, which only its first store knows: a rule with them may give
+labels, not destinations. ``on`` says which events a rule forwards: ``store``
 (an instance first indexed, the default) and ``update`` (a new version made by
 ``$update``, ``$merge``, ``$restore`` or a re-store under ``duplicate_policy =
 "replace"``: lifecycle/update.py), matched against the new version. A bad file is refused with its line number, and so
@@ -68,7 +80,7 @@ from ..deid.apply import parse_safe_private
 from ..deid.export import Spec
 from ..dicom.instance import InstanceRecord
 from ..dimse.tls import TLS_KEYS, TlsClient, TlsError, parse_client
-from ..dicom.matching import Match, QueryError, match_value, parse_query
+from ..dicom.matching import Match, QueryError, match_value, parse_query, wildcard_regex
 from .matcher import RuleIndex
 
 
@@ -109,9 +121,31 @@ class Rule:
     destinations: tuple[str, ...]
     on: frozenset[str] = frozenset({"store"})  # the events it forwards (:data:`EVENTS`)
     labels: tuple[str, ...] = ()  # put on the study of each new instance that matches
+    sources: tuple[re.Pattern[str], ...] = ()  # calling AE titles (match's SourceApplicationEntityTitle)
+    stow_prefixes: tuple[str, ...] = ()  # STOW-RS doors (``stow_prefix``)
 
     def matches(self, record: InstanceRecord) -> bool:
         return any(all(_match(m, record) for m in conj) for conj in self.alternatives)
+
+    def arrived(self, arrival: Arrival) -> bool:
+        """Whether an instance that arrived so passes the rule's arrival keys (a rule
+        without them: any arrival)."""
+        if self.sources and not any(p.fullmatch(arrival.calling_ae or "") for p in self.sources):
+            return False
+        return not self.stow_prefixes or arrival.stow_prefix in self.stow_prefixes
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """How an instance came in: the calling AE title of its C-STORE association, or the
+    STOW-RS door (``stow_prefix``) it was posted to; neither: the plain STOW-RS route,
+    an import (access/labels_in.py)."""
+
+    calling_ae: str | None = None
+    stow_prefix: str | None = None
+
+
+NOWHERE = Arrival()
 
 
 #: what a rule's ``on`` may name: an instance first indexed (``store``), a new version of
@@ -205,15 +239,25 @@ class Routes:
         """Whether a rule forwards new versions (``on`` names ``update``)."""
         return any("update" in rule.on for rule in self.rules)
 
-    def labels_for(self, record: InstanceRecord) -> set[str]:
+    def labels_for(self, record: InstanceRecord, arrival: Arrival = NOWHERE) -> set[str]:
         """The labels the matching rules give a newly stored instance's study."""
         if not self.labelling:
             return set()
-        return {label for rule in self._index.matching(record) for label in rule.labels}  # type: ignore[union-attr]
+        return {label for rule in self._index.matching(record) if rule.arrived(arrival)  # type: ignore[union-attr]
+                for label in rule.labels}
 
     @property
     def labelling(self) -> bool:
         return any(rule.labels for rule in self.rules)
+
+    @property
+    def stow_prefixes(self) -> dict[str, frozenset[str]]:
+        """Every STOW-RS door the rules name -> the labels of the rules naming it."""
+        out: dict[str, set[str]] = {}
+        for rule in self.rules:
+            for prefix in rule.stow_prefixes:
+                out.setdefault(prefix, set()).update(rule.labels)
+        return {k: frozenset(v) for k, v in out.items()}
 
 
 def _match(m: Match, record: InstanceRecord) -> bool:
@@ -409,8 +453,43 @@ def _named(r: dict, table: str, i: int, fields: tuple[str, ...], default: str, f
     return name
 
 
+#: a DICOMweb path segment naming a STOW-RS door: what a label may be (access/filter.py)
+STOW_PREFIX_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+#: the segments the DICOMweb routes use: not a door's name
+_RESERVED_PREFIXES = frozenset({"studies", "series", "instances", "labels", "shares", "workitems", "changefeed",
+                                "v2", "admin", "viewer", "worklist", "patients", "downloads", "metrics"})
+SOURCE_AE = "SourceApplicationEntityTitle"
+
+
+def split_sources(match: object) -> tuple[object, tuple[re.Pattern[str], ...]]:
+    """A ``match`` table without its ``SourceApplicationEntityTitle`` key, and that key's
+    values as patterns (exact, or wildcards ``*``/``?``: PS3.4 C.2.2.2.4). Raises
+    ValueError saying what is wrong. (The routes file's rules and the retention policy's.)"""
+    if not isinstance(match, dict) or SOURCE_AE not in match:
+        return match, ()
+    match = dict(match)
+    value = match.pop(SOURCE_AE)
+    values = value if isinstance(value, list) else str(value).split("\\")
+    if not values or not all(isinstance(v, str) and v.strip() for v in values):
+        raise ValueError(f"{SOURCE_AE}: an AE title or a list of them is required")
+    return match, tuple(wildcard_regex(v.strip()) for v in values)
+
+
+def _stow_prefixes(r: dict, i: int, fail) -> tuple[str, ...]:
+    value = r.get("stow_prefix", [])
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if not isinstance(v, str) or STOW_PREFIX_RE.fullmatch(v) is None:
+            raise fail("rules", i, "stow_prefix", f"{v!r}: a path segment of 1 to 64 of a-z 0-9 . _ -, "
+                                                  "starting with a letter or digit, is required")
+        if v in _RESERVED_PREFIXES:
+            raise fail("rules", i, "stow_prefix", f"{v!r} is a DICOMweb path segment of the archive")
+    return tuple(dict.fromkeys(values))
+
+
 def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
-    name = _named(r, "rules", i, ("name", "match", "destinations", "on", "labels"), f"rule {i + 1}", fail)
+    name = _named(r, "rules", i, ("name", "match", "destinations", "on", "labels", "stow_prefix"),
+                  f"rule {i + 1}", fail)
     on = r.get("on", ["store"])
     if not isinstance(on, list) or not on or not all(isinstance(x, str) and x in EVENTS for x in on):
         raise fail("rules", i, "on", f"{on!r}: a non-empty list of {', '.join(map(repr, EVENTS))} is required")
@@ -434,10 +513,17 @@ def _rule(r: dict, i: int, destinations: dict[str, Destination], fail) -> Rule:
             raise fail("rules", i, "destinations", f"{x!r} is a webhook: it receives every change, "
                                                    "no rule sends it instances")
     try:
-        alternatives = match_alternatives(r.get("match", {}))
+        match, sources = split_sources(r.get("match", {}))
+        alternatives = match_alternatives(match)
     except ValueError as e:
         raise fail("rules", i, "match", str(e)) from None
-    return Rule(name, alternatives, tuple(dict.fromkeys(dests)), frozenset(on), tuple(dict.fromkeys(labels)))
+    prefixes = _stow_prefixes(r, i, fail)
+    if (sources or prefixes) and (dests or not labels):
+        raise fail("rules", i, "stow_prefix" if prefixes else "match",
+                   f"{'stow_prefix' if prefixes else SOURCE_AE} says how an instance arrived: a rule with it "
+                   "gives labels, and has no destinations")
+    return Rule(name, alternatives, tuple(dict.fromkeys(dests)), frozenset(on), tuple(dict.fromkeys(labels)),
+                sources, prefixes)
 
 
 def match_alternatives(match: object) -> tuple[tuple[Match, ...], ...]:

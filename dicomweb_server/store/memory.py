@@ -298,9 +298,12 @@ class MemoryIndex(Index):
                 # nothing of this add stays
                 self._run_write_hooks(None, records, out)
                 sources = [(r.sop_uid, r.source) for r, new in zip(records, out) if new is True and r.source]
+                labelled = sorted({(r.study_uid, label) for r, new in zip(records, out) if new is True
+                                   for label in r.labels})  # labels on arrival: in the same transaction
                 hide = self._log_add(action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
                                               if new is True], self._rejecting,
-                                     (lambda x: arrivals_table.keep_sources(x, sources)) if sources else None)
+                                     (lambda x: arrivals_table.keep_sources(x, sources)) if sources else None,
+                                     labelled)
             except BaseException:
                 for r, new in zip(records, out):
                     if new is True:
@@ -323,13 +326,15 @@ class MemoryIndex(Index):
         return sum(1 for _st, _se, sop in refs if sop in self._instances)
 
     def _log_add(self, action: str, instances: list[tuple[str, str, str]],
-                 rejecting: list[tuple[list[tuple[str, str, str]], str, float]], also=None
-                 ) -> list[tuple[str, set[str]]]:
+                 rejecting: list[tuple[list[tuple[str, str, str]], str, float]], also=None,
+                 labelled: list[tuple[str, str]] = ()) -> list[tuple[str, set[str]]]:
         """The change-log rows of an add (and ``also(execute)``'s statements: the new
-        instances' sources) and, in the same durable transaction, the rejections its hooks
-        asked for (rows in the rejection table, reject rows); returns (study, SOP Instance
-        UIDs) to hide from the index now."""
-        if not rejecting:
+        instances' sources) and, in the same durable transaction, the labels on arrival of
+        its new instances' studies (``labelled``: (study, label); a label new to its study
+        logs a ``label`` row per instance, as :meth:`set_label`) and the rejections its
+        hooks asked for (rows in the rejection table, reject rows); returns (study, SOP
+        Instance UIDs) to hide from the index now."""
+        if not rejecting and not labelled:
             self._log(action, instances, also)
             return []
         hide: list[tuple[str, set[str]]] = []
@@ -338,6 +343,11 @@ class MemoryIndex(Index):
             if also is not None:
                 also(self._x)
             changes = changelog.append(self._x, changelog.now(), action, instances)
+            put = [(study, label) for study, label in labelled if study_labels.put(self._x, study, label, True)]
+            for study, _label in put:
+                changes += changelog.append(self._x, changelog.now(), "label", [
+                    (study, i.series.uid, i.uid) for i in sorted(self._iter_instances(self._studies[study], None),
+                                                                 key=lambda i: i.seq)])
             for refs, code, now in rejecting:
                 rows, by_study = self._rejection_rows(refs)
                 rejections.record(self._x, rows, code, now)
@@ -349,6 +359,8 @@ class MemoryIndex(Index):
                     changes += changelog.append(self._x, changelog.now(), "reject", victims)
                     hide.append((study, sops))
             self._run_change_hooks(con, changes)
+        for study, label in put:
+            self._labels.setdefault(study, set()).add(label)
         self._rejected.update(sop for refs, _code, _now in rejecting for _st, _se, sop in refs)
         return hide
 

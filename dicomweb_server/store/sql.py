@@ -420,7 +420,26 @@ class SQLIndex(Index):
         if log:
             self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
                                     if new is True])
+        self._arrival_labels(con, records, added)
         return added
+
+    def _arrival_labels(self, con, records: list[InstanceRecord], added: list[bool | Refused]) -> None:
+        """Labels on arrival (``InstanceRecord.labels``, access/labels_in.py) put on the
+        studies of the newly added records in this transaction: the instances and their
+        labels commit together. A label new to its study logs a ``label`` row per
+        instance of the study, as :meth:`Index.set_label` does."""
+        for study_uid, label in sorted({(r.study_uid, label) for r, new in zip(records, added) if new is True
+                                        for label in r.labels}):
+            if study_labels.put(self._execute(con), study_uid, label, True,
+                                postgresql=self.dialect.name == "postgresql"):
+                self._log(con, "label", self._study_instances(con, study_uid))
+
+    def _study_instances(self, con, study_uid: str) -> list[tuple[str, str, str]]:
+        """(study, series, SOP Instance UID) of the study's instances, in arrival order."""
+        return [tuple(r) for r in self._x(
+            con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID FROM instance i JOIN series se "
+            "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE s.StudyInstanceUID = ? ORDER BY i.pk",
+            (study_uid,)).fetchall()]
 
     def _execute(self, con) -> changelog.Execute:
         return lambda sql, params: self._x(con, sql, params)
@@ -657,10 +676,7 @@ class SQLIndex(Index):
         changed = study_labels.put(self._execute(con), study_uid, label, present,
                                    postgresql=self.dialect.name == "postgresql")
         if changed:  # the change feed shows it: a label row per instance of the study
-            self._log(con, "label", [tuple(r) for r in self._x(
-                con, "SELECT s.StudyInstanceUID, se.SeriesInstanceUID, i.SOPInstanceUID FROM instance i JOIN series se "
-                "ON se.pk = i.series_pk JOIN study s ON s.pk = se.study_pk WHERE s.StudyInstanceUID = ? ORDER BY i.pk",
-                (study_uid,)).fetchall()])
+            self._log(con, "label", self._study_instances(con, study_uid))
         return changed
 
     def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
