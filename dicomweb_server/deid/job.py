@@ -327,7 +327,8 @@ class _Label(_Target):
 
         out = deid.file(source, spool)  # archive.store takes the file (and removes it)
         study = out.parent.parent.name
-        outcome = self.archive.store([SpooledPart(path=out, size=out.stat().st_size, complete=True)])
+        outcome = self.archive.store([SpooledPart(path=out, size=out.stat().st_size, complete=True)],
+                                    source="job:deidentify")
         out.unlink(missing_ok=True)
         if outcome.failed:
             f = outcome.failed[0]
