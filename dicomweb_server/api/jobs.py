@@ -6,7 +6,9 @@ is durably queued.
 
 Every ``/jobs`` route needs the ``write`` scope (api/auth.py). A caller whose access
 rules restrict it to some studies (labels) sees only the jobs it submitted itself; an
-unrestricted caller sees every job.
+unrestricted caller sees every job, but the jobs of kinds only the ``admin`` scope may start
+(:data:`ADMIN_KINDS`: a pull's query names patients, a recompress rewrites every file) only
+with that scope.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ router = APIRouter(tags=["Jobs"])
 
 JobId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{16}$", description="the job's id")]
 
+#: kinds started with the admin scope only (api/auth.py): seen and cancelled with it only
+ADMIN_KINDS = ("pull", "recompress")
+
 
 def _runner(request: Request):
     runner = getattr(request.app.state, "jobs", None)
@@ -39,6 +44,11 @@ def _who(request: Request) -> tuple[str | None, bool]:
     identity = request.scope.get("state", {}).get("identity")
     name = f"{identity.method}:{identity.subject}" if identity is not None else None
     return name, not access_of(request).filter.unrestricted
+
+
+def _admin(request: Request) -> bool:
+    identity = request.scope.get("state", {}).get("identity")
+    return identity is None or "admin" in identity.scopes  # (no authentication: everything)
 
 
 def public(job: dict) -> dict:
@@ -67,7 +77,8 @@ async def accepted(request: Request, kind: str, params: dict) -> Response:
 
 def _visible(request: Request, job: dict | None) -> dict:
     owner, restricted = _who(request)
-    if job is None or (restricted and job["owner"] != owner):
+    if job is None or (restricted and job["owner"] != owner) or (job["kind"] in ADMIN_KINDS
+                                                                  and not _admin(request)):
         raise DICOMwebHTTPError(404, "no such job")
     return job
 
@@ -76,7 +87,8 @@ def _visible(request: Request, job: dict | None) -> dict:
 async def list_jobs(request: Request, limit: int = Query(100, ge=1, le=1000)) -> Response:
     runner = _runner(request)
     owner, restricted = _who(request)
-    jobs = await run_in_threadpool(runner.store.list, owner if restricted else None, limit)
+    jobs = await run_in_threadpool(runner.store.list, owner if restricted else None, limit,
+                                   () if _admin(request) else ADMIN_KINDS)
     return _json({"jobs": [public(j) for j in jobs]})
 
 

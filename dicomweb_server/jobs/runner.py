@@ -53,19 +53,23 @@ POLL = 2.0
 class _Running(Context):
     """A job run by :class:`Runner`: saves go to the ``jobs`` table."""
 
-    def __init__(self, runner: Runner, job: dict, archive) -> None:
+    def __init__(self, runner: Runner, job: dict, archive, lease_owner: str) -> None:
         p = job.get("progress") or {}
         super().__init__(job["id"], job["kind"], job["params"], job.get("checkpoint"), archive,
                          Progress(p.get("total"), p.get("done", 0), p.get("failed", 0), p.get("skipped", 0),
                                   p.get("detail") or {}))
         self._runner = runner
+        self.lease_owner = lease_owner
         self.cancelled = False
         self.lost = False  # the lease went to another runner
 
     def _persist(self) -> None:
         if self.lost:  # another runner has the job now: write nothing more
             return
-        self.cancelled = self._runner.store.save(self.id, self.checkpoint, self.progress.as_dict()) or self.cancelled
+        cancelled, written = self._runner.store.save(self.id, self.checkpoint, self.progress.as_dict(),
+                                                     self.lease_owner)
+        self.cancelled = cancelled or self.cancelled
+        self.lost = self.lost or not written
 
     def stopping(self) -> bool:
         return self.cancelled or self.lost or self._runner.stopping
@@ -124,13 +128,12 @@ class Runner:
         deadline = time.monotonic() + timeout
         for _, _, thread in list(self._running.values()):
             thread.join(max(0.0, deadline - time.monotonic()))
-        if self.outbox is None:
-            return
-        try:
-            self.outbox.release(self.owner)
-        except Exception as e:  # noqa: BLE001 - the leases expire anyway
-            log.warning("could not release the jobs' leases: %s", e)
-        if self._open is not None:
+        # each job's thread releases its own lease when it ends (_run); one still inside a long
+        # step keeps it, so that no other runner takes the job while this one may still write:
+        # its lease ends with it (freed by pid on this host at the next start, else when it expires)
+        if still := [job_id for job_id, (_, _, t) in self._running.items() if t.is_alive()]:
+            log.warning("job(s) %s still in a step at shutdown: resumed when their lease ends", ", ".join(still))
+        elif self._open is not None and self.outbox is not None:
             self.outbox.close()
 
     def open(self) -> bool:
@@ -196,7 +199,7 @@ class Runner:
             self.outbox.settle(Settlement([row.id], [], [], []), owner)
             log.info("job %s is %s: its queue row settled", row.sop_uid, state)
             return
-        ctx = _Running(self, job, self.archive)
+        ctx = _Running(self, job, self.archive, owner)
         thread = threading.Thread(target=self._run, args=(row, owner, ctx), name=f"job-{job['id']}", daemon=True)
         with self._lock:
             self._running[job["id"]] = (owner, ctx, thread)
@@ -209,33 +212,34 @@ class Runner:
                 raise JobStopped(ctx.id)
             log.info("job %s (%s) runs from %s", ctx.id, ctx.kind, "its checkpoint" if ctx.checkpoint else "the start")
             result = handler(ctx.kind)(ctx)
-            self.store.finish(ctx.id, "done", result, None, ctx.progress.as_dict())
+            if ctx.lost or not self.store.finish(ctx.id, "done", result, None, ctx.progress.as_dict(), owner):
+                ctx.lost = True  # another runner has it: its outcome, not this one's
+                return
             settle.delivered.append(row.id)
             log.info("job %s (%s) done: %s", ctx.id, ctx.kind, ctx.progress.as_dict())
         except JobStopped:
             if ctx.lost:
                 return  # another runner holds it: nothing to settle
             if ctx.cancelled or self.store.cancelled(ctx.id):
-                self.store.finish(ctx.id, "cancelled", None, None, ctx.progress.as_dict())
-                settle.delivered.append(row.id)
-                log.info("job %s (%s) cancelled", ctx.id, ctx.kind)
+                if self.store.finish(ctx.id, "cancelled", None, None, ctx.progress.as_dict(), owner):
+                    settle.delivered.append(row.id)
+                    log.info("job %s (%s) cancelled", ctx.id, ctx.kind)
             else:  # a shutdown: the next runner resumes it (release below)
-                self.store.requeue(ctx.id)
+                self.store.requeue(ctx.id, None, owner)
                 log.info("job %s (%s) stopped by the shutdown at its checkpoint", ctx.id, ctx.kind)
         except JobError as e:
-            self.store.finish(ctx.id, "failed", None, str(e), ctx.progress.as_dict())
-            settle.failed.append((row.id, str(e)))
-            log.warning("job %s (%s) failed: %s", ctx.id, ctx.kind, e)
+            if self.store.finish(ctx.id, "failed", None, str(e), ctx.progress.as_dict(), owner):
+                settle.failed.append((row.id, str(e)))
+                log.warning("job %s (%s) failed: %s", ctx.id, ctx.kind, e)
         except Exception as e:  # noqa: BLE001 - a job's failure must not end the runner
             error = f"{type(e).__name__}: {e}"
             log.error("job %s (%s) raised: %s\n%s", ctx.id, ctx.kind, error, traceback.format_exc())
             if row.attempts + 1 < self.max_attempts:
                 delay = min(3600.0, self.retry * 2 ** row.attempts) * random.uniform(0.9, 1.1)
-                self.store.requeue(ctx.id, error)
+                self.store.requeue(ctx.id, error, owner)
                 settle.retry.append((row.id, time.time() + delay, error))
-            else:
-                self.store.finish(ctx.id, "failed", None, f"gave up after {row.attempts + 1} attempt(s): {error}",
-                                  ctx.progress.as_dict())
+            elif self.store.finish(ctx.id, "failed", None, f"gave up after {row.attempts + 1} attempt(s): {error}",
+                                   ctx.progress.as_dict(), owner):
                 settle.failed.append((row.id, error))
         finally:
             with self._lock:

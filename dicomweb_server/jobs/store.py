@@ -73,9 +73,10 @@ class JobStore:
         job_id = secrets.token_hex(8)
         with self.outbox._transaction() as con:
             now = time.time()
-            con.execute(self._sql("INSERT INTO jobs (id, kind, params, owner, restricted, state, created, updated) "
-                                  "VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)"),
-                        (job_id, kind, orjson.dumps(params).decode(), owner, int(restricted), now, now))
+            con.execute(self._sql("INSERT INTO jobs (id, kind, params, owner, restricted, state, created, updated, "
+                                  "progress) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?)"),
+                        (job_id, kind, orjson.dumps(params).decode(), owner, int(restricted), now, now,
+                         orjson.dumps({"total": None, "done": 0, "failed": 0, "skipped": 0}).decode()))
             self.outbox.insert_job(destination(kind), kind, job_id, "", 0.0, con)
         return job_id
 
@@ -85,9 +86,16 @@ class JobStore:
                               (job_id,)).fetchone()
         return _job(row) if row is not None else None
 
-    def list(self, owner: str | None = None, limit: int = 100) -> list[dict]:
-        """The newest jobs first; only ``owner``'s when given."""
-        where, params = ("WHERE owner = ? ", [owner]) if owner is not None else ("", [])
+    def list(self, owner: str | None = None, limit: int = 100, exclude_kinds: tuple[str, ...] = ()) -> list[dict]:
+        """The newest jobs first; only ``owner``'s when given; none of ``exclude_kinds``."""
+        clauses, params = [], []
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        if exclude_kinds:
+            clauses.append(f"kind NOT IN ({', '.join('?' * len(exclude_kinds))})")
+            params.extend(exclude_kinds)
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
         with self.outbox._reading() as con:
             rows = con.execute(self._sql(f"SELECT {', '.join(_COLUMNS)} FROM jobs {where}ORDER BY created DESC "
                                          "LIMIT ?"), (*params, limit)).fetchall()
@@ -102,34 +110,54 @@ class JobStore:
                         (now, now, job_id))
         return self.get(job_id)
 
-    def save(self, job_id: str, checkpoint: dict, progress: dict) -> bool:
-        """Make the checkpoint and counts durable; returns whether the job was cancelled."""
+    def _held(self, lease_owner: str | None) -> tuple[str, tuple]:
+        """The condition that the job's queue row is still leased by ``lease_owner`` (a
+        runner that lost its lease writes nothing more); none when None."""
+        if lease_owner is None:
+            return "", ()
+        return (" AND EXISTS (SELECT 1 FROM outbox WHERE outbox.SOPInstanceUID = jobs.id AND "
+                "outbox.destination = 'job:' || jobs.kind AND outbox._lease_owner = ?)"), (lease_owner,)
+
+    def save(self, job_id: str, checkpoint: dict, progress: dict, lease_owner: str | None = None
+             ) -> tuple[bool, bool]:
+        """Make the checkpoint and counts durable (only while ``lease_owner`` holds the job's
+        queue row, when given); returns (cancelled, written)."""
+        cond, extra = self._held(lease_owner)
         with self.outbox._transaction() as con:
-            con.execute(self._sql("UPDATE jobs SET checkpoint = ?, progress = ?, updated = ? WHERE id = ?"),
-                        (orjson.dumps(checkpoint).decode(), orjson.dumps(progress).decode(), time.time(), job_id))
+            written = con.execute(self._sql("UPDATE jobs SET checkpoint = ?, progress = ?, updated = ? WHERE id = ?"
+                                            + cond),
+                                  (orjson.dumps(checkpoint).decode(), orjson.dumps(progress).decode(), time.time(),
+                                   job_id, *extra)).rowcount
             row = con.execute(self._sql("SELECT cancel FROM jobs WHERE id = ?"), (job_id,)).fetchone()
-        return bool(row and row[0])
+        return bool(row and row[0]), written > 0
 
     def cancelled(self, job_id: str) -> bool:
         with self.outbox._reading() as con:
             row = con.execute(self._sql("SELECT cancel FROM jobs WHERE id = ?"), (job_id,)).fetchone()
         return bool(row and row[0])
 
-    def requeue(self, job_id: str, error: str | None = None) -> None:
-        """Back to ``queued`` (stopped by a shutdown, or to be tried again after ``error``)."""
+    def requeue(self, job_id: str, error: str | None = None, lease_owner: str | None = None) -> None:
+        """Back to ``queued`` (stopped by a shutdown, or to be tried again after ``error``),
+        while ``lease_owner`` (when given) still holds its queue row."""
+        cond, extra = self._held(lease_owner)
         with self.outbox._transaction() as con:
             con.execute(self._sql("UPDATE jobs SET state = 'queued', error = coalesce(?, error), updated = ? "
-                                  "WHERE id = ? AND state IN ('queued', 'running')"), (error, time.time(), job_id))
+                                  "WHERE id = ? AND state IN ('queued', 'running')" + cond),
+                        (error, time.time(), job_id, *extra))
 
     def finish(self, job_id: str, state: str, result: dict | None = None, error: str | None = None,
-               progress: dict | None = None) -> None:
+               progress: dict | None = None, lease_owner: str | None = None) -> bool:
+        """The job's final state, while ``lease_owner`` (when given) still holds its queue
+        row; returns whether it was written (False: another runner has the job now)."""
         assert state in FINAL
+        cond, extra = self._held(lease_owner)
         with self.outbox._transaction() as con:
             now = time.time()
-            con.execute(self._sql("UPDATE jobs SET state = ?, result = ?, error = ?, finished = ?, updated = ?, "
-                                  "progress = coalesce(?, progress) WHERE id = ?"),
-                        (state, orjson.dumps(result).decode() if result is not None else None, error, now, now,
-                         orjson.dumps(progress).decode() if progress is not None else None, job_id))
+            return con.execute(self._sql(
+                "UPDATE jobs SET state = ?, result = ?, error = ?, finished = ?, updated = ?, "
+                "progress = coalesce(?, progress) WHERE id = ?" + cond),
+                (state, orjson.dumps(result).decode() if result is not None else None, error, now, now,
+                 orjson.dumps(progress).decode() if progress is not None else None, job_id, *extra)).rowcount > 0
 
     def cancel(self, job_id: str) -> str | None:
         """Ask a job to stop: a queued one is cancelled now, a running one at its next

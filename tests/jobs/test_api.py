@@ -15,6 +15,7 @@ from tests.jobs import kinds
 from tests.routing.conftest import wait_for
 
 READER = "reader-key-0123456789"
+ADMIN = "admin-key-0123456789"
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def client(tmp_path, monkeypatch):
     kinds.install(monkeypatch)
     every = ["read", "write", "delete"]
     settings = Settings(data_dir=tmp_path / "data", index="sqlite", jobs_retry=0.05,
-                        api_keys={ALL: every, ONLY_A: every, READER: ["read"]},
+                        api_keys={ALL: every, ONLY_A: every, READER: ["read"], ADMIN: [*every, "admin"]},
                         access_rules={"identities": {f"key:{key_name(ONLY_A)}": ["a"]}})
     archive = Archive.open(settings)
     with TestClient(create_app(archive.settings, archive=archive)) as c:
@@ -68,3 +69,22 @@ def test_a_restricted_caller_sees_only_its_own_jobs(client, tmp_path):
         r = client.request(method, f"/jobs/{other}", headers=h(ONLY_A))
         assert r.status_code == 404 and r.json() == client.get("/jobs/0123456789abcdef", headers=h(ALL)).json()
     assert {j["id"] for j in client.get("/jobs", headers=h(ALL)).json()["jobs"]} == {mine, other}
+
+
+def test_jobs_of_admin_kinds_need_the_admin_scope(client, tmp_path):
+    """A pull's query names patients and a recompress rewrites every stored file: both are
+    started with the admin scope (api/auth.py), and only that scope sees or cancels them."""
+    pull = client.app.state.jobs.submit("pull", {"from": "NOWHERE"}, f"api-key:{key_name(ADMIN)}", False)
+    mine = _submit(client, f"api-key:{key_name(ALL)}", False, {"out": str(tmp_path), "n": 1})
+    assert [j["id"] for j in client.get("/jobs", headers=h(ALL)).json()["jobs"]] == [mine]
+    for method in ("GET", "DELETE"):
+        assert client.request(method, f"/jobs/{pull}", headers=h(ALL)).status_code == 404
+    assert {j["id"] for j in client.get("/jobs", headers=h(ADMIN)).json()["jobs"]} == {pull, mine}
+    assert client.get(f"/jobs/{pull}", headers=h(ADMIN)).json()["kind"] == "pull"
+
+
+def test_a_queued_job_shows_zero_counts(client, tmp_path):
+    client.app.state.jobs.stop()  # nothing runs it: as queued
+    job_id = _submit(client, None, False, {"out": str(tmp_path), "n": 1})
+    job = client.get(f"/jobs/{job_id}", headers=h(ALL)).json()
+    assert (job["state"], job["progress"]) == ("queued", {"total": None, "done": 0, "failed": 0, "skipped": 0})

@@ -179,3 +179,26 @@ def test_a_sigkilled_runner_is_resumed_from_its_checkpoint(settings, monkeypatch
     starts = [int(x) for x in (out / "starts.log").read_text().split()]
     assert starts[0] == 0 and len(starts) == 2 and starts[1] % 4 == 0 and starts[1] > 0
     assert len(done) - 80 <= 4  # at most the items after the last save ran twice
+
+
+def test_a_runner_that_lost_its_lease_writes_nothing_more(opened, tmp_path):
+    """Another runner took the job over (this one stalled past its lease): this one's next
+    save finds the queue row leased by the other, writes no checkpoint, stops, and neither
+    finishes nor settles the job (the other runner's outcome counts)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    opened.runner.start()
+    job_id = opened.runner.submit("count", {"out": str(out), "n": 10_000, "every": 1, "sleep": 0.01})
+    wait_for(lambda: len(_done(out)) >= 3, 30, "the job to start")
+    with opened.outbox._transaction() as con:  # the takeover: the row's lease is another's now
+        con.execute(opened.outbox._sql("UPDATE outbox SET _lease_owner = 'elsewhere:1:jobs:x:0:', "
+                                       "_lease_until = ? WHERE SOPInstanceUID = ?"), (time.time() + 600, job_id))
+    wait_for(lambda: not opened.runner._running, 30, "the runner to let the job go")
+    job = opened.runner.store.get(job_id)
+    saved = job["checkpoint"]["next"]
+    assert job["state"] == "running" and saved < 10_000
+    assert len(_done(out)) <= saved + 1  # it stopped at its first save after the takeover
+    [row] = opened.outbox.rows(destination("count"))
+    assert row["state"] == "pending"
+    time.sleep(0.3)
+    assert opened.runner.store.get(job_id)["checkpoint"]["next"] == saved
