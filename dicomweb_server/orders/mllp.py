@@ -10,8 +10,12 @@ one). The index writes run in the loop's executor, never on the loop.
 - A message longer than ``hl7_max_message`` bytes, or a frame that does not begin with
   <VT>, or a message without an MSH segment, cannot be acknowledged (the ACK echoes its
   Message Control ID): logged, and the connection closed; nothing is written.
-- Otherwise the ACK's MSA-1 is ``AA`` (accepted: the entries are stored or removed in one
-  durable commit), ``AE`` (application error: a required field missing, a cancel of an
+- A connection that sends nothing for :data:`IDLE_SECONDS` is closed (an order system
+  reconnects; an idle socket is not held for ever).
+- Otherwise the ACK's MSA-1 is ``AA`` (accepted: the new entries stored in one durable
+  commit, then each cancel in its own: a message mixing NW and CA that fails between them
+  is answered ``AE`` with its new entries stored: the sender's resend stores them again,
+  identically), ``AE`` (application error: a required field missing, a cancel of an
   entry the worklist does not hold, the index unable to write) or ``AR`` (rejected: not an
   ORM^O01, or an order control other than NW and CA), with the reason in MSA-3.
 """
@@ -60,6 +64,10 @@ def decode(block: bytes) -> str:
         return block.decode("utf-8")
     except UnicodeDecodeError:
         return block.decode("latin-1")
+
+
+#: seconds a connection may stay silent between messages
+IDLE_SECONDS = 300.0
 
 
 class OrderListener:
@@ -125,9 +133,12 @@ class OrderListener:
         try:
             while True:
                 try:
-                    block = await reader.readblock()
+                    block = await asyncio.wait_for(reader.readblock(), IDLE_SECONDS)
                 except asyncio.IncompleteReadError:
                     return  # the sender closed
+                except TimeoutError:
+                    log.info("HL7 connection from %s idle for %.0f s: closed", peer, IDLE_SECONDS)
+                    return
                 except ValueError:
                     log.warning("HL7 message from %s longer than %d bytes: connection closed", peer,
                                 self.max_message)

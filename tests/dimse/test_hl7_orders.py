@@ -119,3 +119,18 @@ def test_refused_messages(orders):
             read_frame(sock)
     assert http.get("/worklist").json() == []
     assert [msa(a)[0] for a in _send(port, orm("NW", "SPS4", "M4"))] == ["AA"]
+
+
+def test_an_idle_connection_is_closed(monkeypatch):
+    """A connection that sends nothing is closed after IDLE_SECONDS (it was held for ever:
+    idle sockets of order systems piled up)."""
+    from dicomweb_server.orders import mllp
+
+    monkeypatch.setattr(mllp, "IDLE_SECONDS", 0.3)
+    listener = mllp.OrderListener(None, "ARCHIVE", 1 << 20)  # (no message: the index is never used)
+    port = listener.start("127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            assert s.recv(1) == b""  # closed by the listener, long before the 10 s timeout
+    finally:
+        listener.stop()
