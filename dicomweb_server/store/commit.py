@@ -37,6 +37,7 @@ one committed second is refused (store/base.py ``hierarchy_conflict``).
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
 import threading
@@ -118,17 +119,29 @@ class FolderSyncs:
             del self._states[folder]
 
 
+_allocate_lock = _thread.allocate_lock
+
+
 class _Entry:
-    __slots__ = ("dirs", "done", "error", "lead", "records", "result", "wake")
+    __slots__ = ("dirs", "done", "error", "records", "result", "wake")
 
     def __init__(self, records: list[InstanceRecord], dirs: set[Path]) -> None:
         self.records = records
         self.dirs = dirs
         self.done = False
-        self.lead = False  # handed the lead by the previous leader
-        self.wake: threading.Condition | None = None  # its own (on the queue lock), when it waits
+        self.wake: _thread.LockType | None = None  # held while it sleeps: released to wake it (_wake)
         self.result: list[bool | Refused] = []
         self.error: BaseException | None = None
+
+
+def _wake(entry: _Entry) -> None:
+    """Wake ``entry``'s thread if it sleeps in :meth:`GroupCommitter._sleep` (called
+    holding the queue lock). A lock per waiting request, not a ``threading.Condition``:
+    a Condition object per request and a new lock per wait were ~7% of a worker's GIL
+    time with 8 connections (py-spy, issue 33)."""
+    wake = entry.wake
+    if wake is not None and wake.locked():
+        wake.release()
 
 
 class Expected:
@@ -206,45 +219,50 @@ class GroupCommitter:
 
         Raises whatever the directory fsync or the index commit raised.
 
-        Who wakes whom (issue 33): each waiting request sleeps on a condition of its
-        own, woken only when its entry is committed or when it is handed the lead
-        (the oldest entry left when a leader finishes); the leader that waits for
+        Who wakes whom (issue 33): each waiting request sleeps on a lock of its own
+        (:meth:`_sleep`), woken when its entry is committed or, when a leader finishes with
+        entries left, with them, the first awake of which leads (waking only the oldest
+        cost ~20% of the rate with 32 connections on a busy machine: that one thread's
+        scheduling delay held up every commit); the leader that waits for
         announced requests is the only one woken when they queue. Before, one
         condition for all and ``notify_all`` at every queued request and at every
         commit woke every waiting thread of the process each time (each to take the
         GIL, look, and sleep again): per instance, work that grew with the
-        connections (context switches per instance 20 -> 27 from 8 to 32).
+        connections (voluntary context switches per stored instance 18-23 with 8
+        connections, 22-25 with 32; 15-17 and 17-19 with this,
+        benchmarks/stow_cpu_concurrency.py).
         """
         if dirs:  # before queueing, outside the writer lock (module docstring)
             self.folders.sync(dirs)
         entry = _Entry(records, dirs)
+        # the wait for announced requests is bounded from the request's arrival: one handed
+        # the lead after waiting for another leader's commit does not wait again
+        deadline = time.monotonic() + self.MAX_WAIT
         with self._queue_lock:
             self._queue.append(entry)
             if announced is not None and not announced.queued:
                 announced.queued = True
                 self._announced_queued()
-            if self._leading:  # a leader of this process will commit it, or hand it the lead
-                entry.wake = threading.Condition(self._queue_lock)
-                while not entry.done and not entry.lead:
-                    entry.wake.wait()
-                if entry.done:
-                    if entry.error is not None:
-                        raise entry.error
-                    return entry.result
-            self._leading = True  # one leader per process at a time commits the queue
+            # one leader per process at a time commits the queue; the others sleep until
+            # their entry is done, or until a leader finishes with entries left: then the
+            # first of them awake (or a request that arrives first) leads
+            while not entry.done and self._leading:
+                self._sleep(entry)
+            if entry.done:
+                if entry.error is not None:
+                    raise entry.error
+                return entry.result
+            self._leading = True
             if self._expected > 0:  # others are on their way: let them join this group
-                if entry.wake is None:
-                    entry.wake = threading.Condition(self._queue_lock)
                 self._delaying = entry
-                deadline = time.monotonic() + self.MAX_WAIT
                 try:
                     while self._expected > 0:
                         left = deadline - time.monotonic()
-                        if left <= 0 or not entry.wake.wait(left):
+                        if left <= 0 or not self._sleep(entry, left):
                             break
                 finally:
                     self._delaying = None
-        # the lead: the others wait on their own conditions, not on the writer lock, so a
+        # the lead: the others wait on their own locks, not on the writer lock, so a
         # request whose entry a leader committed returns at once (before, it first took
         # the writer lock itself, i.e. waited for the other process's commit too: 18-20 ms
         # of a request's 46 ms with 8 connections, issue 11)
@@ -259,15 +277,10 @@ class GroupCommitter:
                 if not batch and entry in self._queue:  # the writer lock failed: withdrawn
                     self._queue.remove(entry)
                 for e in batch:
-                    if e.wake is not None and e is not entry:
-                        e.wake.notify()
-                if self._queue:  # queued after the batch was taken: the oldest leads next
-                    nxt = self._queue[0]
-                    nxt.lead = True
-                    if nxt.wake is not None:
-                        nxt.wake.notify()
-                else:
-                    self._leading = False
+                    _wake(e)
+                self._leading = False
+                for e in self._queue:  # queued after the batch was taken: the first awake leads
+                    _wake(e)
         if entry.error is not None:
             raise entry.error
         return entry.result
@@ -277,7 +290,21 @@ class GroupCommitter:
         leader waiting for them is woken when none is left."""
         self._expected -= 1
         if self._expected <= 0 and self._delaying is not None:
-            self._delaying.wake.notify()  # type: ignore[union-attr]
+            _wake(self._delaying)
+
+    def _sleep(self, entry: _Entry, timeout: float = -1) -> bool:
+        """Wait (called holding the queue lock, released meanwhile) until ``entry`` is
+        woken (:func:`_wake`) or ``timeout`` seconds pass; False on the timeout. The
+        caller checks its state again: a wake may be spurious."""
+        wake = entry.wake
+        if wake is None:
+            wake = entry.wake = _allocate_lock()
+            wake.acquire()
+        self._queue_lock.release()
+        try:
+            return wake.acquire(True, timeout)
+        finally:
+            self._queue_lock.acquire()
 
     def _commit_batch(self, batch: list[_Entry]) -> None:
         try:
