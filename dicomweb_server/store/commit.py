@@ -37,6 +37,7 @@ one committed second is refused (store/base.py ``hierarchy_conflict``).
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
 import threading
@@ -60,16 +61,17 @@ class FolderSyncs:
     served run their own (each then fails or succeeds on its own)."""
 
     class _State:
-        __slots__ = ("asked", "done", "running")
+        __slots__ = ("asked", "done", "running", "wake")
 
-        def __init__(self) -> None:
+        def __init__(self, lock: threading.Lock) -> None:
             self.asked = 0  # tickets given (a thread's change is covered by ticket n)
             self.done = 0  # every ticket up to this one is durable
             self.running = False
+            self.wake = threading.Condition(lock)  # the threads waiting for this folder
 
     def __init__(self, sync: Callable[[Path], None] | None = None) -> None:
         self._sync = sync
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._states: dict[Path, FolderSyncs._State] = {}
         self.fsyncs = 0  # fsyncs made (tests and benchmarks)
 
@@ -79,33 +81,35 @@ class FolderSyncs:
             self._sync_one(folder)
 
     def _sync_one(self, folder: Path) -> None:
-        cond = self._cond
-        with cond:
+        """(A condition per folder: a fsync's end wakes the threads waiting for that
+        folder only, not those of every folder, issue 33.)"""
+        lock = self._lock
+        with lock:
             st = self._states.get(folder)
             if st is None:
-                st = self._states[folder] = FolderSyncs._State()
+                st = self._states[folder] = FolderSyncs._State(lock)
             st.asked += 1
             ticket = st.asked
             while st.done < ticket:
                 if not st.running:  # lead the next fsync: it covers every ticket given so far
                     st.running = True
                     covers = st.asked
-                    cond.release()
+                    lock.release()
                     try:
                         (self._sync or fsync_dir)(folder)
                     except BaseException:
-                        cond.acquire()
+                        lock.acquire()
                         st.running = False
-                        cond.notify_all()
+                        st.wake.notify_all()
                         self._forget(folder, st)
                         raise
-                    cond.acquire()
+                    lock.acquire()
                     st.running = False
                     st.done = max(st.done, covers)
                     self.fsyncs += 1
-                    cond.notify_all()
+                    st.wake.notify_all()
                 else:
-                    cond.wait()
+                    st.wake.wait()
             self._forget(folder, st)
 
     def _forget(self, folder: Path, st: FolderSyncs._State) -> None:
@@ -115,15 +119,29 @@ class FolderSyncs:
             del self._states[folder]
 
 
+_allocate_lock = _thread.allocate_lock
+
+
 class _Entry:
-    __slots__ = ("dirs", "done", "error", "records", "result")
+    __slots__ = ("dirs", "done", "error", "records", "result", "wake")
 
     def __init__(self, records: list[InstanceRecord], dirs: set[Path]) -> None:
         self.records = records
         self.dirs = dirs
         self.done = False
+        self.wake: _thread.LockType | None = None  # held while it sleeps: released to wake it (_wake)
         self.result: list[bool | Refused] = []
         self.error: BaseException | None = None
+
+
+def _wake(entry: _Entry) -> None:
+    """Wake ``entry``'s thread if it sleeps in :meth:`GroupCommitter._sleep` (called
+    holding the queue lock). A lock per waiting request, not a ``threading.Condition``:
+    a Condition object per request and a new lock per wait were ~7% of a worker's GIL
+    time with 8 connections (py-spy, issue 33)."""
+    wake = entry.wake
+    if wake is not None and wake.locked():
+        wake.release()
 
 
 class Expected:
@@ -149,9 +167,9 @@ class GroupCommitter:
         self._lock = threading.Lock()
         self._queue: list[_Entry] = []
         self._queue_lock = threading.Lock()
-        self._queued = threading.Condition(self._queue_lock)
         self._expected = 0  # requests announced (expecting) and not yet queued
-        self._leading = False  # a thread of this process is committing the queue
+        self._leading = False  # a thread of this process leads (waits for, or commits, the queue)
+        self._delaying: _Entry | None = None  # the leader waiting for announced requests
         self.batches = 0  # commits made (for tests and benchmarks)
         self._fd = -1  # the lock file, opened by the first writer of this process
         self._fd_pid = 0
@@ -191,8 +209,7 @@ class GroupCommitter:
             if not token.queued:
                 with self._queue_lock:
                     token.queued = True
-                    self._expected -= 1
-                    self._queued.notify_all()
+                    self._announced_queued()
 
     def commit(self, records: list[InstanceRecord], dirs: set[Path],
                announced: Expected | None = None) -> list[bool | Refused]:
@@ -201,46 +218,93 @@ class GroupCommitter:
         ``announced``: this request's token from :meth:`expecting`.
 
         Raises whatever the directory fsync or the index commit raised.
+
+        Who wakes whom (issue 33): each waiting request sleeps on a lock of its own
+        (:meth:`_sleep`), woken when its entry is committed or, when a leader finishes with
+        entries left, with them, the first awake of which leads (waking only the oldest
+        cost ~20% of the rate with 32 connections on a busy machine: that one thread's
+        scheduling delay held up every commit); the leader that waits for
+        announced requests is the only one woken when they queue. Before, one
+        condition for all and ``notify_all`` at every queued request and at every
+        commit woke every waiting thread of the process each time (each to take the
+        GIL, look, and sleep again): per instance, work that grew with the
+        connections (voluntary context switches per stored instance 18-23 with 8
+        connections, 22-25 with 32; 15-17 and 17-19 with this,
+        benchmarks/stow_cpu_concurrency.py).
         """
         if dirs:  # before queueing, outside the writer lock (module docstring)
             self.folders.sync(dirs)
         entry = _Entry(records, dirs)
+        # the wait for announced requests is bounded from the request's arrival: one handed
+        # the lead after waiting for another leader's commit does not wait again
+        deadline = time.monotonic() + self.MAX_WAIT
         with self._queue_lock:
             self._queue.append(entry)
             if announced is not None and not announced.queued:
                 announced.queued = True
-                self._expected -= 1
-                self._queued.notify_all()
-            if self._expected > 0:  # others are on their way: let them join this group
-                deadline = time.monotonic() + self.MAX_WAIT
-                while self._expected > 0 and not entry.done:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._queued.wait(left):
-                        break
-            # one leader per process at a time commits the queue; the others wait on the
-            # condition, not on the writer lock, so a request whose entry a leader
-            # committed returns at once (before, it first took the writer lock itself,
-            # i.e. waited for the other process's commit too: 18-20 ms of a request's
-            # 46 ms with 8 connections, issue 11)
+                self._announced_queued()
+            # one leader per process at a time commits the queue; the others sleep until
+            # their entry is done, or until a leader finishes with entries left: then the
+            # first of them awake (or a request that arrives first) leads
             while not entry.done and self._leading:
-                self._queued.wait()
+                self._sleep(entry)
             if entry.done:
-                lead = False
-            else:
-                lead = self._leading = True
-        if lead:
-            try:
-                with self.writer():
-                    with self._queue_lock:  # everything queued while the lock was awaited
-                        batch, self._queue = self._queue, []
-                    self._commit_batch(batch)
-            finally:
-                with self._queue_lock:
-                    self._leading = False
-                    self._queued.notify_all()
+                if entry.error is not None:
+                    raise entry.error
+                return entry.result
+            self._leading = True
+            if self._expected > 0:  # others are on their way: let them join this group
+                self._delaying = entry
+                try:
+                    while self._expected > 0:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._sleep(entry, left):
+                            break
+                finally:
+                    self._delaying = None
+        # the lead: the others wait on their own locks, not on the writer lock, so a
+        # request whose entry a leader committed returns at once (before, it first took
+        # the writer lock itself, i.e. waited for the other process's commit too: 18-20 ms
+        # of a request's 46 ms with 8 connections, issue 11)
+        batch: list[_Entry] = []
+        try:
+            with self.writer():
+                with self._queue_lock:  # everything queued while the lock was awaited
+                    batch, self._queue = self._queue, []
+                self._commit_batch(batch)
+        finally:
+            with self._queue_lock:
+                if not batch and entry in self._queue:  # the writer lock failed: withdrawn
+                    self._queue.remove(entry)
+                for e in batch:
+                    _wake(e)
+                self._leading = False
+                for e in self._queue:  # queued after the batch was taken: the first awake leads
+                    _wake(e)
         if entry.error is not None:
             raise entry.error
         return entry.result
+
+    def _announced_queued(self) -> None:
+        """One announced request fewer on its way (called holding the queue lock): the
+        leader waiting for them is woken when none is left."""
+        self._expected -= 1
+        if self._expected <= 0 and self._delaying is not None:
+            _wake(self._delaying)
+
+    def _sleep(self, entry: _Entry, timeout: float = -1) -> bool:
+        """Wait (called holding the queue lock, released meanwhile) until ``entry`` is
+        woken (:func:`_wake`) or ``timeout`` seconds pass; False on the timeout. The
+        caller checks its state again: a wake may be spurious."""
+        wake = entry.wake
+        if wake is None:
+            wake = entry.wake = _allocate_lock()
+            wake.acquire()
+        self._queue_lock.release()
+        try:
+            return wake.acquire(True, timeout)
+        finally:
+            self._queue_lock.acquire()
 
     def _commit_batch(self, batch: list[_Entry]) -> None:
         try:

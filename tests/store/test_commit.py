@@ -253,3 +253,99 @@ def test_a_request_committed_by_another_returns_without_taking_the_writer_lock(t
     assert results == {"A": [True], "B": [True]}
     assert gc.batches == 1  # one commit for both
     assert entered == ["A"]  # B never took the writer lock
+
+
+# --- who is woken (issue 33: work per instance that grew with the connections) ---------
+
+
+def _switches(tid: int) -> int:
+    """Voluntary context switches of one thread of this process (Linux /proc): each
+    time a sleeping thread is woken, it counts one more."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def _wait_until(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_waiting_request_is_not_woken_by_others_queueing(tmp_path):
+    """W waits for a leader's commit (the leader waits for the other process's
+    flock); 30 announced requests then queue behind it. W sleeps through that: it is
+    woken once, when its entry is committed. Before, every queued announced request
+    woke every waiting thread of the process (one condition, ``notify_all``): W was
+    woken ~30 times, and per instance the wake-ups grew with the connections."""
+    import fcntl
+    import os
+
+    gc = GroupCommitter(MemoryIndex(), tmp_path / "index.lock")
+    other = os.open(tmp_path / "index.lock", os.O_RDWR | os.O_CREAT)  # "the other process"
+    fcntl.flock(other, fcntl.LOCK_EX)
+    results: dict[str, list] = {}
+    tids: dict[str, int] = {}
+
+    def request(name: str) -> None:
+        tids[name] = threading.get_native_id()
+        with gc.expecting() as token:
+            results[name] = gc.commit([record(tmp_path)], set(), token)
+
+    leader = threading.Thread(target=request, args=("A",))
+    leader.start()
+    _wait_until(lambda: gc._leading and not gc._queue_lock.locked() and len(gc._queue) == 1)
+    waiter = threading.Thread(target=request, args=("W",))
+    waiter.start()
+    _wait_until(lambda: len(gc._queue) == 2)
+    time.sleep(0.1)  # W asleep
+    before = _switches(tids["W"])
+    others = [threading.Thread(target=request, args=(f"R{i}",)) for i in range(30)]
+    for t in others:
+        t.start()
+    _wait_until(lambda: len(gc._queue) == 32)
+    time.sleep(0.1)
+    woken = _switches(tids["W"]) - before
+    fcntl.flock(other, fcntl.LOCK_UN)
+    os.close(other)
+    for t in [leader, waiter, *others]:
+        t.join(5)
+    assert results == {name: [True] for name in ["A", "W", *(f"R{i}" for i in range(30))]}
+    assert woken < 5, f"W was woken {woken} times while others queued"
+
+
+def test_a_folder_fsync_wakes_only_the_threads_waiting_for_that_folder(tmp_path):
+    """W waits for folder A's fsync (gated); 30 fsyncs of folder B start and end
+    meanwhile. W is not woken by them (one condition per folder; before, one for
+    all folders and ``notify_all`` at every fsync's end)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    gate = threading.Event()
+    started = threading.Semaphore(0)
+
+    def sync(folder: Path) -> None:
+        if folder == a:
+            started.release()
+            assert gate.wait(5)
+
+    folders = FolderSyncs(sync)
+    first = threading.Thread(target=folders.sync, args=({a},))
+    first.start()
+    assert started.acquire(timeout=5)  # A's fsync is running
+    tid: list[int] = []
+    waiter = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), folders.sync({a})))
+    waiter.start()
+    _wait_until(lambda: a in folders._states and folders._states[a].asked == 2)
+    time.sleep(0.1)  # W asleep, waiting for the next fsync of A
+    before = _switches(tid[0])
+    for _ in range(30):
+        folders.sync({b})
+        time.sleep(0.002)
+    woken = _switches(tid[0]) - before
+    gate.set()
+    first.join(5)
+    waiter.join(5)
+    assert folders.fsyncs == 32
+    assert woken < 5, f"W was woken {woken} times by another folder's fsyncs"
