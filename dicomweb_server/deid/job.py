@@ -135,6 +135,10 @@ def params(*, deidentify: str, options: list[str] | tuple[str, ...] = (), projec
         parse_safe_private(t)
     if (studies is None) == (query is None):
         raise ValueError("give the studies or a query, not both")
+    if opts.retain_uids and "label" in target:
+        raise ValueError("the retain_uids option with a label target: the copies would keep the original Study, "
+                         "Series and SOP Instance UIDs and land on the identified originals of this archive; "
+                         "leave the option out, or choose a folder, S3 or destination target")
     return {"deidentify": ",".join(["basic", *opts.selected()]), "project": project,
             "allow_burned_in": bool(allow_burned_in), "safe_private": sorted(safe_private),
             "studies": list(studies) if studies is not None else None,
@@ -261,7 +265,8 @@ class _Target:
 
     name = ""
 
-    def put(self, deid: Deidentifier, source: Path, spool: Path) -> str | None:
+    def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
+        """``original_study``: the Study Instance UID of ``source`` (the identified original)."""
         out = deid.file(source, spool)
         try:
             return self.place(out, out.relative_to(spool).as_posix())
@@ -283,7 +288,7 @@ class _Folder(_Target):
             raise JobError(f"target {self.to} is not a folder")
         self.to.mkdir(parents=True, exist_ok=True)
 
-    def put(self, deid: Deidentifier, source: Path, spool: Path) -> str | None:
+    def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
         deid.file(source, self.to)  # written under a temporary name, renamed over the same name
         return None
 
@@ -322,17 +327,30 @@ class _Label(_Target):
         self.archive = archive
         self.labelled: set[str] = set()
 
-    def put(self, deid: Deidentifier, source: Path, spool: Path) -> str | None:
+    def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
+        """Never labels the original's study: a copy under the original's UIDs (the
+        retain_uids option, refused by :func:`params` for a label target) is not stored,
+        and a store that kept another instance under the copy's SOP Instance UID (a
+        duplicate with other content, duplicate_policy ``keep``: e.g. a copy made with
+        other options) fails the instance."""
         from ..dicom.multipart import SpooledPart
 
         out = deid.file(source, spool)  # archive.store takes the file (and removes it)
-        study = out.parent.parent.name
+        study, sop = out.parent.parent.name, out.stem
+        if study == original_study:
+            out.unlink(missing_ok=True)
+            return ("not stored: the de-identified copy keeps the original's Study Instance UID (retain_uids): "
+                    "it would land on the identified original")
+        prior = self.archive.index.locate(sop)  # a copy made before: by this job (the same bytes) or not
+        other = prior is not None and not self.archive.blobs.same(out, prior.path)
         outcome = self.archive.store([SpooledPart(path=out, size=out.stat().st_size, complete=True)],
                                     source="job:deidentify")
         out.unlink(missing_ok=True)
         if outcome.failed:
             f = outcome.failed[0]
             return f"not stored: {f.reason.name} (0x{f.reason.value:04X}): {f.message}"
+        if other and outcome.stored[0].duplicate:  # duplicate_policy keep: the other content kept
+            return f"not stored: SOP Instance {sop} is already stored with other content (kept as it is)"
         if study not in self.labelled:
             self.archive.index.set_label(study, self.label)
             self.labelled.add(study)
@@ -477,7 +495,7 @@ def _one(archive, deid: Deidentifier, target: _Target, loc, spool: Path, counts:
     """One instance into the target; its outcome counted."""
     try:
         with archive.blobs.local_copy(loc.path) as path:
-            reason = target.put(deid, path, spool)
+            reason = target.put(deid, path, spool, loc.study_uid)
     except BurnedIn as e:
         _problem(counts, problems, loc, "refused", str(e))
         return
