@@ -50,6 +50,7 @@ from pathlib import Path
 
 from .. import faults
 from ..access.filter import UNRESTRICTED, Filter, validate_label
+from ..dicom.status import FailureReason
 from ..jobs import Context, JobError
 from . import profile
 from .apply import BurnedIn, parse_safe_private
@@ -332,7 +333,9 @@ class _Label(_Target):
         retain_uids option, refused by :func:`params` for a label target) is not stored,
         and a store that kept another instance under the copy's SOP Instance UID (a
         duplicate with other content, duplicate_policy ``keep``: e.g. a copy made with
-        other options) fails the instance."""
+        other options) fails the instance. A store that cannot take it now (0xA700 out of
+        resources, 0x0110 processing failure: a full disk, the index down) raises
+        TargetUnavailable: the job runs again from its checkpoint (PS3.4 B.2.3, PS3.7 C.4)."""
         from ..dicom.multipart import SpooledPart
 
         out = deid.file(source, spool)  # archive.store takes the file (and removes it)
@@ -348,6 +351,10 @@ class _Label(_Target):
         out.unlink(missing_ok=True)
         if outcome.failed:
             f = outcome.failed[0]
+            if f.reason in (FailureReason.OUT_OF_RESOURCES, FailureReason.PROCESSING_FAILURE):
+                # a full disk, an index that is down: not this instance's fault
+                raise TargetUnavailable(f"{self.name}: not stored: {f.reason.name} (0x{f.reason.value:04X}): "
+                                        f"{f.message} (the job runs again from its checkpoint)")
             return f"not stored: {f.reason.name} (0x{f.reason.value:04X}): {f.message}"
         if other and outcome.stored[0].duplicate:  # duplicate_policy keep: the other content kept
             return f"not stored: SOP Instance {sop} is already stored with other content (kept as it is)"

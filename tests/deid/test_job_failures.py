@@ -6,8 +6,11 @@ failing its instances; one unreadable stored file fails alone."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
+import orjson
 import pytest
 
 from dicomweb_server.archive import Archive
@@ -88,5 +91,29 @@ def test_a_copy_kept_with_other_content_is_not_counted_exported(small):
         assert "is already stored with other content (kept as it is)" in result["problems"][0]["reason"]
         assert _stored_bytes(archive, new_uid(secret, STUDY)) == first
         assert archive.index.labels(STUDY) == []
+    finally:
+        archive.close()
+
+
+@pytest.mark.parametrize(("err", "status"), [(errno.ENOSPC, "0xA700"), (errno.EIO, "0x0110")])
+def test_an_archive_that_cannot_store_stops_a_label_job_for_a_retry(small, tmp_path, monkeypatch, err, status):
+    """archive.store answers out of resources (a full disk) or processing failure (an I/O
+    error): no instance is counted failed, the checkpoint stays, the job is retried."""
+    archive = Archive.open(Settings(data_dir=small, index="sqlite"))
+
+    def place(*a, **k):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(archive.blobs, "place", place)
+    try:
+        p = job.params(deidentify="basic", project="lung", target={"label": "research"}, studies=[STUDY])
+        with pytest.raises(job.TargetUnavailable, match=status):
+            run_inline("deidentify", p, archive, tmp_path / "job.json")
+        saved = orjson.loads((tmp_path / "job.json").read_bytes())
+        assert (saved["progress"]["done"], saved["progress"]["failed"]) == (0, 0)
+        assert saved["checkpoint"]["next"] == STUDY and saved["checkpoint"]["after"] is None
+        monkeypatch.undo()
+        result, _ = run_inline("deidentify", p, archive, tmp_path / "job.json")  # the retry
+        assert (result["exported"], result["failed"]) == (PER_STUDY, 0)
     finally:
         archive.close()
