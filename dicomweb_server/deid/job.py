@@ -52,6 +52,7 @@ from .. import faults
 from ..access.filter import UNRESTRICTED, Filter, validate_label
 from ..dicom.status import FailureReason
 from ..jobs import Context, JobError
+from ..store.blobs import fsync_dir
 from . import profile
 from .apply import BurnedIn, parse_safe_private
 from .export import Deidentifier, Spec, select_studies
@@ -277,6 +278,9 @@ class _Target:
     def place(self, out: Path, relpath: str) -> str | None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def sync(self) -> None:
+        """Make what ``put`` wrote durable, before a checkpoint counts it."""
+
     def close(self) -> None:
         pass
 
@@ -287,11 +291,27 @@ class _Folder(_Target):
         self.name = str(self.to)
         if self.to.exists() and not self.to.is_dir():
             raise JobError(f"target {self.to} is not a folder")
+        missing = [d for d in (self.to, *self.to.parents) if not d.exists()]
         self.to.mkdir(parents=True, exist_ok=True)
+        for d in missing:  # each new folder's entry durable
+            fsync_dir(d.parent)
+        self.written: set[Path] = set()  # the series folders written into since the last sync
 
     def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
-        deid.file(source, self.to)  # written under a temporary name, renamed over the same name
+        out = deid.file(source, self.to)  # written (fsynced) under a temporary name, renamed over the same name
+        self.written.add(out.parent)
         return None
+
+    def sync(self) -> None:
+        """The renames and the new study/series folders made durable (each folder's entries
+        fsynced, up to the target's folder), as store/blobs.py does for the archive's
+        files: else a power cut past a checkpoint loses files the resume never redoes."""
+        folders = set()
+        for series in self.written:
+            folders.update((series, series.parent, self.to))
+        for d in sorted(folders, key=lambda d: -len(d.parts)):  # the deepest first
+            fsync_dir(d)
+        self.written.clear()
 
 
 class _S3(_Target):
@@ -449,6 +469,7 @@ def run(ctx: Context) -> dict:
 
     def save(next_study: str, after: str | None) -> None:
         nonlocal cp
+        target.sync()  # what the checkpoint counts is durable first
         cp = {"total": cp["total"], "next": next_study, "after": after, "counts": dict(counts),
               "problems": list(problems)}
         ctx.save(cp, done=counts["exported"], failed=counts["failed"], skipped=counts["refused"])

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import orjson
 import pytest
 
+from dicomweb_server import jobs
 from dicomweb_server.archive import Archive
 from dicomweb_server.deid import job
 from dicomweb_server.deid.uids import new_uid
@@ -91,6 +93,43 @@ def test_a_copy_kept_with_other_content_is_not_counted_exported(small):
         assert "is already stored with other content (kept as it is)" in result["problems"][0]["reason"]
         assert _stored_bytes(archive, new_uid(secret, STUDY)) == first
         assert archive.index.labels(STUDY) == []
+    finally:
+        archive.close()
+
+
+def test_folder_target_entries_are_durable_before_each_checkpoint(small, tmp_path, monkeypatch):
+    """A power cut cannot be tested: os.fsync is watched. At every checkpoint, each folder
+    holding an exported file (series, study) and the target folder itself (new, as its
+    parent) have had their entries fsynced."""
+    synced: set[Path] = set()
+    real_fsync = os.fsync
+
+    def spy(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.add(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    out = tmp_path / "new" / "out"
+    checks = []
+    real_persist = jobs.InlineContext._persist
+
+    def persist(ctx):
+        files = [f for f in out.rglob("*.dcm")] if out.exists() else []
+        need = {f.parent for f in files} | {f.parent.parent for f in files}
+        if files:
+            need |= {out, out.parent, out.parent.parent}
+        assert need <= synced, f"not fsynced before the checkpoint: {sorted(need - synced)}"
+        checks.append(len(files))
+        real_persist(ctx)
+
+    monkeypatch.setattr(jobs.InlineContext, "_persist", persist)
+    archive = Archive.open(Settings(data_dir=small, index="sqlite"))
+    try:
+        p = job.params(deidentify="basic", project="lung", target={"folder": str(out)}, query=[])
+        result, _ = run_inline("deidentify", p, archive)
+        assert result["exported"] == 2 * PER_STUDY
+        assert checks[-1] == 2 * PER_STUDY and len(checks) > 3
     finally:
         archive.close()
 
