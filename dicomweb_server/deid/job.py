@@ -55,7 +55,7 @@ from ..jobs import Context, JobError
 from ..store.blobs import fsync_dir
 from . import profile
 from .apply import BurnedIn, parse_safe_private
-from .export import Deidentifier, Spec, select_studies
+from .export import Deidentifier, SourceUnreadable, Spec, select_studies
 
 log = logging.getLogger("dicomweb_server.deid.job")
 
@@ -526,6 +526,9 @@ def _one(archive, deid: Deidentifier, target: _Target, loc, spool: Path, counts:
             reason = target.put(deid, path, spool, loc.study_uid)
     except BurnedIn as e:
         _problem(counts, problems, loc, "refused", str(e))
+        return
+    except SourceUnreadable as e:  # EIO, EACCES reading this stored file: it fails alone
+        _problem(counts, problems, loc, "failed", str(e))
         return
     except (JobError, TargetUnavailable, OSError) as e:
         if isinstance(e, FileNotFoundError):  # deleted since it was listed

@@ -16,7 +16,7 @@ import pytest
 
 from dicomweb_server import jobs
 from dicomweb_server.archive import Archive
-from dicomweb_server.deid import job
+from dicomweb_server.deid import export, job
 from dicomweb_server.deid.uids import new_uid
 from dicomweb_server.jobs import run_inline
 from dicomweb_server.settings import Settings
@@ -154,5 +154,35 @@ def test_an_archive_that_cannot_store_stops_a_label_job_for_a_retry(small, tmp_p
         monkeypatch.undo()
         result, _ = run_inline("deidentify", p, archive, tmp_path / "job.json")  # the retry
         assert (result["exported"], result["failed"]) == (PER_STUDY, 0)
+    finally:
+        archive.close()
+
+
+def test_an_unreadable_stored_file_fails_alone(small, tmp_path, monkeypatch):
+    """One stored file that cannot be read (a folder in its place: EISDIR; another that
+    answers EACCES) fails with the reason; the job goes on with the others."""
+    archive = Archive.open(Settings(data_dir=small, index="sqlite"))
+    try:
+        locs = archive.index.instances(STUDY)
+        broken = archive.blobs.resolve(locs[2].path)
+        broken.unlink()
+        broken.mkdir()
+        denied = str(archive.blobs.resolve(locs[5].path))
+        real = export.dcmread
+
+        def dcmread(path, *a, **k):
+            if str(path) == denied:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
+            return real(path, *a, **k)
+
+        monkeypatch.setattr(export, "dcmread", dcmread)
+        out = tmp_path / "out"
+        p = job.params(deidentify="basic", project="lung", target={"folder": str(out)}, studies=[STUDY])
+        result, _ = run_inline("deidentify", p, archive)
+        assert (result["exported"], result["failed"]) == (PER_STUDY - 2, 2)
+        assert [(x["sop"], x["reason"]) for x in result["problems"]] == [
+            (locs[2].sop_uid, "cannot read the stored file: Is a directory"),
+            (locs[5].sop_uid, "cannot read the stored file: Permission denied")]
+        assert len(list(out.rglob("*.dcm"))) == PER_STUDY - 2
     finally:
         archive.close()
