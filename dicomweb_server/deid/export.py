@@ -35,6 +35,11 @@ class Spec:
     safe_private: frozenset[tuple[str, int, int]] = frozenset()
 
 
+class SourceUnreadable(Exception):
+    """The stored file to de-identify cannot be read (EIO, EACCES: not a missing file,
+    which stays FileNotFoundError): that instance fails alone."""
+
+
 class Deidentifier:
     """De-identifies data sets and stored files for one :class:`Spec`."""
 
@@ -52,14 +57,26 @@ class Deidentifier:
     def file(self, source: Path, target_dir: Path) -> Path:
         """De-identify the PS3.10 file ``source`` into ``target_dir/{study}/{series}/{sop}.dcm``
         (new UIDs; written whole then renamed). Pixel data is copied as stored (its bytes
-        unchanged, a large one read lazily). BurnedIn when refused."""
-        ds = dcmread(source, defer_size="1 MB")
+        unchanged, a large one read lazily). BurnedIn when refused; SourceUnreadable when
+        ``source`` cannot be read (an OSError other than FileNotFoundError opening or
+        reading it, the lazy read of its pixel data included)."""
+        try:
+            ds = dcmread(source, defer_size="1 MB")
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise SourceUnreadable(f"cannot read the stored file: {e.strerror or e}") from e
         self.dataset(ds)
         target = Path(target_dir) / str(ds.StudyInstanceUID) / str(ds.SeriesInstanceUID) / f"{ds.SOPInstanceUID}.dcm"
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".part")
         with open(tmp, "wb") as f:
-            ds.save_as(f, enforce_file_format=True)
+            try:
+                ds.save_as(f, enforce_file_format=True)
+            except OSError as e:  # the lazy read of ``source`` (it names the file) or the write
+                if isinstance(e, FileNotFoundError) or e.filename not in (str(source), source):
+                    raise
+                raise SourceUnreadable(f"cannot read the stored file: {e.strerror or e}") from e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

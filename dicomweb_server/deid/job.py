@@ -50,10 +50,12 @@ from pathlib import Path
 
 from .. import faults
 from ..access.filter import UNRESTRICTED, Filter, validate_label
+from ..dicom.status import FailureReason
 from ..jobs import Context, JobError
+from ..store.blobs import fsync_dir
 from . import profile
 from .apply import BurnedIn, parse_safe_private
-from .export import Deidentifier, Spec, select_studies
+from .export import Deidentifier, SourceUnreadable, Spec, select_studies
 
 log = logging.getLogger("dicomweb_server.deid.job")
 
@@ -135,6 +137,10 @@ def params(*, deidentify: str, options: list[str] | tuple[str, ...] = (), projec
         parse_safe_private(t)
     if (studies is None) == (query is None):
         raise ValueError("give the studies or a query, not both")
+    if opts.retain_uids and "label" in target:
+        raise ValueError("the retain_uids option with a label target: the copies would keep the original Study, "
+                         "Series and SOP Instance UIDs and land on the identified originals of this archive; "
+                         "leave the option out, or choose a folder, S3 or destination target")
     return {"deidentify": ",".join(["basic", *opts.selected()]), "project": project,
             "allow_burned_in": bool(allow_burned_in), "safe_private": sorted(safe_private),
             "studies": list(studies) if studies is not None else None,
@@ -261,7 +267,8 @@ class _Target:
 
     name = ""
 
-    def put(self, deid: Deidentifier, source: Path, spool: Path) -> str | None:
+    def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
+        """``original_study``: the Study Instance UID of ``source`` (the identified original)."""
         out = deid.file(source, spool)
         try:
             return self.place(out, out.relative_to(spool).as_posix())
@@ -270,6 +277,9 @@ class _Target:
 
     def place(self, out: Path, relpath: str) -> str | None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def sync(self) -> None:
+        """Make what ``put`` wrote durable, before a checkpoint counts it."""
 
     def close(self) -> None:
         pass
@@ -281,11 +291,27 @@ class _Folder(_Target):
         self.name = str(self.to)
         if self.to.exists() and not self.to.is_dir():
             raise JobError(f"target {self.to} is not a folder")
+        missing = [d for d in (self.to, *self.to.parents) if not d.exists()]
         self.to.mkdir(parents=True, exist_ok=True)
+        for d in missing:  # each new folder's entry durable
+            fsync_dir(d.parent)
+        self.written: set[Path] = set()  # the series folders written into since the last sync
 
-    def put(self, deid: Deidentifier, source: Path, spool: Path) -> str | None:
-        deid.file(source, self.to)  # written under a temporary name, renamed over the same name
+    def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
+        out = deid.file(source, self.to)  # written (fsynced) under a temporary name, renamed over the same name
+        self.written.add(out.parent)
         return None
+
+    def sync(self) -> None:
+        """The renames and the new study/series folders made durable (each folder's entries
+        fsynced, up to the target's folder), as store/blobs.py does for the archive's
+        files: else a power cut past a checkpoint loses files the resume never redoes."""
+        folders = set()
+        for series in self.written:
+            folders.update((series, series.parent, self.to))
+        for d in sorted(folders, key=lambda d: -len(d.parts)):  # the deepest first
+            fsync_dir(d)
+        self.written.clear()
 
 
 class _S3(_Target):
@@ -322,17 +348,36 @@ class _Label(_Target):
         self.archive = archive
         self.labelled: set[str] = set()
 
-    def put(self, deid: Deidentifier, source: Path, spool: Path) -> str | None:
+    def put(self, deid: Deidentifier, source: Path, spool: Path, original_study: str) -> str | None:
+        """Never labels the original's study: a copy under the original's UIDs (the
+        retain_uids option, refused by :func:`params` for a label target) is not stored,
+        and a store that kept another instance under the copy's SOP Instance UID (a
+        duplicate with other content, duplicate_policy ``keep``: e.g. a copy made with
+        other options) fails the instance. A store that cannot take it now (0xA700 out of
+        resources, 0x0110 processing failure: a full disk, the index down) raises
+        TargetUnavailable: the job runs again from its checkpoint (PS3.4 B.2.3, PS3.7 C.4)."""
         from ..dicom.multipart import SpooledPart
 
         out = deid.file(source, spool)  # archive.store takes the file (and removes it)
-        study = out.parent.parent.name
+        study, sop = out.parent.parent.name, out.stem
+        if study == original_study:
+            out.unlink(missing_ok=True)
+            return ("not stored: the de-identified copy keeps the original's Study Instance UID (retain_uids): "
+                    "it would land on the identified original")
+        prior = self.archive.index.locate(sop)  # a copy made before: by this job (the same bytes) or not
+        other = prior is not None and not self.archive.blobs.same(out, prior.path)
         outcome = self.archive.store([SpooledPart(path=out, size=out.stat().st_size, complete=True)],
                                     source="job:deidentify")
         out.unlink(missing_ok=True)
         if outcome.failed:
             f = outcome.failed[0]
+            if f.reason in (FailureReason.OUT_OF_RESOURCES, FailureReason.PROCESSING_FAILURE):
+                # a full disk, an index that is down: not this instance's fault
+                raise TargetUnavailable(f"{self.name}: not stored: {f.reason.name} (0x{f.reason.value:04X}): "
+                                        f"{f.message} (the job runs again from its checkpoint)")
             return f"not stored: {f.reason.name} (0x{f.reason.value:04X}): {f.message}"
+        if other and outcome.stored[0].duplicate:  # duplicate_policy keep: the other content kept
+            return f"not stored: SOP Instance {sop} is already stored with other content (kept as it is)"
         if study not in self.labelled:
             self.archive.index.set_label(study, self.label)
             self.labelled.add(study)
@@ -424,6 +469,7 @@ def run(ctx: Context) -> dict:
 
     def save(next_study: str, after: str | None) -> None:
         nonlocal cp
+        target.sync()  # what the checkpoint counts is durable first
         cp = {"total": cp["total"], "next": next_study, "after": after, "counts": dict(counts),
               "problems": list(problems)}
         ctx.save(cp, done=counts["exported"], failed=counts["failed"], skipped=counts["refused"])
@@ -477,9 +523,12 @@ def _one(archive, deid: Deidentifier, target: _Target, loc, spool: Path, counts:
     """One instance into the target; its outcome counted."""
     try:
         with archive.blobs.local_copy(loc.path) as path:
-            reason = target.put(deid, path, spool)
+            reason = target.put(deid, path, spool, loc.study_uid)
     except BurnedIn as e:
         _problem(counts, problems, loc, "refused", str(e))
+        return
+    except SourceUnreadable as e:  # EIO, EACCES reading this stored file: it fails alone
+        _problem(counts, problems, loc, "failed", str(e))
         return
     except (JobError, TargetUnavailable, OSError) as e:
         if isinstance(e, FileNotFoundError):  # deleted since it was listed

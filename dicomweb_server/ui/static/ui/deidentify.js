@@ -59,6 +59,10 @@ function deidJobForm(id, what, destinations, post) {
     const to = { label: targetText, destination: destSelect, s3: s3Text }[kind].value.trim();
     if (!project || !to) { say(`Name the project and the ${kind === "s3" ? "S3 prefix" : kind}.`, true); return; }
     const options = [...form.querySelectorAll('input[name="option"]:checked')].map((c) => c.value);
+    if (kind === "label" && options.includes("retain_uids")) {  /* refused by the server too (400) */
+      say("Retain UIDs cannot go into a label: the copies would keep the original UIDs and land on the identified originals. Leave the option out or choose another target.", true);
+      return;
+    }
     const body = { project, options, target: { [kind]: to } };
     let job = null;
     if (await act(`De-identify ${what} (PS3.15 Basic Profile${options.length ? ", " + options.join(", ") : ""}) with the pseudonyms of project "${project}" into ${kind === "s3" ? "the S3 prefix" : `the ${kind}`} "${to}", as a background job?`, "De-identify",
