@@ -461,3 +461,45 @@ def test_admin_recompress_runs_the_job_and_needs_the_admin_scope(tmp_path):
     assert job["progress"]["detail"]["bytes_saved"] == sum(before[s] - after[s] for s in ct) > 0
     got = _readable(settings, originals)
     assert [got[s] for s in ct] == [JLS] * 4
+
+
+# --- never bigger: a lossy stored instance, and a file the codec cannot shrink ----------------
+
+
+def test_a_lossy_stored_instance_and_a_file_that_would_grow_are_skipped(tmp_path):
+    """pydicom's JPEG2000.dcm (NM, stored lossy 4.91, Lossy Image Compression 01) would become
+    a JPEG-LS lossless file many times its size; a 16-bit noise picture grows under RLE. Both
+    are left as stored, with the reason in the report, and the run reports nothing saved."""
+    from pydicom.data import get_testdata_file
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    lossy = pydicom.dcmread(get_testdata_file("JPEG2000.dcm"))
+    assert lossy.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.91" and lossy.LossyImageCompression == "01"
+    lossy.save_as(folder / "lossy.dcm")
+    noise = _synthetic(16, False, rows=64, cols=64)
+    noise.Modality = "MR"
+    noise.PixelData = np.random.default_rng(5).integers(0, 1 << 16, (64, 64), dtype=np.uint16).tobytes()
+    noise.save_as(folder / "noise.dcm", enforce_file_format=True)
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite"))  # stored as received
+    assert run_import(archive, sorted(folder.iterdir()), [], ImportRun(), quiet=True).stored == 2
+    archive.close()
+    settings = Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=tmp_path / "routes.toml")
+    (tmp_path / "routes.toml").write_text('[[store_as]]\nmatch = { Modality = "NM" }\nstore_as = "jpeg-ls-lossless"\n'
+                                          '[[store_as]]\nmatch = { Modality = "MR" }\nstore_as = "rle-lossless"\n')
+    before = _sizes(settings)
+    archive = Archive.open(settings)
+    try:
+        for dry_run in (True, False):
+            result, _progress = run_inline("recompress", {"quiet": 0, "dry_run": dry_run}, archive)
+            assert (result["done"], result["skipped"], result["failed"]) == (0, 2, 0), result
+            assert result["skipped_why"] == {recompress.STORED_LOSSY: 1, recompress.NOT_SMALLER: 1}
+            assert (result["bytes_before"], result["bytes_after"], result["bytes_saved"]) == (0, 0, 0)
+            assert result["by_syntax"] == {}
+        assert archive.index.locate(lossy.SOPInstanceUID).transfer_syntax_uid == "1.2.840.10008.1.2.4.91"
+        assert archive.index.locate(noise.SOPInstanceUID).transfer_syntax_uid == ELE
+        assert not reconcile(archive).problems
+    finally:
+        archive.close()
+    assert _sizes(settings) == before  # no new file left in the store, none switched
+    assert not [p for p in (tmp_path / "data").rglob("*") if p.is_file() and ".store_as" in p.name]
