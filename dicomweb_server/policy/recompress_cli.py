@@ -59,6 +59,12 @@ def command(args: argparse.Namespace, settings, existing_archive, open_archive) 
 def main(args: argparse.Namespace, settings, open_archive) -> int:
     from ..jobs import JobError, run_inline
 
+    if settings.index == "memory":  # a running server's rows would keep the old sizes: 404 until it restarts
+        print("dicomweb-server recompress: not with the in-memory index (--index memory): a server using this "
+              "data folder keeps its own rows, and every re-encoded instance would answer 404 there until it "
+              "restarts; ask that server instead: POST /admin/recompress (the same job, in its process)",
+              file=sys.stderr)
+        return 2
     if settings.routes_file is None:
         print("dicomweb-server recompress: --routes FILE (or DICOMWEB_ROUTES_FILE) names the [[store_as]] rules",
               file=sys.stderr)
