@@ -40,6 +40,10 @@ finished, one it does not name is removed). Readers that looked the row up just 
 switch and open the file just after it find another size and answer 404 (retrieve.Gone):
 each destructive step waits :data:`SETTLE` seconds after the commit before it.
 
+Never bigger: an instance stored in a lossy syntax (its pixels are the lossy ones; a lossless
+copy of them only grows it) and one whose re-encoded file is not smaller than the stored one
+are skipped, the reason in the report, nothing switched.
+
 Throttled: at most ``rate`` instances/s and ``bytes_rate`` stored bytes/s read, and it
 yields to stores: while the change log got a row in the last ``quiet`` seconds (or this
 process is storing), it waits (at most :data:`MAX_YIELD` seconds per instance).

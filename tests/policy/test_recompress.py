@@ -369,6 +369,31 @@ def test_the_command_refuses_the_in_memory_index(tmp_path):
     assert set(_readable(settings, originals).values()) == {ELE}
 
 
+def test_the_command_silences_pydicom_warnings(tmp_path):
+    """A stored instance with an invalid Instance Number ("1A", IS): pydicom warns each time
+    it reads it; the command's stderr stays free of it (and of its decode workers'), the
+    re-encoding done. Before: "UserWarning: Invalid value for VR IS" on stderr."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    ds = _synthetic(16, True)
+    ds.Modality = "CT"
+    ds.InstanceNumber = 1
+    ds.save_as(folder / "odd.dcm", enforce_file_format=True)
+    raw = (folder / "odd.dcm").read_bytes()
+    ok = b"\x20\x00\x13\x00IS\x02\x001 "  # (0020,0013) IS "1 ", made "1A" (pydicom will not write it)
+    assert raw.count(ok) == 1
+    (folder / "odd.dcm").write_bytes(raw.replace(ok, ok[:-1] + b"A"))
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite"))
+    assert run_import(archive, [folder / "odd.dcm"], [], ImportRun(), quiet=True).stored == 1
+    archive.close()
+    (tmp_path / "routes.toml").write_text(ROUTES)
+    settings = Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=tmp_path / "routes.toml")
+    proc = _command(settings, tmp_path / "r.json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and orjson.loads(out)["done"] == 1, err.decode()
+    assert b"Warning" not in err and b"pydicom" not in err, err.decode()
+
+
 # --- after the acknowledgement ---------------------------------------------------------------
 
 
