@@ -478,10 +478,13 @@ class Archive:
     def _same_data_set(self, spooled: Path, relpath: str) -> bool:
         """Whether a stored instance that is not byte-identical to ``spooled`` holds
         the same data set under other file meta (the same instance received through the
-        other front door: :func:`.dicom.reading.same_data_set`). The stored file, its
-        index record (pixel offsets) included, is kept as it is."""
+        other front door: :func:`.dicom.reading.same_data_set`), or the same instance in
+        another transfer syntax (stored re-encoded by ``recompress`` or an after-ack
+        rule, re-sent as the modality has it: :func:`.policy.ingest.same_instance_transcoded`,
+        decoded, paid only by such re-sends). The stored file, its index record (pixel
+        offsets) included, is kept as it is."""
         with self.blobs.local_copy(relpath) as stored:
-            return same_data_set(spooled, stored)
+            return same_data_set(spooled, stored) or ingest.same_instance_transcoded(spooled, stored)
 
     def _place_and_index(self, described: list[tuple[InstanceRecord, SpooledPart]], outcome: StoreOutcome,
                          announced: Expected | None = None) -> None:

@@ -40,6 +40,10 @@ finished, one it does not name is removed). Readers that looked the row up just 
 switch and open the file just after it find another size and answer 404 (retrieve.Gone):
 each destructive step waits :data:`SETTLE` seconds after the commit before it.
 
+Never bigger: an instance stored in a lossy syntax (its pixels are the lossy ones; a lossless
+copy of them only grows it) and one whose re-encoded file is not smaller than the stored one
+are skipped, the reason in the report, nothing switched.
+
 Throttled: at most ``rate`` instances/s and ``bytes_rate`` stored bytes/s read, and it
 yields to stores: while the change log got a row in the last ``quiet`` seconds (or this
 process is storing), it waits (at most :data:`MAX_YIELD` seconds per instance).
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import faults
+from ..dicom.compressed import LOSSY
 from ..dicom.instance import InstanceRecord, describe_instance
 from ..dicom.status import InstanceError
 from ..jobs import Context, JobError, Progress, run_inline
@@ -85,6 +90,9 @@ AFTER_ACK_INTERVAL = 5.0
 #: the job's parameters and their types (a JSON object; all optional)
 PARAMS = {"match": dict, "rate": (int, float), "bytes_rate": (int, float), "dry_run": bool, "limit": int,
           "quiet": (int, float), "after_ack": bool, "follow": bool}
+#: why an instance is left as it is though its rule matches (the report's ``skipped_why``)
+STORED_LOSSY = "stored lossy: re-encoding it losslessly only grows it"
+NOT_SMALLER = "not smaller"
 #: the failures listed in the report (the count goes on)
 MAX_LISTED = 100
 
@@ -338,6 +346,8 @@ def recompress_instance(archive, sop_uid: str, rules: list[StoreAs], scope: Stor
             return Outcome("skipped", "its rule is lossy: a lossy copy is a new instance, made on arrival only")
         if loc.transfer_syntax_uid == rule.transfer_syntax:
             return Outcome("skipped", "already in its syntax")
+        if loc.transfer_syntax_uid in LOSSY:  # its pixels are the lossy ones: a lossless copy is bigger
+            return Outcome("skipped", STORED_LOSSY)
         if loc.pixel is None:
             return Outcome("skipped", "no pixel data")
         tmp, problem = ingest.encode_verified(Path(local), rule.transfer_syntax, blobs.spool)
@@ -348,6 +358,8 @@ def recompress_instance(archive, sop_uid: str, rules: list[StoreAs], scope: Stor
         if (new.study_uid, new.series_uid, new.sop_uid, new.sop_class_uid) != \
                 (loc.study_uid, loc.series_uid, loc.sop_uid, loc.sop_class_uid):
             return Outcome("failed", "the re-encoded file names other UIDs")
+        if new.size >= loc.size:  # (noise, or already well compressed): the new file goes, nothing switched
+            return Outcome("skipped", NOT_SMALLER)
         o = Outcome("done", "", loc.transfer_syntax_uid, rule.transfer_syntax, loc.size, new.size)
         if dry_run:
             return o

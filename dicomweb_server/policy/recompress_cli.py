@@ -6,8 +6,12 @@ command and FILE again), ``--dry-run`` encodes and measures without changing any
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -59,6 +63,12 @@ def command(args: argparse.Namespace, settings, existing_archive, open_archive) 
 def main(args: argparse.Namespace, settings, open_archive) -> int:
     from ..jobs import JobError, run_inline
 
+    if settings.index == "memory":  # a running server's rows would keep the old sizes: 404 until it restarts
+        print("dicomweb-server recompress: not with the in-memory index (--index memory): a server using this "
+              "data folder keeps its own rows, and every re-encoded instance would answer 404 there until it "
+              "restarts; ask that server instead: POST /admin/recompress (the same job, in its process)",
+              file=sys.stderr)
+        return 2
     if settings.routes_file is None:
         print("dicomweb-server recompress: --routes FILE (or DICOMWEB_ROUTES_FILE) names the [[store_as]] rules",
               file=sys.stderr)
@@ -86,7 +96,8 @@ def main(args: argparse.Namespace, settings, open_archive) -> int:
 
     archive = open_archive(settings, "recompress")
     try:
-        result, prog = run_inline("recompress", params, archive, args.resume, progress)
+        with quiet_pydicom():
+            result, prog = run_inline("recompress", params, archive, args.resume, progress)
     except JobError as e:
         print(f"dicomweb-server recompress: {e}", file=sys.stderr)
         return 2
@@ -99,6 +110,28 @@ def main(args: argparse.Namespace, settings, open_archive) -> int:
     else:
         print(summary(result))
     return 1 if result["failed"] else 0
+
+
+@contextlib.contextmanager
+def quiet_pydicom() -> Iterator[None]:
+    """pydicom's warnings and log records silenced for the run, here and in the decode
+    workers it starts (their environment): it warns about every oddity of the stored files,
+    over the progress bar or through ``--quiet``; what matters is in the report (a failure
+    and its reason, the instance kept as stored)."""
+    saved_env, logger = os.environ.get("PYTHONWARNINGS"), logging.getLogger("pydicom")
+    level = logger.level
+    os.environ["PYTHONWARNINGS"] = "ignore"
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="pydicom")
+            yield
+    finally:
+        logger.setLevel(level)
+        if saved_env is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = saved_env
 
 
 def summary(r: dict) -> str:

@@ -71,6 +71,7 @@ __all__ = [
     "LOSSLESS_TARGETS",
     "LOSSY_TARGETS",
     "NATIVE_TARGETS",
+    "TRANSCODE_CHANGES",
     "can_decode",
     "can_transcode",
     "encodable",
@@ -96,6 +97,12 @@ class Target:
 LOSSLESS_TARGETS = (JPEGLSLossless, JPEG2000Lossless, HTJ2KLossless, HTJ2KLosslessRPCL, RLELossless)
 #: lossy syntaxes: produced only when named by the client (never for C-GET/C-MOVE)
 LOSSY_TARGETS = (JPEGBaseline8Bit, JPEG2000, HTJ2K)
+#: the top-level elements a lossless :func:`transcode` may change besides the transfer syntax
+#: (the pixels' encoding): Photometric Interpretation and Planar Configuration (the colour
+#: layout the encoder writes), Pixel Data, Extended Offset Table (+ Lengths), and Data Set
+#: Trailing Padding (PS3.10 §7, no meaning). Lossy Image Compression and its Ratio / Method
+#: are not among them: a lossy encoding is other content.
+TRANSCODE_CHANGES = frozenset({0x00280004, 0x00280006, 0x7FE00010, 0x7FE00001, 0x7FE00002, 0xFFFCFFFC})
 #: Lossy Image Compression Method (0028,2114) defined terms, PS3.3 C.7.6.1.1.5.1
 _METHOD = {JPEGBaseline8Bit: "ISO_10918_1", JPEG2000: "ISO_15444_1", HTJ2K: "ISO_15444_15"}
 _HTJ2K = (HTJ2KLossless, HTJ2KLosslessRPCL, HTJ2K)

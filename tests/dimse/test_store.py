@@ -110,3 +110,49 @@ def test_an_instance_of_a_study_stored_for_another_patient_is_refused(dimse):
     found = dimse.http.get("/instances", params={"StudyInstanceUID": first.StudyInstanceUID}).json()
     assert sorted(f["00080018"]["Value"][0] for f in found) == sorted([first.SOPInstanceUID, renamed.SOPInstanceUID])
     assert dimse.http.get("/studies", params={"PatientID": "DIMSE-PB"}).json() == []
+
+
+def test_the_original_re_sent_after_an_after_ack_pass_is_a_duplicate(tmp_path, monkeypatch):
+    """A ``when = "after_ack"`` rule stores as received, then re-encodes (JPEG-LS lossless)
+    in the background: the modality re-sending its original (Explicit VR Little Endian,
+    other bytes now) gets Success by C-STORE and 200 by STOW-RS, the re-encoded file kept;
+    one attribute changed (PatientName) is other content: 0x0111 and 409. Before: 0x0111 / 409
+    for the original too."""
+    import httpx
+
+    from dicomweb_server.policy import recompress
+    from tests.dimse.conftest import Dimse
+    from tests.helpers import LiveServer, free_port, multipart, to_bytes
+    from tests.routing.conftest import wait_for
+
+    monkeypatch.setattr(recompress, "AFTER_ACK_INTERVAL", 0.2)
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[store_as]]\nstore_as = "jpeg-ls-lossless"\nwhen = "after_ack"\n')
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True, dimse_peers_file=None,
+                     routes_file=routes).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            d = Dimse(srv, port, http)
+
+            def stow(ds) -> int:
+                body, ctype = multipart([to_bytes(ds)])
+                return http.post("/studies", content=body, headers={"Content-Type": ctype}).status_code
+
+            a, b = make_dataset(rows=32, columns=32, PatientID="RESEND1"), make_dataset(rows=32, columns=32,
+                                                                                        PatientID="RESEND2")
+            assert d.store([a]) == [S.SUCCESS] and stow(b) == 200
+            index = srv.archive.index
+            wait_for(lambda: all(index.locate(ds.SOPInstanceUID).transfer_syntax_uid == "1.2.840.10008.1.2.4.80"
+                                 for ds in (a, b)), 60, "the after-ack pass")
+            sizes = {ds.SOPInstanceUID: index.locate(ds.SOPInstanceUID).size for ds in (a, b)}
+            assert d.store([a, b]) == [S.SUCCESS, S.SUCCESS]  # the originals, re-sent
+            assert stow(a) == 200 and stow(b) == 200
+            for ds in (a, b):
+                ds.PatientName = "Other^Content"
+            assert d.store([a]) == [S.DUPLICATE_SOP_INSTANCE] and stow(b) == 409
+            assert {ds.SOPInstanceUID: index.locate(ds.SOPInstanceUID).size for ds in (a, b)} == sizes
+            assert all(index.locate(ds.SOPInstanceUID).transfer_syntax_uid == "1.2.840.10008.1.2.4.80"
+                       for ds in (a, b))
+    finally:
+        srv.stop()

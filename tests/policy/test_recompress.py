@@ -279,9 +279,8 @@ KILLS = [("recompress-side:1", "recompress leftover"), ("recompress-switched:2",
          ("recompress-replaced:1", "recompress unfinished"), ("recompress-refiled:2", "recompress leftover")]
 
 
-@pytest.mark.parametrize("index", ["sqlite", "memory"])
-def test_sigkill_at_each_step_then_the_resumed_run_finishes_once(tmp_path, index):
-    settings, originals = _fill(tmp_path, index)
+def test_sigkill_at_each_step_then_the_resumed_run_finishes_once(tmp_path):
+    settings, originals = _fill(tmp_path)
     before = _sizes(settings)
     resume = tmp_path / "recompress.json"
     for fault, found in KILLS:
@@ -295,8 +294,7 @@ def test_sigkill_at_each_step_then_the_resumed_run_finishes_once(tmp_path, index
             kinds = {p.kind for p in reconcile(archive).problems}  # (a dry run: changes nothing)
         finally:
             archive.close()
-        if index == "sqlite":  # (the in-memory index re-reads the files: never a row at a side file)
-            assert found in kinds, (fault, kinds)
+        assert found in kinds, (fault, kinds)
         assert kinds <= {"recompress leftover", "recompress unfinished"}, kinds
     proc = _command(settings, resume)
     out, err = proc.communicate(timeout=120)
@@ -356,6 +354,44 @@ def test_command_line_report_and_errors(tmp_path):
     proc = _command(settings, tmp_path / "other.json")
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and b"no [[store_as]] rule" in err
+
+
+def test_the_command_refuses_the_in_memory_index(tmp_path):
+    """A server running on the data folder with ``--index memory`` keeps its own rows: the
+    command would leave them naming the old sizes (404 until a restart). Refused, nothing
+    changed; the message names the server's POST /admin/recompress."""
+    settings, originals = _fill(tmp_path, "memory")
+    before = _sizes(settings)
+    proc = _command(settings, tmp_path / "r.json")
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and b"in-memory index" in err and b"POST /admin/recompress" in err, err.decode()
+    assert _sizes(settings) == before and not (tmp_path / "r.json").exists()
+    assert set(_readable(settings, originals).values()) == {ELE}
+
+
+def test_the_command_silences_pydicom_warnings(tmp_path):
+    """A stored instance with an invalid Instance Number ("1A", IS): pydicom warns each time
+    it reads it; the command's stderr stays free of it (and of its decode workers'), the
+    re-encoding done. Before: "UserWarning: Invalid value for VR IS" on stderr."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    ds = _synthetic(16, True)
+    ds.Modality = "CT"
+    ds.InstanceNumber = 1
+    ds.save_as(folder / "odd.dcm", enforce_file_format=True)
+    raw = (folder / "odd.dcm").read_bytes()
+    ok = b"\x20\x00\x13\x00IS\x02\x001 "  # (0020,0013) IS "1 ", made "1A" (pydicom will not write it)
+    assert raw.count(ok) == 1
+    (folder / "odd.dcm").write_bytes(raw.replace(ok, ok[:-1] + b"A"))
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite"))
+    assert run_import(archive, [folder / "odd.dcm"], [], ImportRun(), quiet=True).stored == 1
+    archive.close()
+    (tmp_path / "routes.toml").write_text(ROUTES)
+    settings = Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=tmp_path / "routes.toml")
+    proc = _command(settings, tmp_path / "r.json")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and orjson.loads(out)["done"] == 1, err.decode()
+    assert b"Warning" not in err and b"pydicom" not in err, err.decode()
 
 
 # --- after the acknowledgement ---------------------------------------------------------------
@@ -461,3 +497,45 @@ def test_admin_recompress_runs_the_job_and_needs_the_admin_scope(tmp_path):
     assert job["progress"]["detail"]["bytes_saved"] == sum(before[s] - after[s] for s in ct) > 0
     got = _readable(settings, originals)
     assert [got[s] for s in ct] == [JLS] * 4
+
+
+# --- never bigger: a lossy stored instance, and a file the codec cannot shrink ----------------
+
+
+def test_a_lossy_stored_instance_and_a_file_that_would_grow_are_skipped(tmp_path):
+    """pydicom's JPEG2000.dcm (NM, stored lossy 4.91, Lossy Image Compression 01) would become
+    a JPEG-LS lossless file many times its size; a 16-bit noise picture grows under RLE. Both
+    are left as stored, with the reason in the report, and the run reports nothing saved."""
+    from pydicom.data import get_testdata_file
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    lossy = pydicom.dcmread(get_testdata_file("JPEG2000.dcm"))
+    assert lossy.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.91" and lossy.LossyImageCompression == "01"
+    lossy.save_as(folder / "lossy.dcm")
+    noise = _synthetic(16, False, rows=64, cols=64)
+    noise.Modality = "MR"
+    noise.PixelData = np.random.default_rng(5).integers(0, 1 << 16, (64, 64), dtype=np.uint16).tobytes()
+    noise.save_as(folder / "noise.dcm", enforce_file_format=True)
+    archive = Archive.open(Settings(data_dir=tmp_path / "data", index="sqlite"))  # stored as received
+    assert run_import(archive, sorted(folder.iterdir()), [], ImportRun(), quiet=True).stored == 2
+    archive.close()
+    settings = Settings(data_dir=tmp_path / "data", index="sqlite", routes_file=tmp_path / "routes.toml")
+    (tmp_path / "routes.toml").write_text('[[store_as]]\nmatch = { Modality = "NM" }\nstore_as = "jpeg-ls-lossless"\n'
+                                          '[[store_as]]\nmatch = { Modality = "MR" }\nstore_as = "rle-lossless"\n')
+    before = _sizes(settings)
+    archive = Archive.open(settings)
+    try:
+        for dry_run in (True, False):
+            result, _progress = run_inline("recompress", {"quiet": 0, "dry_run": dry_run}, archive)
+            assert (result["done"], result["skipped"], result["failed"]) == (0, 2, 0), result
+            assert result["skipped_why"] == {recompress.STORED_LOSSY: 1, recompress.NOT_SMALLER: 1}
+            assert (result["bytes_before"], result["bytes_after"], result["bytes_saved"]) == (0, 0, 0)
+            assert result["by_syntax"] == {}
+        assert archive.index.locate(lossy.SOPInstanceUID).transfer_syntax_uid == "1.2.840.10008.1.2.4.91"
+        assert archive.index.locate(noise.SOPInstanceUID).transfer_syntax_uid == ELE
+        assert not reconcile(archive).problems
+    finally:
+        archive.close()
+    assert _sizes(settings) == before  # no new file left in the store, none switched
+    assert not [p for p in (tmp_path / "data").rglob("*") if p.is_file() and ".store_as" in p.name]
