@@ -259,7 +259,8 @@ class Archive:
         finally:
             with self._busy:
                 self._in_flight -= 1
-                self._busy.notify_all()
+                if not self._in_flight:  # close() waits for none running, nothing else waits
+                    self._busy.notify_all()
 
     def rebuild(self) -> int:
         """Index every file under ``blobs/`` (start-up of the in-memory index), in
