@@ -327,7 +327,7 @@ def test_sigkill_at_random_moments(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
         _readable(settings, originals)
-    proc = _command(settings, resume)
+    proc = _command(settings, resume, None, "--rate", "4")  # the same job (its parameters: the resume file's)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert orjson.loads(out)["done"] == 6
