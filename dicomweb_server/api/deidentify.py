@@ -1,8 +1,8 @@
 """De-identification jobs over HTTP (issue 29), outside PS3.18: ``POST
 /studies/{study}/$deidentify`` (one study) and ``POST /$deidentify`` (a list of studies, or
 the studies a QIDO-RS query finds) start a ``deidentify`` background job (deid/job.py, run
-by jobs/runner.py) into a target: an S3 prefix, a label of this archive, a routing
-destination or (admin scope) a folder. ``202 Accepted`` with the job and its Location
+by jobs/runner.py) into a target: a label of this archive, a routing destination, or
+(admin scope: the server's own credentials and folders) an S3 prefix or a folder. ``202 Accepted`` with the job and its Location
 (api/jobs.py :func:`accepted`) once it is durably queued; ``GET /jobs/{id}`` follows it.
 
 Who may: a POST, so the ``write`` scope (api/auth.py), as a de-identified download needs;
