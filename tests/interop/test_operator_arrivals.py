@@ -128,7 +128,7 @@ def test_study_page_shows_what_arrived_from_where(browser, tmp_path, artifacts):
         row = page.locator("#arrivals tbody tr")
         assert row.count() == 1
         texts = row.first.locator("td").all_inner_texts()
-        assert texts[1:] == ["CT_SCANNER", "2 of declared 3", missing, tuid]
+        assert texts[1:] == ["Storage commitment", "CT_SCANNER", "2 of declared 3", missing, tuid]  # (kind: or MPPS)
         page.screenshot(path=str(artifacts / "operator-arrivals.png"), full_page=True)
         assert refused == []
     finally:
