@@ -51,7 +51,6 @@ process is storing), it waits (at most :data:`MAX_YIELD` seconds per instance).
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -492,12 +491,8 @@ async def after_ack_periodically(archive, interval: float | None = None) -> None
     """The server's after-ack passes (:func:`after_ack_pass`) every ``interval`` seconds
     (default :data:`AFTER_ACK_INTERVAL`) while the routes file has a ``when = "after_ack"``
     rule; one process of a node at a time."""
+    from ..periodic import every
+
     resume_file = Path(archive.settings.data_dir) / "recompress-after-ack.json"
-    while True:
-        await asyncio.sleep(AFTER_ACK_INTERVAL if interval is None else interval)
-        try:
-            await asyncio.to_thread(after_ack_pass, archive, resume_file)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - housekeeping: tried again at the next interval
-            log.warning("recompress after the acknowledgement: %s", e)
+    await every(AFTER_ACK_INTERVAL if interval is None else interval,
+                lambda: after_ack_pass(archive, resume_file), "recompress after the acknowledgement", log)

@@ -35,7 +35,6 @@ the audit log, when one is configured.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -497,11 +496,6 @@ def run_once(archive: Archive, policy: Policy) -> Report | None:
 async def run_periodically(archive: Archive, policy: Policy, interval: float) -> None:
     """The server's retention (as lifecycle/reject.py's purge): every ``interval`` seconds,
     the first one ``interval`` after start; each worker tries, one runs at a time per node."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await asyncio.to_thread(run_once, archive, policy)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - housekeeping: tried again at the next interval
-            log.warning("retention run failed: %s", e)
+    from ..periodic import every
+
+    await every(interval, lambda: run_once(archive, policy), "retention run failed", log)
