@@ -31,8 +31,8 @@ pip install --quiet -e '.[test,interop,load,docs]'
 # worker), then the serial ones alone (tests/conftest.py SERIAL: SIGKILL, timing, browser).
 # Exit status 5 (no test selected, e.g. a path of one kind only) is not a failure.
 set +e
-python -m pytest -q -n "${TEST_WORKERS:-auto}" --dist loadfile -m "not serial" "$@"; parallel=$?
-python -m pytest -q -m serial "$@"; serial=$?
+python -m pytest -q --durations=15 -n "${TEST_WORKERS:-auto}" --dist loadfile -m "not serial" "$@"; parallel=$?
+python -m pytest -q --durations=15 -m serial "$@"; serial=$?
 set -e
 for rc in "$parallel" "$serial"; do
   [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
