@@ -18,8 +18,10 @@ and nothing else, on 127.0.0.1 in a thread.
 
 What the tests turn: ``lifetime`` (seconds an access token lives), ``claimed_lifetime`` (the
 ``expires_in`` the answer says, when it should differ from the token's ``exp``: a page whose
-renewal is late), ``refresh_tokens``, ``audience``, and ``end_sessions()`` (the user logged
-out at the provider: no session cookie and no refresh token works any more).
+renewal is late), ``refresh_tokens``, ``audience``, ``forge`` (``"state"``: the redirect
+carries another state; ``"nonce"``: the ID token another nonce; what a page must refuse), and
+``end_sessions()`` (the user logged out at the provider: no session cookie and no refresh
+token works any more).
 
 Every answer carries ``Access-Control-Allow-Origin: *``: the pages call the discovery
 document and the token endpoint from the archive's origin, as they would a real provider.
@@ -55,6 +57,7 @@ class OidcProvider:
         self.claimed_lifetime: int | None = None  # expires_in, when not the lifetime
         self.refresh_tokens = False  # give refresh tokens (and take them: grant_type=refresh_token)
         self.refreshes: dict[str, dict] = {}  # refresh token -> its grant (user, client, scope)
+        self.forge: set[str] = set()  # "state", "nonce": answers a page must refuse
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.codes: dict[str, dict] = {}
         self.sessions: dict[str, str] = {}  # cookie -> user
@@ -130,7 +133,7 @@ class OidcProvider:
         id_token = {"iss": self.url, "aud": grant["client_id"], "sub": user, "iat": now, "exp": now + 3600,
                     "preferred_username": user, "name": user.title()}
         if grant["nonce"]:
-            id_token["nonce"] = grant["nonce"]
+            id_token["nonce"] = "forged" if "nonce" in self.forge else grant["nonce"]
         doc = {"access_token": self._sign(access), "id_token": self._sign(id_token), "token_type": "Bearer",
                "expires_in": self.claimed_lifetime or self.lifetime, "scope": access["scope"]}
         if self.refresh_tokens:
@@ -167,7 +170,8 @@ class OidcProvider:
             def _back(self, query: dict, user: str) -> None:
                 code = provider.issue_code(user, query)
                 target = query["redirect_uri"] + ("&" if "?" in query["redirect_uri"] else "?") + urlencode(
-                    {"code": code, "state": query.get("state", ""), "iss": provider.url})
+                    {"code": code, "state": "forged" if "state" in provider.forge else query.get("state", ""),
+                     "iss": provider.url})
                 cookie = secrets.token_urlsafe(16)
                 provider.sessions[cookie] = user
                 self._send(302, headers={"Location": target, "Set-Cookie": f"stub_session={cookie}; Path=/"})

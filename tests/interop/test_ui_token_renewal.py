@@ -10,6 +10,7 @@ stub provider (tests/interop/oidc_provider.py) giving tokens that live a few sec
 - Renewal refused (the user logged out at the provider: refresh token revoked,
   ``login_required``): the page says the login expired, offers "Log in again", tries
   nothing more, and logs in again from that button.
+- A silent answer with another state, or an ID token with another nonce, is refused.
 - A 401 to a call (a token the page believed still good) makes one renewal and one retry;
   a second 401 is the answer, not a loop.
 """
@@ -36,7 +37,7 @@ def stub(provider):  # noqa: F811 (provider: the fixture)
     provider.lifetime = LIFETIME
     yield provider
     provider.lifetime, provider.claimed_lifetime, provider.refresh_tokens = 3600, None, False
-    provider.audience = AUDIENCE
+    provider.audience, provider.forge = AUDIENCE, set()
     provider.end_sessions()
 
 
@@ -181,6 +182,21 @@ def test_a_refused_renewal_shows_the_logged_out_state(page, archive, stub, artif
     _log_in(page, server, stub, button="Log in again")
     assert page.locator("#results tbody tr td:first-child").all_inner_texts() == ["Cardio^Allowed"]
     assert page.get_by_role("button", name="Log in", exact=True).is_visible()
+
+
+@pytest.mark.parametrize("forged", ["state", "nonce"])
+def test_a_silent_answer_not_for_this_renewal_is_refused(page, archive, stub, forged):
+    """The silent renewal checks what the login checks: the state of the redirect (else the
+    code is not even redeemed) and the nonce of the ID token (else the tokens are not kept)."""
+    server, _studies = archive
+    _log_in(page, server, stub)
+    asked, told = len(stub.authorizations), len(stub.token_requests)
+    stub.forge = {forged}
+    page.locator("#who", has_text="none: the login expired").wait_for(timeout=TIMEOUT_MS)
+    assert f"({forged})" in page.locator("#status").inner_text()
+    assert [a["prompt"] for a in stub.authorizations[asked:]] == ["none"]
+    assert [t["status"] for t in stub.token_requests[told:]] == ([] if forged == "state" else [200])
+    assert page.evaluate("sessionStorage.getItem('auth-token')") is None
 
 
 def test_a_401_renews_once_and_retries_once(page, archive, stub):
