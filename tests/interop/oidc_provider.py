@@ -20,6 +20,7 @@ What the tests turn: ``lifetime`` (seconds an access token lives), ``claimed_lif
 ``expires_in`` the answer says, when it should differ from the token's ``exp``: a page whose
 renewal is late), ``refresh_tokens``, ``audience``, ``forge`` (``"state"``: the redirect
 carries another state; ``"nonce"``: the ID token another nonce; what a page must refuse), and
+``unavailable`` (the next N token requests answered 503: an outage, not a refusal),
 ``end_sessions()`` (the user logged out at the provider: no session cookie and no refresh
 token works any more).
 
@@ -58,6 +59,7 @@ class OidcProvider:
         self.refresh_tokens = False  # give refresh tokens (and take them: grant_type=refresh_token)
         self.refreshes: dict[str, dict] = {}  # refresh token -> its grant (user, client, scope)
         self.forge: set[str] = set()  # "state", "nonce": answers a page must refuse
+        self.unavailable = 0  # the next so many /token requests: 503, no answer (an outage)
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.codes: dict[str, dict] = {}
         self.sessions: dict[str, str] = {}  # cookie -> user
@@ -221,6 +223,10 @@ class OidcProvider:
                         return self._send(401, b"unknown user", "text/plain")
                     return self._back(form, user)
                 if url.path == "/token":
+                    if provider.unavailable > 0:
+                        provider.unavailable -= 1
+                        provider.token_requests.append({**form, "status": 503})
+                        return self._send(503, b"down for maintenance", "text/plain")
                     status, doc = provider.token(form)
                     provider.token_requests.append({**form, "status": status})
                     return self._json(status, doc)

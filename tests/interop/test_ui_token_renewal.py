@@ -10,6 +10,8 @@ stub provider (tests/interop/oidc_provider.py) giving tokens that live a few sec
 - Renewal refused (the user logged out at the provider: refresh token revoked,
   ``login_required``): the page says the login expired, offers "Log in again", tries
   nothing more, and logs in again from that button.
+- The provider down for a moment (503): the refresh token is kept and tried again while the
+  token lasts; the user stays logged in.
 - A silent answer with another state, or an ID token with another nonce, is refused.
 - A 401 to a call (a token the page believed still good) makes one renewal and one retry;
   a second 401 is the answer, not a loop.
@@ -37,7 +39,7 @@ def stub(provider):  # noqa: F811 (provider: the fixture)
     provider.lifetime = LIFETIME
     yield provider
     provider.lifetime, provider.claimed_lifetime, provider.refresh_tokens = 3600, None, False
-    provider.audience, provider.forge = AUDIENCE, set()
+    provider.audience, provider.forge, provider.unavailable = AUDIENCE, set(), 0
     provider.end_sessions()
 
 
@@ -182,6 +184,25 @@ def test_a_refused_renewal_shows_the_logged_out_state(page, archive, stub, artif
     _log_in(page, server, stub, button="Log in again")
     assert page.locator("#results tbody tr td:first-child").all_inner_texts() == ["Cardio^Allowed"]
     assert page.get_by_role("button", name="Log in", exact=True).is_visible()
+
+
+def test_a_provider_outage_is_tried_again_while_the_token_lasts(page, archive, stub):
+    """The refresh at 80 % of 12 s answered 503 (no error: not a refusal): the page keeps
+    its refresh token, tries again halfway to the token's end, and stays logged in; the
+    search after the first token's end goes with the renewed token."""
+    server, studies = archive
+    stub.lifetime, stub.refresh_tokens = 12, True
+    first = _log_in(page, server, stub)
+    asked, told = len(stub.authorizations), len(stub.token_requests)
+    stub.unavailable = 1
+    _wait_past_expiry(page, first)
+    qido = _search(page, server)
+    assert qido.status == 200 and _uids(qido.json()) == [studies["cardio"]]
+    assert qido.request.headers["authorization"] != f"Bearer {first}"
+    assert [(t["grant_type"], t["status"]) for t in stub.token_requests[told:]] == \
+        [("refresh_token", 503), ("refresh_token", 200)]
+    assert stub.token_requests[told]["refresh_token"] == stub.token_requests[told + 1]["refresh_token"]
+    assert stub.authorizations[asked:] == [] and page.locator("#who").inner_text() == "logged in as carol"
 
 
 @pytest.mark.parametrize("forged", ["state", "nonce"])

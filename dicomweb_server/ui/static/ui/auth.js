@@ -108,7 +108,7 @@ async function tokenRequest(endpoint, form) {  // RFC 6749 §4.1.3 and §6
  * lifetime: expires_in, else the access token's exp - iat). The ID token's nonce must be ours. */
 function keepTokens(doc, nonce) {
   const id = doc.id_token ? claimsOf(doc.id_token) : {};
-  if (doc.id_token && nonce && id.nonce !== nonce) throw new LoginError("refused: the ID token is not for this login (nonce)");
+  if (doc.id_token && nonce && id.nonce !== nonce) throw new LoginError("refused: the ID token is not for this login (nonce)", "nonce");
   const access = claimsOf(doc.access_token);
   const now = Date.now();
   const lifetime = Number(doc.expires_in) > 0 ? Number(doc.expires_in) * 1000
@@ -204,18 +204,36 @@ async function renewal() {
       keepTokens(await tokenRequest(meta.token_endpoint, { grant_type: "refresh_token", refresh_token: refresh }), null);
       return;
     } catch (e) {
+      if (!refusal(e)) throw e;  // no answer (network, 5xx): the refresh token is kept for the next try
       sessionStorage.removeItem("auth-refresh");  // refused (revoked, expired): the provider's session may still do
     }
   }
   await silentRenewal(meta);
 }
 
+/* an answer of the provider that says no (login_required, invalid_grant...), or one this page
+ * refuses (state, nonce); not: no answer at all (network, a 5xx without an error, a frame
+ * that never came back) */
+const refusal = (e) => e instanceof LoginError && Boolean(e.code) && e.code !== "timeout";
+
 let renewing = null;  // one renewal at a time: every caller waits for the same one
 function renewToken() {
   if (!renewing) {
-    renewing = renewal().catch((e) => { loginExpired(e); throw e; }).finally(() => { renewing = null; });
+    renewing = renewal().catch((e) => { renewalFailed(e); throw e; }).finally(() => { renewing = null; });
   }
   return renewing;
+}
+
+/* Refused, or the token ended: logged out. No answer while the token still lasts: tried again
+ * halfway to its end. */
+function renewalFailed(e) {
+  const left = Number(sessionStorage.getItem("auth-expires")) - Date.now();
+  if (!refusal(e) && left > 2000 && sessionStorage.getItem("auth-scheme") === "oidc") {
+    clearTimeout(renewTimer);
+    renewTimer = setTimeout(() => renewToken().catch(() => {}), left / 2);
+    return;
+  }
+  loginExpired(e);
 }
 
 function loginExpired(e) {

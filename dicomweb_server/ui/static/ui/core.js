@@ -31,9 +31,9 @@ async function api(path, options = {}, retried = false) {
   const r = await fetch(path, { ...options, headers });
   if (r.status === 401 && !retried && auth && canRenew()) {
     r.body && r.body.cancel().catch(() => {});
-    const renewed = authorization() !== auth ? true : await renewToken().then(() => true, () => false);
-    if (renewed) return api(path, options, true);
-    throw new ApiError(401, "401: the login expired and could not be renewed: log in again");
+    const failed = authorization() !== auth ? null : await renewToken().then(() => null, (e) => e);
+    if (!failed) return api(path, options, true);
+    throw new ApiError(401, `401: the token was refused and could not be renewed (${failed.message})`);
   }
   if (!r.ok) {
     let text = await r.text();
