@@ -12,7 +12,8 @@ stub provider (tests/interop/oidc_provider.py) giving tokens that live a few sec
   nothing more, and logs in again from that button.
 - The provider down for a moment (503): the refresh token is kept and tried again while the
   token lasts; the user stays logged in.
-- A silent answer with another state, or an ID token with another nonce, is refused.
+- A silent answer with another state, an ID token with another nonce, or tokens of another
+  user (sub) are refused.
 - A 401 to a call (a token the page believed still good) makes one renewal and one retry;
   a second 401 is the answer, not a loop.
 """
@@ -40,6 +41,7 @@ def stub(provider):  # noqa: F811 (provider: the fixture)
     yield provider
     provider.lifetime, provider.claimed_lifetime, provider.refresh_tokens = 3600, None, False
     provider.audience, provider.forge, provider.unavailable = AUDIENCE, set(), 0
+    provider.users.pop("dave", None)
     provider.end_sessions()
 
 
@@ -217,6 +219,21 @@ def test_a_silent_answer_not_for_this_renewal_is_refused(page, archive, stub, fo
     assert f"({forged})" in page.locator("#status").inner_text()
     assert [a["prompt"] for a in stub.authorizations[asked:]] == ["none"]
     assert [t["status"] for t in stub.token_requests[told:]] == ([] if forged == "state" else [200])
+    assert page.evaluate("sessionStorage.getItem('auth-token')") is None
+
+
+def test_a_renewal_for_another_user_is_refused(page, archive, stub):
+    """Someone else logged in at the provider in the same browser: the silent renewal comes
+    back with dave's tokens, not carol's (another sub); the page does not keep them."""
+    server, _studies = archive
+    _log_in(page, server, stub)
+    told = len(stub.token_requests)
+    stub.users["dave"] = {"groups": ["radiology"], "scope": "openid dicomweb:read"}
+    for cookie in stub.sessions:
+        stub.sessions[cookie] = "dave"
+    page.locator("#who", has_text="none: the login expired").wait_for(timeout=TIMEOUT_MS)
+    assert "(sub)" in page.locator("#status").inner_text()
+    assert [(t["grant_type"], t["status"]) for t in stub.token_requests[told:]] == [("authorization_code", 200)]
     assert page.evaluate("sessionStorage.getItem('auth-token')") is None
 
 

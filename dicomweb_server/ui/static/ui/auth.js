@@ -50,9 +50,9 @@ const b64url = (bytes) => btoa(String.fromCharCode(...new Uint8Array(bytes)))
 const randomText = () => b64url(crypto.getRandomValues(new Uint8Array(32)));  // 43 characters
 const redirectUri = () => location.origin + "/ui/";
 const silentRedirectUri = () => location.origin + "/ui/silent-callback.html";  // web_login.py
-const OIDC_KEYS = ["auth-token", "auth-refresh", "auth-expires", "auth-renew-at"];
+const OIDC_KEYS = ["auth-token", "auth-refresh", "auth-expires", "auth-renew-at", "auth-sub"];
 const RENEW_AT = 0.8;  // of the token's lifetime
-const SILENT_TIMEOUT_MS = 10000;  // a provider that does not come back to the hidden frame (framing refused...)
+const SILENT_TIMEOUT_MS = 10000;  // a provider that does not come back to the hidden frame (a page shown, a blocked frame)
 
 function claimsOf(jwt) {  // for showing who logged in and when its token ends only: the archive checks it
   try {
@@ -105,11 +105,20 @@ async function tokenRequest(endpoint, form) {  // RFC 6749 §4.1.3 and §6
 
 /* Keep a token answer: the access token, the refresh token (a new one replaces the old, RFC 6749
  * §6; an answer without one keeps the old), when it ends and when to renew it (RENEW_AT of its
- * lifetime: expires_in, else the access token's exp - iat). The ID token's nonce must be ours. */
-function keepTokens(doc, nonce) {
+ * lifetime: expires_in, else the access token's exp - iat). The ID token's nonce must be ours;
+ * a renewal must be for the same user (sub, OpenID Connect Core 1.0 §12.2), and is dropped when
+ * the operator chose other credentials while it ran. */
+function keepTokens(doc, nonce, renewed = false) {
   const id = doc.id_token ? claimsOf(doc.id_token) : {};
   if (doc.id_token && nonce && id.nonce !== nonce) throw new LoginError("refused: the ID token is not for this login (nonce)", "nonce");
   const access = claimsOf(doc.access_token);
+  const sub = id.sub || access.sub || "";
+  const before = sessionStorage.getItem("auth-sub");  // null: a login of an older page
+  if (renewed) {
+    if (sessionStorage.getItem("auth-scheme") !== "oidc") return;
+    if (before !== null && sub !== before) throw new LoginError("refused: the token is for another user (sub)", "sub");
+  }
+  sessionStorage.setItem("auth-sub", sub);
   const now = Date.now();
   const lifetime = Number(doc.expires_in) > 0 ? Number(doc.expires_in) * 1000
     : access.exp && access.iat ? (access.exp - access.iat) * 1000 : access.exp ? access.exp * 1000 - now : NaN;
@@ -193,7 +202,7 @@ async function silentRenewal(meta) {
   if (q.has("error")) throw new LoginError(`${q.get("error")} ${q.get("error_description") || ""}`.trim(), q.get("error"));
   const doc = await tokenRequest(meta.token_endpoint, {
     grant_type: "authorization_code", code: q.get("code"), redirect_uri: silentRedirectUri(), code_verifier: p.verifier });
-  keepTokens(doc, p.nonce);
+  keepTokens(doc, p.nonce, true);
 }
 
 async function renewal() {
@@ -201,7 +210,8 @@ async function renewal() {
   const refresh = sessionStorage.getItem("auth-refresh");
   if (refresh) {
     try {
-      keepTokens(await tokenRequest(meta.token_endpoint, { grant_type: "refresh_token", refresh_token: refresh }), null);
+      const doc = await tokenRequest(meta.token_endpoint, { grant_type: "refresh_token", refresh_token: refresh });
+      keepTokens(doc, null, true);
       return;
     } catch (e) {
       if (!refusal(e)) throw e;  // no answer (network, 5xx): the refresh token is kept for the next try
