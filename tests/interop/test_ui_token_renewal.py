@@ -31,7 +31,7 @@ from .oidc_provider import s256
 from .test_ohif_viewer import TIMEOUT_MS, VIEWPORT, RequestLog, browser  # noqa: F401 (fixture)
 from .test_oidc_login import AUDIENCE, CLIENT_ID, provider, start_archive  # noqa: F401 (fixture)
 
-LIFETIME = 4  # seconds an access token lives here
+LIFETIME = 5  # seconds an access token lives here
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_the_page_keeps_working_past_the_first_tokens_expiry(page, archive, stub
         assert all(t["client_id"] == CLIENT_ID for t in renewals)
     else:
         _silent_renewals(server, authorizations, renewals)
-    assert len(renewals) <= 3  # at 80 % of 4 s: one per 3.2 s, not more
+    assert len(renewals) <= 3  # at 80 % of 5 s: one per 4 s, not more
     after = log.entries[seen:]
     assert not [e for e in after if e["status"] == 401], after  # renewed before expiry: nothing refused
     current = page.evaluate("sessionStorage.getItem('auth-token')")
@@ -238,7 +238,7 @@ def test_a_renewal_for_another_user_is_refused(page, archive, stub):
 
 
 def test_a_401_renews_once_and_retries_once(page, archive, stub):
-    """The provider says the token lives an hour (expires_in) but it ends after 4 s (a page
+    """The provider says the token lives an hour (expires_in) but it ends after 5 s (a page
     whose timer came late: a tab in the background). The search after its end is refused
     (401), the page renews once (the silent request) and sends it once more: 200."""
     server, studies = archive
