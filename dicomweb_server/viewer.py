@@ -54,7 +54,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route, Router
 
-from .web_login import OidcLogin
+from .web_login import SILENT_CALLBACK, SILENT_CALLBACK_HEADERS, SILENT_CALLBACK_PAGE, OidcLogin
 
 OHIF_PACKAGE = "@ohif/app"
 OHIF_VERSION = "3.13.2"
@@ -219,18 +219,7 @@ __OIDC__    extensions: [],
 """
 
 
-SILENT_CALLBACK = "silent-callback.html"
 SIGNED_OUT = "signed-out"
-
-# the page the provider sends the hidden frame of a silent renewal back to: hands its URL to
-# the viewer (oidc-client-ts's message). OHIF's own silent-refresh.html loads the older
-# oidc-client library (and a script from a CDN) and does not answer oidc-client-ts.
-_SILENT_CALLBACK_PAGE = b"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>signing in</title></head><body>
-<script>window.parent.postMessage({source: "oidc-client", url: window.location.href, keepOpen: false},
-                                  window.location.origin);</script>
-</body></html>
-"""
 
 
 def _oidc_config(login: OidcLogin | None) -> str:
@@ -379,7 +368,8 @@ def viewer_router(dist: Path, *, dicomweb_url: str | None, prefix: str = "", bas
         if rel == "app-config.js":
             return Response(config, media_type="text/javascript; charset=utf-8", headers=_NO_CACHE)
         if login is not None and rel == SILENT_CALLBACK:
-            return Response(_SILENT_CALLBACK_PAGE, media_type="text/html; charset=utf-8", headers=_NO_CACHE)
+            return Response(SILENT_CALLBACK_PAGE, media_type="text/html; charset=utf-8",
+                            headers=SILENT_CALLBACK_HEADERS)
         if login is not None and rel == SIGNED_OUT:  # back from the provider's logout: the study list
             return RedirectResponse(f"{base}/", status_code=303)
         path = files.resolve(rel)

@@ -7,7 +7,9 @@
   auth configured it sends the credentials the operator types in (an API key as
   ``Authorization: Bearer``, or Basic), or, with ``oidc_client_id``, the access token of
   an OIDC login (authorization code + PKCE, done by the page's script; redirect URI
-  ``{origin}/ui/``), with each request, and the API decides.
+  ``{origin}/ui/``), with each request, and the API decides. The page renews that token
+  before it expires (refresh token, else a silent request in a hidden frame that comes
+  back to ``{origin}/ui/silent-callback.html``: web_login.py).
 - ``/docs``: FastAPI's Swagger UI with its script and style sheet from
   ``static/swagger-ui/`` (npm ``swagger-ui-dist``, vendored unchanged, see its VERSION
   file) instead of a CDN.
@@ -28,7 +30,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..web_login import OidcLogin
+from ..web_login import SILENT_CALLBACK, SILENT_CALLBACK_HEADERS, SILENT_CALLBACK_PAGE, OidcLogin
 
 STATIC = Path(__file__).parent / "static"
 MOUNT = "/ui"
@@ -48,7 +50,8 @@ def _page(prefix: str, login: OidcLogin | None = None) -> bytes:
 def include(app, settings) -> None:
     """Mount ``/docs``, ``/ui/`` and ``/ui/static/`` on the app (FastAPI's own ``/docs``
     is off: ``docs_url=None`` in app.py)."""
-    page = _page(settings.prefix, OidcLogin.of(settings))
+    login = OidcLogin.of(settings)
+    page = _page(settings.prefix, login)
 
     async def docs(request: Request) -> Response:
         return get_swagger_ui_html(
@@ -70,6 +73,9 @@ def include(app, settings) -> None:
     async def to_index(request: Request) -> Response:
         return RedirectResponse(f"{MOUNT}/", status_code=307)
 
+    async def silent_callback(request: Request) -> Response:  # the hidden frame of a silent renewal
+        return HTMLResponse(SILENT_CALLBACK_PAGE, headers=SILENT_CALLBACK_HEADERS)
+
     app.router.routes.extend([
         Route("/docs", docs, methods=["GET", "HEAD"], include_in_schema=False),
         Route(OAUTH2_REDIRECT, oauth2_redirect, methods=["GET", "HEAD"], include_in_schema=False),
@@ -77,3 +83,6 @@ def include(app, settings) -> None:
         Route(f"{MOUNT}/", index, methods=["GET", "HEAD"], include_in_schema=False),
         Mount(f"{MOUNT}/static", app=StaticFiles(directory=STATIC), name="ui-static"),
     ])
+    if login is not None:
+        app.router.routes.append(Route(f"{MOUNT}/{SILENT_CALLBACK}", silent_callback, methods=["GET", "HEAD"],
+                                       include_in_schema=False))

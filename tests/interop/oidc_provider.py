@@ -13,7 +13,16 @@ and nothing else, on 127.0.0.1 in a thread.
   with the ``code_verifier`` whose S256 hash is the code's challenge (RFC 7636 §4.6; else
   400 ``invalid_grant``). The access token is an RS256 JWT for the archive (``aud``), with
   the user's ``scope`` and ``groups``; the ID token one for the client (``aud`` = client id,
-  the request's ``nonce``).
+  the request's ``nonce``). With ``refresh_tokens`` on, the answer has a refresh token too,
+  and ``grant_type=refresh_token`` (RFC 6749 §6) trades it, once (rotated), for new tokens.
+
+What the tests turn: ``lifetime`` (seconds an access token lives), ``claimed_lifetime`` (the
+``expires_in`` the answer says, when it should differ from the token's ``exp``: a page whose
+renewal is late), ``refresh_tokens``, ``audience``, ``forge`` (``"state"``: the redirect
+carries another state; ``"nonce"``: the ID token another nonce; what a page must refuse), and
+``unavailable`` (the next N token requests answered 503: an outage, not a refusal),
+``end_sessions()`` (the user logged out at the provider: no session cookie and no refresh
+token works any more).
 
 Every answer carries ``Access-Control-Allow-Origin: *``: the pages call the discovery
 document and the token endpoint from the archive's origin, as they would a real provider.
@@ -45,7 +54,12 @@ class OidcProvider:
     def __init__(self, users: dict[str, dict], *, audience: str, client_id: str) -> None:
         """``users``: user name -> extra claims of its access token (``groups``, ``scope``)."""
         self.users, self.audience, self.client_id = users, audience, client_id
-        self.lifetime = 3600  # seconds an access token lives (expires_in)
+        self.lifetime = 3600  # seconds an access token lives (exp - iat)
+        self.claimed_lifetime: int | None = None  # expires_in, when not the lifetime
+        self.refresh_tokens = False  # give refresh tokens (and take them: grant_type=refresh_token)
+        self.refreshes: dict[str, dict] = {}  # refresh token -> its grant (user, client, scope)
+        self.forge: set[str] = set()  # "state", "nonce": answers a page must refuse
+        self.unavailable = 0  # the next so many /token requests: 503, no answer (an outage)
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.codes: dict[str, dict] = {}
         self.sessions: dict[str, str] = {}  # cookie -> user
@@ -68,7 +82,7 @@ class OidcProvider:
         return {"issuer": self.url, "authorization_endpoint": f"{self.url}/authorize",
                 "token_endpoint": f"{self.url}/token", "jwks_uri": f"{self.url}/jwks",
                 "response_types_supported": ["code"], "subject_types_supported": ["public"],
-                "id_token_signing_alg_values_supported": ["RS256"], "grant_types_supported": ["authorization_code"],
+                "id_token_signing_alg_values_supported": ["RS256"], "grant_types_supported": ["authorization_code", "refresh_token"],
                 "code_challenge_methods_supported": ["S256"], "token_endpoint_auth_methods_supported": ["none"],
                 "scopes_supported": ["openid", "dicomweb:read", "dicomweb:write", "dicomweb:delete"]}
 
@@ -87,8 +101,19 @@ class OidcProvider:
                             "nonce": query.get("nonce"), "scope": query.get("scope", "")}
         return code
 
+    def end_sessions(self) -> None:
+        """The users logged out here: a silent request answers ``login_required``, a refresh
+        token ``invalid_grant``."""
+        self.sessions.clear()
+        self.refreshes.clear()
+
     def token(self, form: dict) -> tuple[int, dict]:
-        """RFC 6749 §4.1.3 with RFC 7636 §4.5-4.6."""
+        """RFC 6749 §4.1.3 with RFC 7636 §4.5-4.6; §6 (refresh) with ``refresh_tokens``."""
+        if form.get("grant_type") == "refresh_token" and self.refresh_tokens:
+            grant = self.refreshes.pop(form.get("refresh_token", ""), None)  # one use: rotated
+            if grant is None or form.get("client_id") != grant["client_id"]:
+                return 400, {"error": "invalid_grant", "error_description": "unknown, used or revoked refresh token"}
+            return 200, self._tokens({**grant, "nonce": None})
         if form.get("grant_type") != "authorization_code":
             return 400, {"error": "unsupported_grant_type"}
         grant = self.codes.pop(form.get("code", ""), None)  # one use, right or wrong
@@ -99,17 +124,24 @@ class OidcProvider:
         verifier = form.get("code_verifier") or ""
         if not verifier or s256(verifier) != grant["challenge"]:
             return 400, {"error": "invalid_grant", "error_description": "PKCE verification failed"}
+        return 200, self._tokens(grant)
+
+    def _tokens(self, grant: dict) -> dict:
         now, user = int(time.time()), grant["user"]
         extra = self.users[user]
         access = {"iss": self.url, "aud": self.audience, "sub": user, "iat": now, "exp": now + self.lifetime,
-                  "azp": self.client_id, "scope": extra.get("scope", "dicomweb:read"),
+                  "azp": self.client_id, "scope": extra.get("scope", "dicomweb:read"), "jti": secrets.token_urlsafe(8),
                   "groups": extra.get("groups", [])}
         id_token = {"iss": self.url, "aud": grant["client_id"], "sub": user, "iat": now, "exp": now + 3600,
                     "preferred_username": user, "name": user.title()}
         if grant["nonce"]:
-            id_token["nonce"] = grant["nonce"]
-        return 200, {"access_token": self._sign(access), "id_token": self._sign(id_token),
-                     "token_type": "Bearer", "expires_in": self.lifetime, "scope": access["scope"]}
+            id_token["nonce"] = "forged" if "nonce" in self.forge else grant["nonce"]
+        doc = {"access_token": self._sign(access), "id_token": self._sign(id_token), "token_type": "Bearer",
+               "expires_in": self.claimed_lifetime or self.lifetime, "scope": access["scope"]}
+        if self.refresh_tokens:
+            doc["refresh_token"] = secrets.token_urlsafe(32)
+            self.refreshes[doc["refresh_token"]] = {"user": user, "client_id": grant["client_id"], "scope": grant["scope"]}
+        return doc
 
     # -- HTTP ---------------------------------------------------------------------------------
 
@@ -140,7 +172,8 @@ class OidcProvider:
             def _back(self, query: dict, user: str) -> None:
                 code = provider.issue_code(user, query)
                 target = query["redirect_uri"] + ("&" if "?" in query["redirect_uri"] else "?") + urlencode(
-                    {"code": code, "state": query.get("state", ""), "iss": provider.url})
+                    {"code": code, "state": "forged" if "state" in provider.forge else query.get("state", ""),
+                     "iss": provider.url})
                 cookie = secrets.token_urlsafe(16)
                 provider.sessions[cookie] = user
                 self._send(302, headers={"Location": target, "Set-Cookie": f"stub_session={cookie}; Path=/"})
@@ -190,6 +223,10 @@ class OidcProvider:
                         return self._send(401, b"unknown user", "text/plain")
                     return self._back(form, user)
                 if url.path == "/token":
+                    if provider.unavailable > 0:
+                        provider.unavailable -= 1
+                        provider.token_requests.append({**form, "status": 503})
+                        return self._send(503, b"down for maintenance", "text/plain")
                     status, doc = provider.token(form)
                     provider.token_requests.append({**form, "status": status})
                     return self._json(status, doc)

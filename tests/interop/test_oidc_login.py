@@ -43,10 +43,20 @@ def provider():
 @pytest.fixture(scope="module")
 def archive(provider, ohif_dist, tmp_path_factory):  # noqa: F811 (ohif_dist: the fixture)
     """The archive with OIDC, the viewer, an admin key, and a cardio and a radio study."""
-    server = LiveServer(tmp_path_factory.mktemp("oidc") / "data", "sqlite", viewer=True, viewer_dir=ohif_dist,
-                        oidc_issuer=provider.url, oidc_audience=AUDIENCE, oidc_jwks_url=f"{provider.url}/jwks",
-                        oidc_client_id=CLIENT_ID, api_keys={"admin-key": ["read", "write", "delete"]},
-                        access_rules={"identities": {"oidc:cardiology": ["cardio"]}, "default": "*"}).start()
+    server, studies = start_archive(provider, tmp_path_factory.mktemp("oidc") / "data", viewer=True,
+                                    viewer_dir=ohif_dist)
+    yield server, studies
+    server.stop()
+
+
+def start_archive(provider, data_dir, **extra) -> tuple[LiveServer, dict[str, str]]:
+    """The archive logging in at ``provider``, with an admin key, access rules that show the
+    ``cardiology`` group the ``cardio`` label only, and a cardio and a radio study
+    (label -> StudyInstanceUID)."""
+    server = LiveServer(data_dir, "sqlite", oidc_issuer=provider.url, oidc_audience=AUDIENCE,
+                        oidc_jwks_url=f"{provider.url}/jwks", oidc_client_id=CLIENT_ID,
+                        api_keys={"admin-key": ["read", "write", "delete"]},
+                        access_rules={"identities": {"oidc:cardiology": ["cardio"]}, "default": "*"}, **extra).start()
     studies = {}
     for label, patient in (("cardio", "Cardio^Allowed"), ("radio", "Radio^Hidden")):
         datasets = make_study(slices=1, size=32, patient=patient, patient_id=label.upper())
@@ -55,8 +65,7 @@ def archive(provider, ohif_dist, tmp_path_factory):  # noqa: F811 (ohif_dist: th
         r = httpx.put(f"{server.url}/studies/{uid}/labels/{label}", headers=ADMIN, timeout=30)
         assert r.status_code in (200, 201, 204), r.text
         studies[label] = uid
-    yield server, studies
-    server.stop()
+    return server, studies
 
 
 def _store(url: str, datasets) -> None:

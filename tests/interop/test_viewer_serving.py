@@ -157,13 +157,15 @@ def test_app_config_points_at_the_archive(tmp_path, dist):
 def test_oidc_login_only_when_a_client_id_is_configured(tmp_path, dist):
     """Without ``oidc_client_id`` (API keys, or an OIDC issuer for API clients only) the
     app-config has no ``oidc`` key at all (OHIF takes even an empty list for a login), no
-    silent-callback page, and /ui/ offers no login; with it, OHIF's code-flow entry."""
+    silent-callback page (neither the viewer's nor /ui/'s), and /ui/ offers no login; with it,
+    OHIF's code-flow entry and one silent-callback page for both (web_login.py)."""
     oidc = {"oidc_issuer": "https://idp.example/realms/x", "oidc_jwks_url": "https://idp.example/jwks"}
     for extra in ({}, {"api_keys": {"k": ["read"]}}, oidc):
         with _Archive(tmp_path, viewer=True, viewer_dir=dist, **extra) as c:
             text = c.get("/viewer/app-config.js").text
             assert "oidc" not in text and "authority" not in text
             assert c.get("/viewer/silent-callback.html").status_code == 404
+            assert c.get("/ui/silent-callback.html").status_code == 404
             assert c.get("/viewer/signed-out").text.startswith("<!doctype html>")  # a route of the app
             assert '<meta name="dicomweb-oidc" content="null">' in c.get("/ui/").text
     with _Archive(tmp_path, viewer=True, viewer_dir=dist, oidc_client_id="pages", **oidc) as c:
@@ -174,6 +176,13 @@ def test_oidc_login_only_when_a_client_id_is_configured(tmp_path, dist):
                 'dicomweb:delete"}],\n') in text
         assert c.get("/viewer/signed-out").headers["location"] == "/viewer/"
         assert "&quot;client_id&quot;: &quot;pages&quot;" in c.get("/ui/").text
+        viewer, ui = c.get("/viewer/silent-callback.html"), c.get("/ui/silent-callback.html?code=c&state=s")
+        for r in (viewer, ui):
+            assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+            assert r.headers["cache-control"] == "no-store" and r.headers["referrer-policy"] == "no-referrer"
+            assert ('window.parent.postMessage({source: "oidc-client", url: window.location.href, keepOpen: false},'
+                    in r.text and r.text.rstrip().endswith("window.location.origin);</script>\n</body></html>"))
+        assert ui.content == viewer.content
     with pytest.raises(ValueError, match="--oidc-client-id needs --oidc-issuer and --oidc-jwks-url"):
         Settings(oidc_client_id="pages", oidc_issuer="https://idp.example")
 

@@ -20,4 +20,4 @@ async function route() {
 }
 
 window.addEventListener("hashchange", () => { route(); view.focus(); });
-oidcCallback().catch((e) => say(String(e.message || e), true)).finally(() => { showWho(); route(); });
+oidcCallback().catch((e) => say(String(e.message || e), true)).finally(() => { showWho(); scheduleRenewal(); route(); });

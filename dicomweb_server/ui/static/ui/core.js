@@ -5,7 +5,7 @@
  *
  * Several classic scripts (index.html loads them in order, deferred) share the page's global
  * scope: core.js (this file: the API, DICOM JSON values, DOM helpers, the confirm step),
- * auth.js (credentials, OIDC login), find.js (Find, upload), study.js (the study page),
+ * auth.js (credentials, OIDC login and its renewal), find.js (Find, upload), study.js (the study page),
  * actions.js (the study's actions), deidentify.js (de-identification jobs), jobs.js (the
  * Jobs view), watch.js (Watch), app.js (the router, started last). */
 "use strict";
@@ -20,12 +20,21 @@ class ApiError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
-async function api(path, options = {}) {
+/* A 401 to a call made with an OIDC token: the token is renewed once (auth.js; a renewal
+ * already made since the call went out counts) and the call is made once more; a second 401
+ * is the answer. Bodies the page sends (text, Blob) can be sent again. */
+async function api(path, options = {}, retried = false) {
   const headers = new Headers(options.headers || {});
   const auth = authorization();
   if (auth) headers.set("Authorization", auth);
   if (!headers.has("Accept")) headers.set("Accept", "application/json, application/dicom+json");
   const r = await fetch(path, { ...options, headers });
+  if (r.status === 401 && !retried && auth && canRenew()) {
+    r.body && r.body.cancel().catch(() => {});
+    const failed = authorization() !== auth ? null : await renewToken().then(() => null, (e) => e);
+    if (!failed) return api(path, options, true);
+    throw new ApiError(401, `401: the token was refused and could not be renewed (${failed.message})`);
+  }
   if (!r.ok) {
     let text = await r.text();
     try {
