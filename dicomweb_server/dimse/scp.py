@@ -24,6 +24,7 @@ import gc
 import logging
 import os
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -53,6 +54,8 @@ from pynetdicom.sop_class import (
 
 from ..access.rules import Access, AccessRules
 from ..archive import Archive, source_of_dimse
+from ..dicom.lean import Decline
+from ..dicom.lean import _explicit_header as explicit_header
 from ..dicom.multipart import SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
@@ -268,6 +271,9 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
     ds = None
     ts = U.UID(transfer_syntax) if transfer_syntax else None
     if ts is not None and not ts.is_deflated and head[128:136] == b"DICM\x02\x00\x00\x00":
+        if ts.is_little_endian:
+            ds = _sop_uids(head, 144 + int.from_bytes(head[140:144], "little"), ts.is_implicit_VR)
+    if ds is None and ts is not None and not ts.is_deflated and head[128:136] == b"DICM\x02\x00\x00\x00":
         try:
             fp = BytesIO(head)
             fp.seek(144 + int.from_bytes(head[140:144], "little"))  # after (0002,0000) UL and the group
@@ -294,6 +300,43 @@ def _fill_source_ae_and_check(request, path: Path, ae_title: str, transfer_synta
         if have and have != said:
             return f"{command} {said[:64]!r} of the command is not the data set's {keyword} {have[:64]!r}"
     return None
+
+
+def _sop_uids(head: bytes, pos: int, implicit: bool) -> dict[str, str] | None:
+    """SOP Class and Instance UID (0008,0016), (0008,0018) of the Little Endian data set at
+    ``pos`` in ``head`` (PS3.5 §7.1.2, §7.1.3), walked element by element up to them, decoded
+    as pydicom's ``read_dataset`` decodes a UI (PS3.5 §6.2: Latin-1, trailing NUL and spaces
+    dropped): the same values without building a Dataset (~15 % of the listener's GIL time
+    per C-STORE, py-spy 2026-12-06). None (pydicom reads them) for anything else: an undefined
+    length before them, a VR other than UI or one :mod:`..dicom.lean` does not read, a
+    multi-valued UID, an element cut by the head, either one missing."""
+    found: dict[str, str] = {}
+    n = len(head)
+    try:
+        while pos + 8 <= n:
+            group, element = struct.unpack_from("<HH", head, pos)
+            tag = group << 16 | element
+            if tag > 0x00080018:
+                break
+            if implicit:
+                (length,) = struct.unpack_from("<I", head, pos + 4)
+                pos += 8
+                if length == 0xFFFFFFFF or pos + length > n:
+                    return None
+            else:
+                vr, length, pos = explicit_header(head, pos, n)
+                if tag in (0x00080016, 0x00080018) and vr != b"UI":
+                    return None
+            if tag in (0x00080016, 0x00080018):
+                value = head[pos:pos + length]
+                if b"\\" in value:
+                    return None
+                found["SOPClassUID" if tag == 0x00080016 else "SOPInstanceUID"] = \
+                    value.decode("latin-1").rstrip("\0 ")
+            pos += length
+    except Decline:
+        return None
+    return found if len(found) == 2 else None
 
 
 _status = S.dataset

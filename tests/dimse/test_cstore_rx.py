@@ -246,3 +246,63 @@ def test_an_a_abort_in_the_middle_of_a_data_set_leaves_nothing(dimse, taken):
     s.close()
     assert _stored(dimse) == [] and taken == []
     _nothing_left(dimse)
+
+
+# --- the SOP Class/Instance UID check reads them without a Dataset ----------------------------------
+
+def _file_head(ds: Dataset, implicit: bool) -> bytes:
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset
+
+    meta = _file_meta_with_ae_slot(sop_class_uid=CT, sop_instance_uid="1.2.3",
+                                   transfer_syntax="1.2.840.10008.1.2" if implicit else EXPLICIT_LE)
+    fp = BytesIO()
+    write_file_meta_info(fp, meta)
+    body = DicomBytesIO()
+    body.is_little_endian, body.is_implicit_VR = True, implicit
+    write_dataset(body, ds)
+    return b"\x00" * 128 + b"DICM" + fp.getvalue() + body.getvalue()
+
+
+@pytest.mark.parametrize("implicit", [False, True])
+@pytest.mark.parametrize("case", ["plain", "trailing space and NUL", "leading space", "sequence before",
+                                  "multi-valued", "missing", "empty"])
+def test_the_sop_uids_are_the_ones_pydicom_reads(implicit, case):
+    """scp._sop_uids: the values pydicom's read_dataset gives (stop at (0008,0018)), or None
+    where the pydicom path must read them (a sequence before them, a multi-valued UID, one
+    missing); an implicit VR sequence of defined length is stepped over."""
+    from pydicom.filereader import read_dataset
+    from pydicom.sequence import Sequence
+
+    from dicomweb_server.dimse.scp import _sop_uids
+
+    ds = Dataset()
+    ds.SpecificCharacterSet = "ISO_IR 100"
+    ds.ImageType = ["ORIGINAL", "PRIMARY"]
+    ds.SOPClassUID, ds.SOPInstanceUID = CT, "1.2.826.0.1.3680043.8.498.5"
+    ds.StudyDate = "20261206"
+    if case == "trailing space and NUL":
+        ds.SOPInstanceUID = "1.2.3 \x00"
+    elif case == "leading space":
+        ds.SOPClassUID = " 1.2.3"
+    elif case == "sequence before":
+        item = Dataset()
+        item.CodeValue = "X"
+        ds.add_new(0x00080006, "SQ", Sequence([item]))
+    elif case == "multi-valued":
+        ds.SOPInstanceUID = ["1.2", "1.3"]
+    elif case == "missing":
+        del ds.SOPClassUID
+    elif case == "empty":
+        ds.SOPInstanceUID = ""
+    head = _file_head(ds, implicit)
+    start = 144 + int.from_bytes(head[140:144], "little")
+    got = _sop_uids(head, start, implicit)
+    if case in ("multi-valued", "missing") or (case == "sequence before" and not implicit):  # SQ: a VR declined
+        assert got is None
+        return
+    fp = BytesIO(head)
+    fp.seek(start)
+    ref = read_dataset(fp, is_implicit_VR=implicit, is_little_endian=True,
+                       stop_when=lambda tag, vr, length: tag > 0x00080018)
+    assert got == {"SOPClassUID": str(ref.SOPClassUID), "SOPInstanceUID": str(ref.SOPInstanceUID)}
