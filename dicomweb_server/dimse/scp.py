@@ -4,10 +4,12 @@ C-GET, C-MOVE; Patient Root and Study Root), Storage Commitment Push Model (N-AC
 N-EVENT-REPORT: :mod:`.commitment`), Modality Worklist (C-FIND: :mod:`.worklist`) and
 Modality Performed Procedure Step (N-CREATE, N-SET: :mod:`.mpps`) SCP.
 
-One write path: a C-STORE is streamed by pynetdicom into a file in the archive's
-spool folder (``STORE_RECV_CHUNKED_DATASET``), then handed to :meth:`Archive.store`,
-the same validation, durable placement and group commit as STOW-RS; the C-STORE-RSP
-says Success only after it returns.
+One write path: a C-STORE is streamed into a file in the archive's spool folder, then
+handed to :meth:`Archive.store`, the same validation, durable placement and group commit as
+STOW-RS; the C-STORE-RSP says Success only after it returns. A C-STORE-RQ the archive's own
+receive path takes (:mod:`.cstore_rx`: the common case) is received, stored and answered on
+the association's DUL thread; any other goes through pynetdicom (``STORE_RECV_CHUNKED_DATASET``,
+the association thread and :meth:`DimseServer._on_store`).
 
 References
 ----------
