@@ -119,7 +119,7 @@ def one_run(dimse: int, step: str, associations: int, images: int, modality: int
         sw.start()
         spy = None
         if profile is not None:  # py-spy's own CPU is not the listener's; --nonblocking: no pauses
-            spy = subprocess.Popen(["py-spy", "record", "--gil", "--nonblocking", "-r", "100", "-f", "raw",
+            spy = subprocess.Popen(["py-spy", "record", "--gil", "--idle", "--nonblocking", "-r", "250", "-f", "raw",
                                     "-o", str(profile), "--pid", str(pids[0])],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)

@@ -25,7 +25,9 @@ does today). Any other PDU type goes the same way, from the bytes read here.
 rules of message assembly that pynetdicom does not (PS3.7 §6.3.1, PS3.8 §9.3.5 and Annex E):
 found by attacking the listener with crafted PDUs, each broken rule used to lose or leak
 something. A PDU that breaks one aborts its association (event 19, A-ABORT) and drops the
-data set being received.
+data set being received. A C-STORE-RQ's last command fragment goes first to
+:func:`.cstore_rx.begin`: a C-STORE the archive's own path takes is received, stored and
+answered on this thread (:mod:`.cstore_rx`); anything else goes on to pynetdicom.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from pynetdicom import dul as _dul
 from pynetdicom import evt
 from pynetdicom.pdu import A_ABORT_RQ
 from pynetdicom.pdu_primitives import P_DATA
+
+from .cstore_rx import Receiver, begin, finish
 
 log = logging.getLogger("dicomweb_server.dimse")
 
@@ -211,6 +215,16 @@ def receive_primitive(self, primitive) -> None:
             if why:
                 raise ValueError(why)
             msg = self.message
+            if type(msg) is Receiver:  # a C-STORE's data set, on the archive's path (cstore_rx.py)
+                msg.write(value[1:])
+                if value[0] & 2:
+                    finish(self, msg)
+                continue
+            if value[0] & 3 == 3 and (msg is None or msg.context_id is None):
+                rx = begin(self, context_id, value)  # a C-STORE-RQ the archive's path takes, or None
+                if rx is not None:
+                    self.message = rx
+                    continue
             spool = getattr(msg, "_data_set_file", None)
             if spool is not None and not value[0] & 3:  # a C-STORE data fragment, not the last
                 # what decode_msg does for it, without its flush per fragment: 1-byte PDVs cost

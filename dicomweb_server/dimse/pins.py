@@ -75,6 +75,18 @@ acse.ACSE.send_reject                              slots.py     A-ASSOCIATE-RJ l
 dul.DULServiceProvider._is_transport_event         reactor.py   called by the rewritten DUL loop, as
                                                                 pynetdicom's loop does
 dul.DULServiceProvider._process_recv_primitive     reactor.py   likewise
+service_class.StorageServiceClass.SCP              cstore_rx.py done on the DUL thread for a C-STORE the
+                                                                archive's path takes: the response built
+                                                                as it builds it, the spool name removed
+service_class.ServiceClass.validate_status         cstore_rx.py Status and Error Comment of the handler's
+                                                                result set as it sets them
+dimse_messages.DIMSEMessage.message_to_primitive   cstore_rx.py the C-STORE primitive made from the command
+                                                                elements through the same setters
+transport.AssociationSocket.send                   cstore_rx.py sends the C-STORE-RSP PDU from the DUL
+                                                                thread (Evt17 if the connection failed)
+fsm.DT_1                                           cstore_rx.py what it does for that P-DATA (Sta6 -> Sta6)
+                                                                is done without the state machine
+sop_class.uid_to_service_class                     cstore_rx.py only storage SOP classes take the path
 *module attributes rebound* (:data:`REBOUND`)
 dimse_messages.NamedTemporaryFile                  scp.py       the received file in the spool folder
 dimse_messages.create_file_meta                    scp.py       file meta encoded by hand, Source AE slot
@@ -166,6 +178,19 @@ PINNED: dict[tuple[str, str], tuple[str, str]] = {
         ("reactor.py", "a192323b769ecd4ab1349db0b819516a7dce2d42fc65d8bdec919984e5ebbab0"),
     ("pynetdicom.dul", "DULServiceProvider._process_recv_primitive"):
         ("reactor.py", "e60d44a78a9f3a2d44fa62763460966bcff2af74bfa56d8834ec051b33dfb385"),
+    # relied on: cstore_rx.py does on the DUL thread what these do for a C-STORE
+    ("pynetdicom.service_class", "StorageServiceClass.SCP"):
+        ("cstore_rx.py", "726a71d3d6ae3e672bde2c9671d6579347f80f47255a6c58e72c6908dc3b0761"),
+    ("pynetdicom.service_class", "ServiceClass.validate_status"):
+        ("cstore_rx.py", "047839721abb1d63b7d2e1866c88e42e3487f5aee0ef5927ed54fb7736ffeb53"),
+    ("pynetdicom.dimse_messages", "DIMSEMessage.message_to_primitive"):
+        ("cstore_rx.py", "95c5a14dc7d2b04b2d3848e76745f1a27821f5905ee8e797a5935231df4d557d"),
+    ("pynetdicom.transport", "AssociationSocket.send"):
+        ("cstore_rx.py", "30954262b82648fb3991f9ed998dd7b2fa2cb1a744ad5cbf6c81a16b9da420ae"),
+    ("pynetdicom.fsm", "DT_1"):
+        ("cstore_rx.py", "ed12799eee42eb246b842f6c6cf7901bc596855afb0654597206ad4384ce6404"),
+    ("pynetdicom.sop_class", "uid_to_service_class"):
+        ("cstore_rx.py", "169c65884d822fa045759403a1411ea574adc187e3f3bfd3098aeb783278b688"),
 }
 
 #: methods our patches add where pynetdicom defines none (slots.install: Association.run, a

@@ -161,6 +161,8 @@ def _dul_run_reactor(self) -> None:
             try:
                 event = self.event_queue.get(block=False)
             except queue.Empty:  # nothing to do: wait (a readable socket returns at once)
+                if self.to_provider_queue.queue:  # queued by this thread (cstore_rx.py): no wake-up came
+                    continue
                 _dul_wait(self, rfd)
                 continue
             try:
@@ -246,7 +248,8 @@ def _assoc_run_reactor(self) -> None:
             self.kill()
             return
 
-        if self.dul.idle_timer_expired():
+        storing = getattr(self.dul, "_storing", False)  # a C-STORE served by the DUL thread (cstore_rx.py)
+        if self.dul.idle_timer_expired() and not storing:
             log.error("Network timeout reached")
             if self.network_timeout_response == "A-RELEASE":
                 self._is_paused = True
@@ -259,7 +262,7 @@ def _assoc_run_reactor(self) -> None:
             return
 
         timer = self.dul._idle_timer
-        timeout = None if timer.timeout is None else max(0.0, timer.remaining)
+        timeout = None if timer.timeout is None else timer.timeout if storing else max(0.0, timer.remaining)
         self._is_paused = True  # nothing is taken off a queue until the checkpoint above
         wake.wait(timeout)
 

@@ -33,18 +33,26 @@ def encode_c_store_rsp(rsp: C_STORE) -> bytes | None:
     this encoder does not write (then pynetdicom encodes it)."""
     if rsp.OffendingElement is not None:
         return None
+    return encode(rsp.AffectedSOPClassUID, rsp.MessageIDBeingRespondedTo, rsp.Status, rsp.ErrorComment,
+                  rsp.AffectedSOPInstanceUID)
+
+
+def encode(sop_class_uid, message_id_being_responded_to: int, status: int, error_comment: str | None,
+           sop_instance_uid) -> bytes:
+    """The command set of a C-STORE-RSP from its fields (PS3.7 Table 9.3-2): Affected SOP Class
+    UID and Affected SOP Instance UID when given, Error Comment when not None."""
     us = struct.Struct("<H").pack
     parts = []
-    if rsp.AffectedSOPClassUID:
-        parts.append(_element(0x00000002, str(rsp.AffectedSOPClassUID).encode(), b"\x00"))
+    if sop_class_uid:
+        parts.append(_element(0x00000002, str(sop_class_uid).encode(), b"\x00"))
     parts += (_element(0x00000100, us(0x8001), b""),  # Command Field: C-STORE-RSP
-              _element(0x00000120, us(rsp.MessageIDBeingRespondedTo), b""),
+              _element(0x00000120, us(message_id_being_responded_to), b""),
               _element(0x00000800, us(0x0101), b""),  # Command Data Set Type: no data set
-              _element(0x00000900, us(rsp.Status), b""))
-    if rsp.ErrorComment is not None:
-        parts.append(_element(0x00000902, str(rsp.ErrorComment).encode("ascii", "replace"), b" "))
-    if rsp.AffectedSOPInstanceUID:
-        parts.append(_element(0x00001000, str(rsp.AffectedSOPInstanceUID).encode(), b"\x00"))
+              _element(0x00000900, us(status), b""))
+    if error_comment is not None:
+        parts.append(_element(0x00000902, str(error_comment).encode("ascii", "replace"), b" "))
+    if sop_instance_uid:
+        parts.append(_element(0x00001000, str(sop_instance_uid).encode(), b"\x00"))
     body = b"".join(parts)
     return _element(0x00000000, struct.pack("<I", len(body)), b"") + body
 
