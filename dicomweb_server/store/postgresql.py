@@ -32,7 +32,8 @@ SQLite index (store/sql.py); what differs is here:
   version 11 the study labels (store/labels.py), version 12 the share links
   (store/shares.py), version 13 the background jobs (jobs/store.py), version 14 the instances'
   sources and the instances Storage Commitment requests declared (store/arrivals.py), version
-  15 the Modality Performed Procedure Step instances (store/mpps.py).
+  15 the Modality Performed Procedure Step instances (store/mpps.py), version 16 the copy of
+  each study's labels on its row (``study.labels``, kept by triggers: store/labels.py).
 """
 
 from __future__ import annotations
@@ -227,10 +228,16 @@ def _v15() -> list[str]:
     return mpps_table.postgresql_schema()
 
 
+def _v16() -> list[str]:
+    """Each study's labels on its row (``study.labels``), kept by triggers on study_label
+    and study, filled from study_label: a label filter tests the row (store/labels.py)."""
+    return study_labels.postgresql_column()
+
+
 # version -> the statements (or steps: callables given the connection) that bring the
 # schema from version - 1 to it
 MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4, 5: _v5, 6: _v6, 7: _v7, 8: _v8, 9: _v9, 10: _v10, 11: _v11, 12: _v12,
-              13: _v13, 14: _v14, 15: _v15}
+              13: _v13, 14: _v14, 15: _v15, 16: _v16}
 SCHEMA_VERSION = max(MIGRATIONS)
 
 

@@ -275,7 +275,7 @@ def compile_search(dialect: Dialect, query: Query, allowed: Filter = UNRESTRICTE
             where.append(cond)
             params += p
     if not allowed.unrestricted:
-        conds, p = label_condition(allowed)
+        conds, p = label_condition(allowed, contains=dialect.contains)
         where += conds
         params += p
     sql = f"SELECT {', '.join(select)} FROM {frm}"
@@ -316,13 +316,13 @@ def join_multi(values: set[str]) -> str | None:
     return "\\" + "\\".join(sorted(values)) + "\\" if values else None
 
 
-def scope(study_uid: str, series_uid: str | None, sop_uid: str | None = None,
+def scope(dialect: Dialect, study_uid: str, series_uid: str | None, sop_uid: str | None = None,
           allowed: Filter = UNRESTRICTED) -> tuple[str, list]:
     """WHERE clause (with ``?``) selecting a study, series or instance by its UIDs (of a
     study ``allowed`` lets through)."""
     where, params = ["s.StudyInstanceUID = ?"], [study_uid]
     if not allowed.unrestricted:
-        conds, p = label_condition(allowed)
+        conds, p = label_condition(allowed, contains=dialect.contains)
         where += conds
         params += p
     if series_uid is not None:
@@ -490,7 +490,7 @@ class SQLIndex(Index):
         update read the study) stays rejected: its new file is left as a kept version."""
         rx = self._execute(con)
         records = [r for r in records if not rejections.is_rejected(rx, r.sop_uid)]
-        where, params = scope(study_uid, series_uid, sop_uid)
+        where, params = scope(self.dialect, study_uid, series_uid, sop_uid)
         sources = dict(self._x(con, "SELECT i.SOPInstanceUID, i._source FROM instance i JOIN series se ON se.pk = "
                                     "i.series_pk JOIN study s ON s.pk = se.study_pk " + where, params).fetchall())
         for r in records:  # a new version came from where the instance came from
@@ -577,7 +577,7 @@ class SQLIndex(Index):
                      action: str = "delete", only: set[str] | None = None, log: bool = True) -> list[str]:
         """Remove a study, series or instance (those of ``only``, when given) and
         recompute what is left; returns the paths."""
-        where, params = scope(study_uid, series_uid, sop_uid)
+        where, params = scope(self.dialect, study_uid, series_uid, sop_uid)
         rows = self._x(con, "SELECT i.pk, i._path, se.pk, s.pk, s.StudyInstanceUID, se.SeriesInstanceUID, "
                        "i.SOPInstanceUID FROM instance i JOIN series se ON se.pk = i.series_pk "
                        "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY i.pk", params).fetchall()
@@ -619,18 +619,18 @@ class SQLIndex(Index):
             return con.execute(self.dialect.sql(sql), params).fetchall()
 
     def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
-        conds, params = label_condition(allowed)
+        conds, params = label_condition(allowed, contains=self.dialect.contains)
         rows = self._rows(_LOC + "WHERE " + " AND ".join(["i.SOPInstanceUID = ?", *conds]), (sop_uid, *params))
         return _loc(rows[0]) if rows else None
 
     def instances(self, study_uid: str, series_uid: str | None = None,
                   allowed: Filter = UNRESTRICTED) -> list[InstanceLocation]:
-        where, params = scope(study_uid, series_uid, allowed=allowed)
+        where, params = scope(self.dialect, study_uid, series_uid, allowed=allowed)
         return [_loc(r) for r in self._rows(_LOC + where + " ORDER BY se.pk, i.pk", params)]
 
     def metadata(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None,
                  allowed: Filter = UNRESTRICTED) -> list[bytes]:
-        where, params = scope(study_uid, series_uid, sop_uid, allowed)
+        where, params = scope(self.dialect, study_uid, series_uid, sop_uid, allowed)
         return [bytes(r[0]) for r in self._rows(
             "SELECT i._metadata FROM instance i JOIN series se ON se.pk = i.series_pk "
             "JOIN study s ON s.pk = se.study_pk " + where + " ORDER BY se.pk, i.pk", params)]
@@ -644,7 +644,7 @@ class SQLIndex(Index):
         return self._rows("SELECT count(*) FROM instance")[0][0]
 
     def arrived(self, study_uid: str, allowed: Filter = UNRESTRICTED) -> list[Arrived] | None:
-        where, params = scope(study_uid, None, allowed=allowed)
+        where, params = scope(self.dialect, study_uid, None, allowed=allowed)
         rows = self._rows("SELECT se.SeriesInstanceUID, i._source, count(*), CAST(sum(i._size) AS BIGINT), "
                           "min(se.pk) FROM instance i JOIN series se ON se.pk = i.series_pk "
                           "JOIN study s ON s.pk = se.study_pk " + where
@@ -657,7 +657,7 @@ class SQLIndex(Index):
     # --- study labels (store/labels.py) -----------------------------------------------
 
     def _visible(self, study_uid: str, allowed: Filter) -> bool:
-        conds, params = label_condition(allowed)
+        conds, params = label_condition(allowed, contains=self.dialect.contains)
         return bool(self._rows("SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
                                (study_uid, *params)))
 
@@ -669,7 +669,7 @@ class SQLIndex(Index):
 
     def _label_rows(self, con, study_uid: str, label: str, present: bool, allowed: Filter) -> bool | None:
         """Index.set_label inside the caller's write transaction."""
-        conds, params = label_condition(allowed)
+        conds, params = label_condition(allowed, contains=self.dialect.contains)
         if self._x(con, "SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
                    (study_uid, *params)).fetchone() is None:
             return None
@@ -680,7 +680,7 @@ class SQLIndex(Index):
         return changed
 
     def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
-        conds, params = label_condition(allowed)
+        conds, params = label_condition(allowed, contains=self.dialect.contains)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         return dict(self._rows("SELECT l.label, count(*) FROM study_label l JOIN study s ON s.StudyInstanceUID = "
                                f"l.StudyInstanceUID{where} GROUP BY l.label ORDER BY l.label", params))
@@ -688,7 +688,7 @@ class SQLIndex(Index):
     def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
         if allowed.unrestricted:
             return IndexCounts(*self._rows(COUNTS)[0])
-        conds, params = label_condition(allowed)
+        conds, params = label_condition(allowed, contains=self.dialect.contains)
         where = " WHERE " + " AND ".join(conds)
         studies, series, instances = self._rows(
             "SELECT count(*), coalesce(sum(NumberOfStudyRelatedSeries), 0), "

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS study (
   ModalitiesInStudy TEXT, SOPClassesInStudy TEXT,
   NumberOfStudyRelatedSeries INTEGER NOT NULL DEFAULT 0,
   NumberOfStudyRelatedInstances INTEGER NOT NULL DEFAULT 0,
-  _json BLOB NOT NULL
+  _json BLOB NOT NULL,
+  {study_labels.COLUMN}
 );
 CREATE TABLE IF NOT EXISTS series (
   pk INTEGER PRIMARY KEY,
@@ -131,6 +132,13 @@ class SQLiteIndex(SQLIndex):
             if "_source" not in {row[1] for row in con.execute("PRAGMA table_info(instance)")}:
                 # an index made before sources were kept: its instances' source is not known
                 con.execute("ALTER TABLE instance ADD COLUMN _source TEXT NOT NULL DEFAULT ''")
+            if "labels" not in {row[1] for row in con.execute("PRAGMA table_info(study)")}:
+                # an index made before the study rows kept their labels (store/labels.py): the
+                # column, filled from study_label (the triggers below keep it from now on)
+                con.execute(f"ALTER TABLE study ADD COLUMN {study_labels.COLUMN}")
+                con.execute(study_labels.backfill("sqlite"))
+            for statement in _statements(study_labels.sqlite_triggers()):
+                con.execute(statement)
             for statement in derived_indexes():
                 con.execute(statement)
             changelog.backfill(con.execute, changelog.now())  # an index older than its change log
