@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
 from .. import retrieve
@@ -20,6 +19,7 @@ from ..store.base import InstanceLocation
 from .deps import ArchiveDep, SeriesUID, SOPInstanceUID, StudyUID, acceptable, access_of
 from .errors import DICOMwebHTTPError
 from .responses import multipart_response
+from .threads import run_blocking
 from .wado import document_response, gone_error, leave_out_missing, locate, parse_frame_list
 
 router = APIRouter(tags=["WADO-RS rendered"])
@@ -86,20 +86,11 @@ def _cache(request: Request) -> RenderCache:
 async def _picture(request: Request, archive, loc: InstanceLocation, frames: list[int] | None, params,
                    media_type: str, thumbnail: bool, pictures: int = 1) -> bytes:
     """One rendered picture (cached); ``pictures``: how many such pictures the answer
-    holds, for the size bound (413)."""
-    cache = _cache(request)
-    path = archive.blobs.source(loc.path)
-    try:  # the file's version is in the key: a deleted and re-stored instance is a new picture
-        version = await run_in_threadpool(file_version, path)
-    except FileNotFoundError as e:  # deleted since the look-up, or missing
-        raise gone_error(archive, loc, e) from None
-    key = (loc.sop_uid, version, tuple(frames) if frames else None, params, media_type, thumbnail)
-    hit = cache.get(key)
-    if hit is not None:
-        return hit
+    holds, for the size bound (413). One hand-off to a worker thread per picture: the
+    file's version, the cache look-up and the rendering all happen there."""
     try:
-        data = await run_in_threadpool(retrieve.rendered, path, loc, frames, params, media_type, thumbnail,
-                                       pictures)
+        return await run_blocking(_cached_picture, _cache(request), archive.blobs, loc, frames, params, media_type,
+                                  thumbnail, pictures)
     except (retrieve.NotFound, FileNotFoundError) as e:  # no such frame; deleted since the look-up, or missing
         raise gone_error(archive, loc, e) from None
     except (pixels.NotAnImage, pixels.UnsupportedTransferSyntax, render.UnsupportedMediaType) as e:
@@ -108,7 +99,24 @@ async def _picture(request: Request, archive, loc: InstanceLocation, frames: lis
         raise DICOMwebHTTPError(400, str(e)) from None
     except render.RenderTooLarge as e:
         raise DICOMwebHTTPError(413, f"instance {loc.sop_uid}: {e}") from None
-    cache.put(key, data)
+
+
+def _cached_picture(cache: RenderCache, blobs, loc: InstanceLocation, frames: list[int] | None, params,
+                    media_type: str, thumbnail: bool, pictures: int) -> bytes:
+    """In a worker thread: the cached picture, else rendered (and cached). The file's
+    version is in the key (a deleted and re-stored instance is a new picture); with the
+    cache off (``render_cache_bytes`` 0) there is no key and no look-up: the file is
+    only opened by the rendering (a missing file: retrieve.Gone, as before)."""
+    path = blobs.source(loc.path)
+    key = None
+    if cache.max_bytes > 0:
+        key = (loc.sop_uid, file_version(path), tuple(frames) if frames else None, params, media_type, thumbnail)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+    data = retrieve.rendered(path, loc, frames, params, media_type, thumbnail, pictures)
+    if key is not None:
+        cache.put(key, data)
     return data
 
 

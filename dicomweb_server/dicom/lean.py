@@ -94,14 +94,15 @@ class Decline(Exception):
     """The lean path does not handle this file exactly; use the pydicom path."""
 
 
-def _explicit_header(data: bytes, pos: int, n: int) -> tuple[bytes, int, int]:
+def _explicit_header(data: bytes, pos: int, n: int, sequences: bool = False) -> tuple[bytes, int, int]:
     """VR, defined length and value offset of the Explicit VR element at ``pos`` (PS3.5
-    §7.1.2); declines a sequence, an unknown VR or a length past the end."""
+    §7.1.2); declines a sequence (unless ``sequences``: then one of defined length is an
+    element like any other), an unknown VR or a length past the end."""
     vrb = data[pos + 4:pos + 6]
     if vrb in _SHORT_VRS:
         (length,) = _unpack("<H", data, pos + 6)
         pos += 8
-    elif vrb in _LONG_VRS and vrb != b"SQ" and pos + 12 <= n:
+    elif vrb in _LONG_VRS and (sequences or vrb != b"SQ") and pos + 12 <= n:
         (length,) = _unpack("<I", data, pos + 8)
         pos += 12
     else:
@@ -131,9 +132,11 @@ def transfer_syntax_and_start(data: bytes) -> tuple[str, int]:
     return ts, pos
 
 
-def walk(data: bytes, pos: int) -> tuple[list[tuple[int, str, bytes]], int]:
+def walk(data: bytes, pos: int, sequences: bool = False) -> tuple[list[tuple[int, str, bytes]], int]:
     """The top-level elements (tag, VR, value bytes) of an Explicit VR Little Endian data
-    set from ``pos`` up to the pixel data or the end, and where they stopped."""
+    set from ``pos`` up to the pixel data or the end, and where they stopped.
+    ``sequences``: a sequence of defined length is one more element (its value: the
+    encoded items), else declined."""
     n, out, last = len(data), [], -1
     while pos < n:
         if pos + 8 > n:
@@ -145,7 +148,7 @@ def walk(data: bytes, pos: int) -> tuple[list[tuple[int, str, bytes]], int]:
         if tag <= last or group in (0x0000, 0x0002, 0xFFFE):
             raise Decline
         last = tag
-        vrb, length, pos = _explicit_header(data, pos, n)
+        vrb, length, pos = _explicit_header(data, pos, n, sequences)
         vr = vrb.decode("ascii")
         if vr == "UN" and not group & 1:
             raise Decline  # pydicom reads a public UN through its dictionary VR
