@@ -17,9 +17,11 @@ and the DIMSE listener tell the two apart (missing_data.py).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import itertools
+import logging
 import mmap
 import os
 import resource
@@ -34,7 +36,17 @@ from pydicom.encaps import generate_frames
 
 from .dicom import lean_header, pixels
 from .dicom.bulkdata import resolve_bulkdata
-from .dicom.frames import PixelLayout, bit_packed_frame, frame_spans, read_spans
+from .dicom.frames import (
+    PixelLayout,
+    Truncated,
+    bit_packed_frame,
+    frame_spans,
+    pixel_element_start,
+    read_spans,
+    scan_pixel_data,
+)
+from .dicom.instance import pixel_record
+from .dicom.status import InstanceError
 from .dicom.media_types import (
     EXPLICIT_VR_LE,
     NATIVE_LE,
@@ -49,6 +61,8 @@ from .policy import transcode
 from .render_cache import RenderCache, file_version
 from .store.base import InstanceLocation
 from .store.objects import StoredObject
+
+_log = logging.getLogger(__name__)
 
 
 class NotFound(LookupError):
@@ -332,27 +346,83 @@ def large_native_pixel_data(loc: InstanceLocation) -> tuple[int, int] | None:
 HEADER_READ_MAX = 4 * 1024**2
 
 
-def _header(f: BinaryIO, loc: InstanceLocation | None = None) -> Dataset:
-    """The dataset without pixel data (for decoding and rendering).
+def _header(f: BinaryIO, loc: InstanceLocation) -> tuple[Dataset, InstanceLocation]:
+    """The dataset without pixel data (for decoding and rendering), and ``loc`` or, when
+    the file's pixel data is not where ``loc`` says, ``loc`` with the file's own.
 
     With the pixel data's file offset recorded at store time (``loc.pixel``), the bytes
     before it are read with one read (an object store, store/s3.py, answers one ranged
     GET) and, when the lean walker reads them exactly, handed to pydicom as raw elements
     without its file parse (dicom/lean_header.py: a rendered CT's header 455 -> ~60 us);
     else pydicom parses them from memory (pydicom's many small reads of a buffered file
-    were ~25% of its parse), or reads the file."""
+    were ~25% of its parse). Either way the bytes read must end with the recorded pixel
+    data element's header and the parse must stop exactly at it
+    (:func:`.frames.pixel_element_start`): a wrong recorded offset or a file rewritten
+    with the same size (whose header would be cut or shifted: a missing Window Center
+    or Rescale Slope renders a wrong picture) is read from the file with pydicom, and
+    its pixel data located again (:func:`_relocated`)."""
     f.seek(0)
-    offset = (loc.pixel or {}).get("offset") if loc is not None else None
-    if (isinstance(offset, int) and 0 < offset <= HEADER_READ_MAX
-            and loc.transfer_syntax_uid != pydicom.uid.DeflatedExplicitVRLittleEndian):  # type: ignore[union-attr]
-        head = f.read(offset)
-        if len(head) == offset:
-            try:
-                return lean_header.header_dataset(head)
-            except lean_header.Decline:
-                return pydicom.dcmread(io.BytesIO(head), stop_before_pixels=True)
-        f.seek(0)
-    return pydicom.dcmread(f, stop_before_pixels=True)
+    pixel = loc.pixel or {}
+    offset = pixel.get("offset")
+    ts = loc.transfer_syntax_uid
+    if not isinstance(offset, int) or not 0 < offset <= HEADER_READ_MAX \
+            or ts == pydicom.uid.DeflatedExplicitVRLittleEndian:
+        return pydicom.dcmread(f, stop_before_pixels=True), loc
+    head = f.read(offset)
+    start = None
+    try:
+        uid = pydicom.uid.UID(ts)
+        start = pixel_element_start(head, pixel, uid.is_implicit_VR, uid.is_little_endian)
+    except ValueError:  # a transfer syntax pydicom does not know: read the file
+        pass
+    hdr = _head_dataset(head, start) if start is not None else None
+    if hdr is not None:
+        return hdr, loc
+    _log.debug("instance %s: the %d bytes before its recorded pixel data offset are not its header up to the "
+               "pixel data element (a wrong offset or a rewritten file): reading the file", loc.sop_uid, offset)
+    f.seek(0)
+    hdr = pydicom.dcmread(f, stop_before_pixels=True)
+    return hdr, _relocated(f, hdr, loc)
+
+
+def _head_dataset(head: bytes, start: int) -> Dataset | None:
+    """The data set of ``head`` (a file's bytes up to its pixel data value) when its
+    parse stops exactly at ``start``, the pixel data element; else None."""
+    try:
+        return lean_header.header_dataset(head, start)
+    except lean_header.Decline:
+        pass
+    bio = io.BytesIO(head)
+    try:
+        hdr = pydicom.dcmread(bio, stop_before_pixels=True)
+    except Exception:  # noqa: BLE001 - not a header up to the pixel data: the file read gives pydicom's answer
+        return None
+    return hdr if bio.tell() == start else None
+
+
+def _relocated(f: BinaryIO, hdr: Dataset, loc: InstanceLocation) -> InstanceLocation:
+    """``loc`` with the transfer syntax and pixel data layout of the file ``f`` as it is,
+    ``f`` positioned where ``dcmread(stop_before_pixels=True)`` of ``hdr`` stopped (as at
+    store time: dicom/reading.py, dicom/instance.py).
+
+    Raises
+    ------
+    Gone
+        The file's pixel data cannot be located as at store time: it is not the file
+        the index row describes.
+    """
+    pos = f.tell()
+    ts = str(hdr.file_meta.get("TransferSyntaxUID", "") or "")
+    implicit, little = hdr.original_encoding[0] is True, hdr.original_encoding[1] is not False
+    try:
+        if ts == pydicom.uid.DeflatedExplicitVRLittleEndian:
+            raise Truncated("deflated: the offsets of its inflated data set are not file offsets")
+        layout = scan_pixel_data(f, pos, loc.size, implicit_vr=implicit, little_endian=little,
+                                 number_of_frames=int(hdr.get("NumberOfFrames") or 1))
+        pixel = None if layout is None else pixel_record(hdr, ts, layout, loc.sop_class_uid, loc.sop_uid)
+    except (Truncated, InstanceError, ValueError, TypeError) as e:
+        raise Gone(f"instance {loc.sop_uid}: its stored file is not the one its index row describes ({e})") from None
+    return dataclasses.replace(loc, transfer_syntax_uid=ts, pixel=pixel)
 
 
 def instance_payload(path: Path, loc: InstanceLocation, choice: Choice) -> bytes:
@@ -530,7 +600,9 @@ def _encoded_frames(f: BinaryIO, path, loc: InstanceLocation, numbers: list[int]
             value = cache.get(key) if cache is not None else None
             if value is None:
                 if hdr is None:
-                    hdr = _header(f, loc)
+                    hdr, loc = _header(f, loc)
+                    ts = loc.transfer_syntax_uid
+                    vr = (loc.pixel or {}).get("vr")
                 raw = next(_stored_frames(f, loc, [k]))
                 # encoded before its part starts: a frame the encoder refuses is a 406, not a cut answer
                 value = transcode.transcode_frame(hdr, raw, ts, target, pixel_vr=vr)
@@ -555,7 +627,10 @@ def _frames(f: BinaryIO, loc: InstanceLocation, numbers: list[int], choice: Choi
                 yield first
                 yield from pieces
             return
-        hdr = _header(f, loc) if decode else None
+        hdr = None
+        if decode:
+            hdr, loc = _header(f, loc)
+            ts = loc.transfer_syntax_uid
         vr = (loc.pixel or {}).get("vr")
         for raw in _stored_frames(f, loc, numbers):
             # decoded before its part starts: an undecodable first frame is a 406, not a cut answer
@@ -676,7 +751,7 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
     from .dicom import render
 
     with open_stored(path, loc) as f:  # open once: a DELETE meanwhile is NotFound, not a 500
-        hdr = _header(f, loc)
+        hdr, loc = _header(f, loc)
         if loc.pixel is None:
             # Float / Double Float Pixel Data (PS3.3 C.7.6.24) of a record with no pixel layout
             # (stored before such records existed): the whole file is read, once the header

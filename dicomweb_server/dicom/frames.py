@@ -254,3 +254,35 @@ def frame_spans(layout: PixelLayout, frame_number: int, frame_length: int | None
         raise IndexError(frame_number)
     first, count = layout.frames[frame_number - 1]
     return list(layout.fragments[first : first + count])
+
+
+#: the VRs :func:`scan_pixel_data` reads as an Explicit VR pixel data element header
+_PIXEL_VRS = (b"OB", b"OW", b"UN", b"OV", b"OD", b"OF", b"OL")
+
+
+def pixel_element_start(head: bytes, pixel: dict, implicit_vr: bool, little_endian: bool) -> int | None:
+    """Where the pixel data element recorded at store time (``pixel``: a
+    :meth:`PixelLayout.to_json` record: ``tag``, ``vr``, ``offset`` of its value,
+    ``length``, None when encapsulated) starts, when ``head`` (a file's bytes up to
+    that offset) ends with exactly that element's header, else None.
+
+    The header is the tag, then in Explicit VR the VR, 2 reserved bytes and a 4-byte
+    length (PS3.5 §7.1.2, Table 7.1-1), in Implicit VR a 4-byte length (§7.1.3), in the
+    transfer syntax's byte order; an encapsulated value has the undefined length
+    (PS3.5 A.4). As :func:`scan_pixel_data`, an Explicit VR file whose pixel data
+    element is written implicitly is accepted.
+    """
+    offset = pixel.get("offset")
+    if not isinstance(offset, int) or len(head) != offset or offset < 12:
+        return None
+    e = "<" if little_endian else ">"
+    tag = int(pixel.get("tag") or "7FE00010", 16)
+    tag_bytes = struct.pack(e + "HH", tag >> 16, tag & 0xFFFF)
+    length = pixel.get("length")
+    if struct.unpack_from(e + "L", head, offset - 4)[0] != (0xFFFFFFFF if length is None else length):
+        return None
+    if not implicit_vr and head[offset - 12:offset - 8] == tag_bytes and head[offset - 8:offset - 6] in _PIXEL_VRS:
+        return offset - 12 if head[offset - 8:offset - 6].decode("latin-1") == pixel.get("vr") else None
+    if head[offset - 8:offset - 4] == tag_bytes and (implicit_vr or head[offset - 4:offset - 2] not in _PIXEL_VRS):
+        return offset - 8
+    return None

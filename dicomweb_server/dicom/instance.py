@@ -161,7 +161,7 @@ def _describe_dataset(ds: Dataset, ts: str, layout, size: int, bulk_threshold: i
                             sop_class, sop_uid) from None
     pixel = None
     if layout is not None:
-        pixel = _pixel_record(ds, ts, layout, sop_class, sop_uid)
+        pixel = pixel_record(ds, ts, layout, sop_class, sop_uid)
         vr = layout.vr if layout.vr in ("OB", "OW", "OF", "OD") else "OW"
         meta_json[layout.keyword_tag] = {"vr": vr, "BulkDataURI": f"{prefix}/{layout.keyword_tag}"}
         if deflated:  # offsets of the inflated stream mean nothing in the stored file
@@ -224,7 +224,7 @@ def _record(meta_json: dict, study_uid: str, series_uid: str, sop_uid: str, sop_
     )
 
 
-def _pixel_record(ds: Dataset, ts: str, layout: PixelLayout, sop_class: str, sop_uid: str) -> dict:
+def pixel_record(ds: Dataset, ts: str, layout: PixelLayout, sop_class: str, sop_uid: str) -> dict:
     """What reads need about the pixel data (``InstanceLocation.pixel``): the layout
     (:meth:`PixelLayout.to_json`: ``tag``, ``vr``, ``offset``, ``length``, ``end``,
     ``fragments``, ``frames``) plus ``number_of_frames`` and ``frame_length`` (bytes

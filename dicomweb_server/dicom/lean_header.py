@@ -35,18 +35,23 @@ __all__ = ["Decline", "header_dataset"]
 _CHARSET = BaseTag(0x00080005)
 
 
-def header_dataset(data: bytes) -> Dataset:
+def header_dataset(data: bytes, pixel_start: int | None = None) -> Dataset:
     """The data set of the PS3.10 file ``data`` (its bytes up to the pixel data, or the
     whole file) without the pixel data, with a ``file_meta`` holding the Transfer Syntax
-    UID; the values as pydicom converts them.
+    UID; the values as pydicom converts them. ``pixel_start``: where the walk must stop
+    (the pixel data element's start): elsewhere, ``data`` is not the header up to the
+    pixel data (e.g. a wrong offset, or another file), and it declines.
 
     Raises
     ------
     lean.Decline
-        Not a file the walker reads exactly (read it with pydicom).
+        Not a file the walker reads exactly (read it with pydicom), or the walk did not
+        stop at ``pixel_start``.
     """
     ts, pos = transfer_syntax_and_start(data)
-    elements, _ = walk(data, pos, sequences=True)
+    elements, stop = walk(data, pos, sequences=True)
+    if pixel_start is not None and stop != pixel_start:
+        raise Decline
     raw = {}
     for tag, vr, value in elements:
         t = BaseTag(tag)

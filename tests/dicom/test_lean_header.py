@@ -130,7 +130,7 @@ def test_header_is_one_read_and_equals_dcmread(tmp_path, sequence):
     path, loc = _stored(tmp_path, ds)
     _CountingReader.reads = 0
     with _CountingReader(io.FileIO(path, "rb")) as f:
-        hdr = retrieve._header(f, loc)
+        hdr, _ = retrieve._header(f, loc)
     assert _CountingReader.reads == 1
     assert hdr == pydicom.dcmread(path, stop_before_pixels=True)
 
@@ -154,7 +154,7 @@ def test_rendered_bytes_equal_with_the_pydicom_header(tmp_path, monkeypatch, att
     lean = retrieve.rendered(path, loc, None, params, media_type)
     assert lean_header.header_dataset(path.read_bytes()[:loc.pixel["offset"]]) is not None
 
-    def declined(data):
+    def declined(data, *args):
         raise lean_header.Decline
 
     monkeypatch.setattr(lean_header, "header_dataset", declined)
