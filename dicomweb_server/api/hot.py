@@ -2,9 +2,9 @@
 before Starlette and FastAPI (issue 33).
 
 Under load, FastAPI and Starlette's per-request machinery (the telemetry check, the
-``ServerErrorMiddleware``/``ExceptionMiddleware``/``AsyncExitStackMiddleware`` layers and
-their send wrappers, the router's walk over ~120 routes, dependency solving) was ~14-17%
-of a STOW-RS's GIL time. :class:`ArchiveApp` answers these requests itself:
+``ExceptionTelemetry``/``AppBodyLimit``/``ExceptionMiddleware``/``AsyncExitStackMiddleware``
+layers and their send wrappers, the router's walk over ~90 routes, dependency solving) was
+~14-18% of a STOW-RS's GIL time (loadtests/results/profiles/summary.txt). :class:`ArchiveApp` answers these requests itself:
 
 - STOW-RS ``POST {prefix}/studies[/{study}]`` (PS3.18 §10.5),
 - WADO-RS instance and frames, ``GET``/``HEAD {prefix}/studies/{study}/series/{series}/
@@ -161,7 +161,7 @@ class _Dispatch:
 
 class ArchiveApp(FastAPI):
     """The FastAPI app with the hot path in front (see the module docstring).
-    ``hot_prefix`` (the DICOMweb prefix) turns it on."""
+    :meth:`enable_hot_path` (with the DICOMweb prefix) turns it on."""
 
     hot: HotRouter | None = None
     _hot_stack: ASGIApp | None = None
