@@ -15,6 +15,7 @@ from .api import (admin, changefeed, deidentify, downloads, errors, jobs, labels
 from .access.rules import AccessRules
 from .access.audit import configure_audit_file, load_json_file
 from .api.auth import AuthAuditMiddleware, Authenticator
+from .api.hot import ArchiveApp
 from .api.limits import HeaderLimit
 from .api.methods import HTTPMethods
 from .archive import Archive
@@ -71,7 +72,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
             if opened:
                 app.state.archive.close()
 
-    app = FastAPI(
+    app = ArchiveApp(
         title="dicomweb-archive",
         version=__version__,
         summary="DICOMweb (PS3.18) archive: STOW-RS, QIDO-RS, WADO-RS",
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None, archive: Archive | None = None)
     landing.include(app, settings)  # GET /: what this archive holds, links to the viewer and docs
     include_ui(app, settings)  # /docs and the operator's page /ui/, assets from the package (ui/)
     app.router.routes.extend(stow.fast_routes(settings.prefix))  # before the FastAPI routes (stow.py)
+    app.enable_hot_path(settings.prefix)  # STOW-RS, WADO-RS instance/frames, QIDO-RS before Starlette (api/hot.py)
     for module in (labels, shares, qido, stow, wado, rendered, changefeed, reject, lifecycle, downloads, worklist,
                    deidentify):
         app.include_router(module.router, prefix=settings.prefix)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ..access.filter import Filter, validate_label
@@ -17,6 +16,7 @@ from ..lifecycle import rejected_search
 from .deps import ArchiveDep, BaseURL, SeriesUID, StudyUID, access_of, acceptable
 from .errors import DICOMwebHTTPError, warning_header
 from .responses import DicomJSONResponse
+from .threads import run_blocking
 
 router = APIRouter(tags=["QIDO-RS"])
 
@@ -33,7 +33,7 @@ async def _search(request: Request, archive, base: str, level: Level, own_levels
     query = parse_query(level, [(k, v) for k, v in params if k != "label" and k.lower() != rejected_search.PARAMETER],
                         study_uid=study_uid, series_uid=series_uid, max_results=archive.settings.max_results)
     scope = rejected_search.uid_scope(query) if rejected else None
-    return await run_in_threadpool(_answer, archive, base, query, own_levels, allowed, scope)
+    return await run_blocking(_answer, archive, base, query, own_levels, allowed, scope)
 
 
 def _include_rejected(request: Request, values: list[str]) -> bool:

@@ -174,19 +174,18 @@ async def _spool_body(receive: Receive, spooler: PartSpooler, stall: float, min_
 
 
 class _StowEndpoint:
-    """``POST /studies[/{study}]`` as a plain ASGI app behind a Starlette ``Route``:
+    """``POST /{door}/studies[/{study}]`` (a STOW-RS door) as a plain ASGI app behind a Starlette ``Route``:
     FastAPI's request handling (dependency solving, endpoint wrapping) was ~20% of
     a STOW-RS's CPU (py-spy, issue 11). Errors still go through the app's exception
     handlers (:mod:`.errors`); the FastAPI routes below stay for the OpenAPI schema."""
 
-    def __init__(self, with_study: bool, door: bool = False) -> None:
+    def __init__(self, with_study: bool) -> None:
         self.with_study = with_study
-        self.door = door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         archive = scope["app"].state.archive
-        arrival = _door(request, archive, scope["path_params"]["door"]) if self.door else NOWHERE
+        arrival = _door(request, archive, scope["path_params"]["door"])
         study = checked_uid(scope["path_params"]["study"], "StudyInstanceUID") if self.with_study else None
         response = await _stow(request, archive, await base_url(request), study, arrival)
         await response(scope, receive, send)
@@ -206,13 +205,12 @@ def _door(request: Request, archive, name: str) -> Arrival:
 
 
 def fast_routes(prefix: str) -> list[Route]:
-    """The STOW-RS routes to put before the app's others (see :class:`_StowEndpoint`),
-    and the STOW-RS doors of the routes file's ``stow_prefix`` rules
-    (``{prefix}/{door}/studies[/{study}]``: labels on arrival, access/labels_in.py)."""
-    return [Route(prefix + "/studies", _StowEndpoint(False), methods=["POST"]),
-            Route(prefix + "/studies/{study}", _StowEndpoint(True), methods=["POST"]),
-            Route(prefix + "/{door}/studies", _StowEndpoint(False, door=True), methods=["POST"]),
-            Route(prefix + "/{door}/studies/{study}", _StowEndpoint(True, door=True), methods=["POST"])]
+    """The STOW-RS doors of the routes file's ``stow_prefix`` rules
+    (``{prefix}/{door}/studies[/{study}]``: labels on arrival, access/labels_in.py), to put
+    before the app's other routes (see :class:`_StowEndpoint`). ``POST {prefix}/studies[/{study}]``
+    is answered before Starlette by the hot path (api/hot.py)."""
+    return [Route(prefix + "/{door}/studies", _StowEndpoint(False), methods=["POST"]),
+            Route(prefix + "/{door}/studies/{study}", _StowEndpoint(True), methods=["POST"])]
 
 
 @router.post("/studies", summary="Store instances")

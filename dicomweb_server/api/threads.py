@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -29,14 +29,39 @@ def _get_executor() -> ThreadPoolExecutor:
 
 
 async def run_blocking(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a worker thread; its result or exception."""
-    future = asyncio.get_running_loop().run_in_executor(_get_executor(), fn, *args)
+    """``fn(*args)`` in a worker thread; its result or exception.
+
+    One plain future per call, settled from the thread's done callback through
+    ``call_soon_threadsafe``: ``loop.run_in_executor`` + ``asyncio.shield`` chained three
+    futures and four callbacks per call (~1.5% of a STOW-RS's GIL time, issue 33)."""
+    loop = asyncio.get_running_loop()
+    box = [loop.create_future()]
+
+    def settle(done: Future) -> None:  # on the event loop
+        waiter = box[0]
+        if waiter.done():
+            return  # the caller was cancelled and stopped waiting
+        exc = done.exception()
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(done.result())
+
+    def finished(done: Future) -> None:  # in the worker thread
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, done)
+
+    work = _get_executor().submit(fn, *args)
+    work.add_done_callback(finished)
     try:
-        return await asyncio.shield(future)
+        return await box[0]
     except asyncio.CancelledError:
-        while not future.done():  # the thread cannot be stopped: wait for it
+        while not work.done():  # the thread cannot be stopped: wait for it
+            box[0] = loop.create_future()
             try:
-                await asyncio.shield(future)
+                await box[0]
             except asyncio.CancelledError:
+                pass
+            except BaseException:  # noqa: BLE001 - its outcome is not wanted any more
                 pass
         raise

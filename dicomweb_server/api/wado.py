@@ -231,12 +231,12 @@ async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tup
         Deleted since the look-up.
     """
     try:
-        return choice, await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+        return choice, await run_blocking(retrieve.instance_payload, path, loc, choice)
     except pixels.UnsupportedTransferSyntax:
         if not choice.defaulted:
             raise
     choice = replace(choice, transfer_syntax=loc.transfer_syntax_uid, transcode=False)
-    return choice, await run_in_threadpool(retrieve.instance_payload, path, loc, choice)
+    return choice, await run_blocking(retrieve.instance_payload, path, loc, choice)
 
 
 async def _stream_file(archive, path, loc: InstanceLocation, offset: int, length: int, part_ctype: str,
@@ -570,8 +570,8 @@ async def _frames_response(request: Request, archive, path, loc: InstanceLocatio
                            choice: Choice) -> Response:
     """Frames ``numbers`` as ``choice`` says, one part each, produced as the client reads."""
     try:
-        frames = await run_in_threadpool(retrieve.frames_payload, path, loc, numbers, choice,
-                                         transcoded_frames_cache(request))
+        frames = await run_blocking(retrieve.frames_payload, path, loc, numbers, choice,
+                                    transcoded_frames_cache(request))
     except retrieve.NotFound as e:
         raise gone_error(archive, loc, e) from None
     except pixels.UnsupportedTransferSyntax as e:
