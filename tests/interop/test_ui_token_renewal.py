@@ -16,6 +16,8 @@ stub provider (tests/interop/oidc_provider.py) giving tokens that live a few sec
   user (sub) are refused.
 - A 401 to a call (a token the page believed still good) makes one renewal and one retry;
   a second 401 is the answer, not a loop.
+- Access tokens whose ``sub`` is pairwise (not the ID token's) and a refresh answer without
+  an ID token: the renewal is kept (OpenID Connect Core 1.0 §8, §12.2).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def stub(provider):  # noqa: F811 (provider: the fixture)
     yield provider
     provider.lifetime, provider.claimed_lifetime, provider.refresh_tokens = 3600, None, False
     provider.audience, provider.forge, provider.unavailable = AUDIENCE, set(), 0
+    provider.pairwise, provider.refresh_id_token = False, True
     provider.users.pop("dave", None)
     provider.end_sessions()
 
@@ -281,3 +284,26 @@ def test_a_second_401_is_the_answer_not_a_loop(page, archive, stub):
     renewals = stub.token_requests[told:]
     assert [(t["grant_type"], t["status"]) for t in renewals] == [("refresh_token", 200)]
     assert page.locator("#who").inner_text() == "logged in as carol"  # the renewal worked: the archive said no
+
+
+def test_a_pairwise_access_token_sub_and_a_refresh_without_id_token_are_kept(page, archive, stub):
+    """The access token's sub is pairwise for the archive (OpenID Connect Core 1.0 §8), not
+    the ID token's, and the refresh answer has no ID token (§12.2 allows it): the page keeps
+    the renewal (the user is the login's ID token sub) and stays logged in; the search after
+    the first token's end goes with the renewed token: 200, the cardio study."""
+    server, studies = archive
+    stub.refresh_tokens, stub.pairwise, stub.refresh_id_token = True, True, False
+    first = _log_in(page, server, stub)
+    assert _claims(first)["sub"] == stub.pairwise_sub("carol") != "carol"
+    assert page.evaluate("sessionStorage.getItem('auth-sub')") == "carol"  # the ID token's
+    told = len(stub.token_requests)
+    _wait_past_expiry(page, first)
+    qido = _search(page, server)
+    assert qido.status == 200 and _uids(qido.json()) == [studies["cardio"]]
+    sent = qido.request.headers["authorization"][7:]
+    assert sent != first and _claims(sent)["sub"] == stub.pairwise_sub("carol")
+    renewals = stub.token_requests[told:]
+    assert renewals and all(t["grant_type"] == "refresh_token" and t["status"] == 200 for t in renewals), renewals
+    assert page.locator("#who").inner_text() == "logged in as carol"
+    assert page.evaluate("sessionStorage.getItem('auth-scheme')") == "oidc"
+    assert page.evaluate("sessionStorage.getItem('auth-sub')") == "carol"

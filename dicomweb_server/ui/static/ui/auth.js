@@ -106,19 +106,20 @@ async function tokenRequest(endpoint, form) {  // RFC 6749 §4.1.3 and §6
 /* Keep a token answer: the access token, the refresh token (a new one replaces the old, RFC 6749
  * §6; an answer without one keeps the old), when it ends and when to renew it (RENEW_AT of its
  * lifetime: expires_in, else the access token's exp - iat). The ID token's nonce must be ours;
- * a renewal must be for the same user (sub, OpenID Connect Core 1.0 §12.2), and is dropped when
- * the operator chose other credentials while it ran. */
+ * a renewal must be for the same user, and is dropped when the operator chose other credentials
+ * while it ran. The user is the ID token's sub only: a renewal's ID token, if any, must have the
+ * login's sub (OpenID Connect Core 1.0 §12.2); an answer without one is not checked, as the
+ * access token's sub may differ from the ID token's (pairwise identifiers per audience, §8). */
 function keepTokens(doc, nonce, renewed = false) {
   const id = doc.id_token ? claimsOf(doc.id_token) : {};
   if (doc.id_token && nonce && id.nonce !== nonce) throw new LoginError("refused: the ID token is not for this login (nonce)", "nonce");
   const access = claimsOf(doc.access_token);
-  const sub = id.sub || access.sub || "";
   const before = sessionStorage.getItem("auth-sub");  // null: a login of an older page
   if (renewed) {
     if (sessionStorage.getItem("auth-scheme") !== "oidc") return;
-    if (before !== null && sub !== before) throw new LoginError("refused: the token is for another user (sub)", "sub");
+    if (doc.id_token && before !== null && (id.sub || "") !== before) throw new LoginError("refused: the token is for another user (sub)", "sub");
   }
-  sessionStorage.setItem("auth-sub", sub);
+  if (doc.id_token) sessionStorage.setItem("auth-sub", id.sub || "");
   const now = Date.now();
   const lifetime = Number(doc.expires_in) > 0 ? Number(doc.expires_in) * 1000
     : access.exp && access.iat ? (access.exp - access.iat) * 1000 : access.exp ? access.exp * 1000 - now : NaN;
