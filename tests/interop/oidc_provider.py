@@ -21,6 +21,9 @@ What the tests turn: ``lifetime`` (seconds an access token lives), ``claimed_lif
 renewal is late), ``refresh_tokens``, ``audience``, ``forge`` (``"state"``: the redirect
 carries another state; ``"nonce"``: the ID token another nonce; what a page must refuse), and
 ``unavailable`` (the next N token requests answered 503: an outage, not a refusal),
+``pairwise`` (the access token's ``sub`` is a pairwise identifier for the archive, not the
+ID token's: OpenID Connect Core 1.0 §8), ``refresh_id_token`` (off: a refresh answer has no
+ID token, as §12.2 allows),
 ``end_sessions()`` (the user logged out at the provider: no session cookie and no refresh
 token works any more).
 
@@ -60,6 +63,8 @@ class OidcProvider:
         self.refreshes: dict[str, dict] = {}  # refresh token -> its grant (user, client, scope)
         self.forge: set[str] = set()  # "state", "nonce": answers a page must refuse
         self.unavailable = 0  # the next so many /token requests: 503, no answer (an outage)
+        self.pairwise = False  # the access token's sub: pairwise for the archive (OIDC Core §8)
+        self.refresh_id_token = True  # a refresh answer carries an ID token (optional, OIDC Core §12.2)
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.codes: dict[str, dict] = {}
         self.sessions: dict[str, str] = {}  # cookie -> user
@@ -113,7 +118,10 @@ class OidcProvider:
             grant = self.refreshes.pop(form.get("refresh_token", ""), None)  # one use: rotated
             if grant is None or form.get("client_id") != grant["client_id"]:
                 return 400, {"error": "invalid_grant", "error_description": "unknown, used or revoked refresh token"}
-            return 200, self._tokens({**grant, "nonce": None})
+            doc = self._tokens({**grant, "nonce": None})
+            if not self.refresh_id_token:
+                del doc["id_token"]
+            return 200, doc
         if form.get("grant_type") != "authorization_code":
             return 400, {"error": "unsupported_grant_type"}
         grant = self.codes.pop(form.get("code", ""), None)  # one use, right or wrong
@@ -126,10 +134,15 @@ class OidcProvider:
             return 400, {"error": "invalid_grant", "error_description": "PKCE verification failed"}
         return 200, self._tokens(grant)
 
+    def pairwise_sub(self, user: str) -> str:
+        """OpenID Connect Core 1.0 §8.1: a subject identifier for one audience, not the user's name."""
+        return hashlib.sha256(f"{self.audience}|{user}|stub-salt".encode()).hexdigest()[:32]
+
     def _tokens(self, grant: dict) -> dict:
         now, user = int(time.time()), grant["user"]
         extra = self.users[user]
-        access = {"iss": self.url, "aud": self.audience, "sub": user, "iat": now, "exp": now + self.lifetime,
+        sub = self.pairwise_sub(user) if self.pairwise else user
+        access = {"iss": self.url, "aud": self.audience, "sub": sub, "iat": now, "exp": now + self.lifetime,
                   "azp": self.client_id, "scope": extra.get("scope", "dicomweb:read"), "jti": secrets.token_urlsafe(8),
                   "groups": extra.get("groups", [])}
         id_token = {"iss": self.url, "aud": grant["client_id"], "sub": user, "iat": now, "exp": now + 3600,

@@ -15,7 +15,10 @@ stub provider (tests/interop/oidc_provider.py) giving tokens that live a few sec
 - A silent answer with another state, an ID token with another nonce, or tokens of another
   user (sub) are refused.
 - A 401 to a call (a token the page believed still good) makes one renewal and one retry;
-  a second 401 is the answer, not a loop.
+  a 401 to the retry, or to a renewed token no call was yet answered with, logs out (the
+  archive refuses the provider's tokens): at most one renewal, even with Watch polling every 2 s.
+- Access tokens whose ``sub`` is pairwise (not the ID token's) and a refresh answer without
+  an ID token: the renewal is kept (OpenID Connect Core 1.0 §8, §12.2).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def stub(provider):  # noqa: F811 (provider: the fixture)
     yield provider
     provider.lifetime, provider.claimed_lifetime, provider.refresh_tokens = 3600, None, False
     provider.audience, provider.forge, provider.unavailable = AUDIENCE, set(), 0
+    provider.pairwise, provider.refresh_id_token = False, True
     provider.users.pop("dave", None)
     provider.end_sessions()
 
@@ -260,9 +264,21 @@ def test_a_401_renews_once_and_retries_once(page, archive, stub):
     assert qido.request.headers["authorization"] == "Bearer " + page.evaluate("sessionStorage.getItem('auth-token')")
 
 
+def _refused_renewed_token(page) -> None:
+    """The logged-out state, saying the archive refused the renewed token."""
+    page.locator("#who", has_text="none: the login expired").wait_for(timeout=TIMEOUT_MS)
+    assert page.get_by_role("button", name="Log in again", exact=True).is_visible()
+    assert "the archive refused the renewed token (401)" in page.locator("#status").inner_text()
+    assert page.locator("#status").get_attribute("class") == "error"
+    assert page.evaluate("sessionStorage.getItem('auth-scheme')") == "oidc-expired"
+    for key in ("auth-token", "auth-refresh", "auth-expires", "auth-renew-at"):
+        assert page.evaluate(f"sessionStorage.getItem('{key}')") is None, key
+
+
 def test_a_second_401_is_the_answer_not_a_loop(page, archive, stub):
     """The renewed token is refused too (the provider now gives tokens for another
-    audience): one renewal, one retry, then the page shows the 401, and stops."""
+    audience): one renewal, one retry, then the page logs out saying the archive refused
+    the renewed token, and stops."""
     server, _studies = archive
     stub.claimed_lifetime = 3600
     stub.refresh_tokens = True
@@ -280,4 +296,54 @@ def test_a_second_401_is_the_answer_not_a_loop(page, archive, stub):
     assert [e["status"] for e in searches] == [401, 401], searches
     renewals = stub.token_requests[told:]
     assert [(t["grant_type"], t["status"]) for t in renewals] == [("refresh_token", 200)]
-    assert page.locator("#who").inner_text() == "logged in as carol"  # the renewal worked: the archive said no
+    _refused_renewed_token(page)
+
+
+@pytest.mark.parametrize("renewed_by", ["401", "timer"])
+def test_refused_renewed_tokens_do_not_make_a_renewal_per_poll(page, archive, stub, renewed_by, artifacts):
+    """The provider keeps issuing tokens the archive refuses (another audience) while Watch
+    polls /metrics and / every 2 s. Renewed on the first 401 (the timer late: expires_in says
+    an hour) or by the timer at 80 % of 5 s: either way one renewal in 10 s, not one per poll;
+    the page logs out saying the archive refused the renewed token, and polls on without a
+    token. Without the limit: a renewal (a rotated refresh token) every 2 s, logged in forever."""
+    server, _studies = archive
+    stub.refresh_tokens = True
+    if renewed_by == "401":
+        stub.claimed_lifetime = 3600
+    first = _log_in(page, server, stub)
+    told = len(stub.token_requests)
+    stub.audience = "another-service"
+    if renewed_by == "401":
+        _wait_past_expiry(page, first)
+    log = RequestLog(page)
+    page.evaluate("location.hash = '#/watch'")
+    page.wait_for_timeout(10_000)
+    renewals = stub.token_requests[told:]
+    assert [(t["grant_type"], t["status"]) for t in renewals] == [("refresh_token", 200)], renewals
+    _refused_renewed_token(page)
+    metrics = [e for e in log.entries if e["url"] == f"{server.url}/metrics"]
+    assert len(metrics) >= 4 and metrics[-1]["status"] == 401  # Watch polled on: 401 without a token
+    page.screenshot(path=str(artifacts / f"operator-renewed-token-refused-{renewed_by}.png"))
+
+
+def test_a_pairwise_access_token_sub_and_a_refresh_without_id_token_are_kept(page, archive, stub):
+    """The access token's sub is pairwise for the archive (OpenID Connect Core 1.0 §8), not
+    the ID token's, and the refresh answer has no ID token (§12.2 allows it): the page keeps
+    the renewal (the user is the login's ID token sub) and stays logged in; the search after
+    the first token's end goes with the renewed token: 200, the cardio study."""
+    server, studies = archive
+    stub.refresh_tokens, stub.pairwise, stub.refresh_id_token = True, True, False
+    first = _log_in(page, server, stub)
+    assert _claims(first)["sub"] == stub.pairwise_sub("carol") != "carol"
+    assert page.evaluate("sessionStorage.getItem('auth-sub')") == "carol"  # the ID token's
+    told = len(stub.token_requests)
+    _wait_past_expiry(page, first)
+    qido = _search(page, server)
+    assert qido.status == 200 and _uids(qido.json()) == [studies["cardio"]]
+    sent = qido.request.headers["authorization"][7:]
+    assert sent != first and _claims(sent)["sub"] == stub.pairwise_sub("carol")
+    renewals = stub.token_requests[told:]
+    assert renewals and all(t["grant_type"] == "refresh_token" and t["status"] == 200 for t in renewals), renewals
+    assert page.locator("#who").inner_text() == "logged in as carol"
+    assert page.evaluate("sessionStorage.getItem('auth-scheme')") == "oidc"
+    assert page.evaluate("sessionStorage.getItem('auth-sub')") == "carol"

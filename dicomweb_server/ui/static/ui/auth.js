@@ -50,7 +50,7 @@ const b64url = (bytes) => btoa(String.fromCharCode(...new Uint8Array(bytes)))
 const randomText = () => b64url(crypto.getRandomValues(new Uint8Array(32)));  // 43 characters
 const redirectUri = () => location.origin + "/ui/";
 const silentRedirectUri = () => location.origin + "/ui/silent-callback.html";  // web_login.py
-const OIDC_KEYS = ["auth-token", "auth-refresh", "auth-expires", "auth-renew-at", "auth-sub"];
+const OIDC_KEYS = ["auth-token", "auth-refresh", "auth-expires", "auth-renew-at", "auth-sub", "auth-unproven", "auth-why"];
 const RENEW_AT = 0.8;  // of the token's lifetime
 const SILENT_TIMEOUT_MS = 10000;  // a provider that does not come back to the hidden frame (a page shown, a blocked frame)
 
@@ -106,19 +106,23 @@ async function tokenRequest(endpoint, form) {  // RFC 6749 §4.1.3 and §6
 /* Keep a token answer: the access token, the refresh token (a new one replaces the old, RFC 6749
  * §6; an answer without one keeps the old), when it ends and when to renew it (RENEW_AT of its
  * lifetime: expires_in, else the access token's exp - iat). The ID token's nonce must be ours;
- * a renewal must be for the same user (sub, OpenID Connect Core 1.0 §12.2), and is dropped when
- * the operator chose other credentials while it ran. */
+ * a renewal must be for the same user, and is dropped when the operator chose other credentials
+ * while it ran. The user is the ID token's sub only: a renewal's ID token, if any, must have the
+ * login's sub (OpenID Connect Core 1.0 §12.2); an answer without one is not checked, as the
+ * access token's sub may differ from the ID token's (pairwise identifiers per audience, §8).
+ * A renewed token is "unproven" until a call made with it is answered other than 401 (core.js). */
 function keepTokens(doc, nonce, renewed = false) {
   const id = doc.id_token ? claimsOf(doc.id_token) : {};
   if (doc.id_token && nonce && id.nonce !== nonce) throw new LoginError("refused: the ID token is not for this login (nonce)", "nonce");
   const access = claimsOf(doc.access_token);
-  const sub = id.sub || access.sub || "";
   const before = sessionStorage.getItem("auth-sub");  // null: a login of an older page
   if (renewed) {
     if (sessionStorage.getItem("auth-scheme") !== "oidc") return;
-    if (before !== null && sub !== before) throw new LoginError("refused: the token is for another user (sub)", "sub");
+    if (doc.id_token && before !== null && (id.sub || "") !== before) throw new LoginError("refused: the token is for another user (sub)", "sub");
   }
-  sessionStorage.setItem("auth-sub", sub);
+  if (doc.id_token) sessionStorage.setItem("auth-sub", id.sub || "");
+  if (renewed) sessionStorage.setItem("auth-unproven", "1"); else sessionStorage.removeItem("auth-unproven");
+  sessionStorage.removeItem("auth-why");
   const now = Date.now();
   const lifetime = Number(doc.expires_in) > 0 ? Number(doc.expires_in) * 1000
     : access.exp && access.iat ? (access.exp - access.iat) * 1000 : access.exp ? access.exp * 1000 - now : NaN;
@@ -246,12 +250,22 @@ function renewalFailed(e) {
   loginExpired(e);
 }
 
-function loginExpired(e) {
+function loginExpired(e, text = `The login expired and could not be renewed (${e.message}): log in again.`) {
   if (sessionStorage.getItem("auth-scheme") !== "oidc") return;  // the user chose other credentials meanwhile
   forgetOidcTokens();
   sessionStorage.setItem("auth-scheme", "oidc-expired");
+  sessionStorage.setItem("auth-why", e.message);  // core.js: the hint of every 401 until the next login
   showWho();
-  say(`The login expired and could not be renewed (${e.message}): log in again.`, true);
+  say(text, true);
+}
+
+/* A 401 to a renewed token no call has yet been answered with (or to the retry after a renewal):
+ * the provider issues tokens the archive refuses (another audience, its clock ahead so iat or nbf
+ * lie in the future...). Renewing again would get one more such token every poll (Jobs, Watch),
+ * rotating the refresh token forever: at most one 401-triggered renewal per token, then logged out. */
+function renewedTokenRefused() {
+  const why = "the archive refused the renewed token (401): it does not take this identity provider's tokens (audience, issuer, clock?)";
+  loginExpired(new LoginError(why, "refused"), `Logged out: ${why}. Log in again, or ask the archive's administrator.`);
 }
 
 let renewTimer = null;
@@ -271,7 +285,8 @@ document.addEventListener("visibilitychange", () => {
   }
 });
 
-/* A 401 with the OIDC token (core.js's api()): one renewal, then the call once more. */
+/* A 401 with the OIDC token (core.js's api()): one renewal, then the call once more; a 401 to a
+ * renewed token not yet accepted: renewedTokenRefused(). */
 const canRenew = () => OIDC && sessionStorage.getItem("auth-scheme") === "oidc";
 
 if (OIDC) {

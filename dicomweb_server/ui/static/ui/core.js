@@ -21,16 +21,24 @@ class ApiError extends Error {
 }
 
 /* A 401 to a call made with an OIDC token: the token is renewed once (auth.js; a renewal
- * already made since the call went out counts) and the call is made once more; a second 401
- * is the answer. Bodies the page sends (text, Blob) can be sent again. */
+ * already made since the call went out counts) and the call is made once more. A 401 to that
+ * retry, or to any call made with a renewed token no call has yet been answered with, logs out
+ * (auth.js's renewedTokenRefused: the archive refuses this provider's tokens): at most one
+ * 401-triggered renewal per token, never a renewal per poll. Bodies the page sends (text, Blob)
+ * can be sent again. */
 async function api(path, options = {}, retried = false) {
   const headers = new Headers(options.headers || {});
   const auth = authorization();
   if (auth) headers.set("Authorization", auth);
   if (!headers.has("Accept")) headers.set("Accept", "application/json, application/dicom+json");
   const r = await fetch(path, { ...options, headers });
-  if (r.status === 401 && !retried && auth && canRenew()) {
+  if (r.status !== 401 && auth && authorization() === auth) sessionStorage.removeItem("auth-unproven");  // accepted
+  if (r.status === 401 && auth && canRenew()) {
     r.body && r.body.cancel().catch(() => {});
+    if (retried || (authorization() === auth && sessionStorage.getItem("auth-unproven"))) {
+      renewedTokenRefused();
+      throw new ApiError(401, `401: ${sessionStorage.getItem("auth-why")}: log in again`);
+    }
     const failed = authorization() !== auth ? null : await renewToken().then(() => null, (e) => e);
     if (!failed) return api(path, options, true);
     throw new ApiError(401, `401: the token was refused and could not be renewed (${failed.message})`);
@@ -42,7 +50,8 @@ async function api(path, options = {}, retried = false) {
       text = doc.detail || doc.error || doc.message || text;
       if (typeof text !== "string") text = JSON.stringify(text);
     } catch (e) { /* not JSON: the text itself */ }
-    const hint = r.status === 401 ? (OIDC ? " (log in, or enter credentials above)" : " (enter credentials above)") : r.status === 403 ? " (these credentials lack the scope)" : "";
+    const why = sessionStorage.getItem("auth-scheme") === "oidc-expired" && sessionStorage.getItem("auth-why");
+    const hint = r.status === 401 ? (why ? ` (the login expired: ${why}; log in again)` : OIDC ? " (log in, or enter credentials above)" : " (enter credentials above)") : r.status === 403 ? " (these credentials lack the scope)" : "";
     throw new ApiError(r.status, `${r.status}: ${text}${hint}`);
   }
   return r;
