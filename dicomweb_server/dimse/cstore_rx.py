@@ -190,7 +190,7 @@ class Receiver:
         head = b"\x00" * 128 + b"DICM" + meta
         self.memory = len(head) + memory
         self.data: bytearray | None = bytearray(head)
-        self.head = b""
+        self.head = bytearray()  # the spool file's first HEAD bytes, for the SOP UID check
         if memory <= 0:
             self._to_file()
 
@@ -198,7 +198,7 @@ class Receiver:
         """The spool file (a name of this process's spool folder, scp._spool, created here,
         O_EXCL, with mkstemp's mode: the stored file's), the bytes so far written to it."""
         data, self.data = self.data, None
-        self.head = bytes(data[:HEAD])
+        self.head = data[:HEAD]
         self.path = self._spool / f"dimse-{os.getpid()}-{next(_names):x}.dcm"
         try:
             self._data_set_file = open(self.path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600))
@@ -236,7 +236,7 @@ class Receiver:
             self._failed(e)
             return
         if len(self.head) < HEAD:
-            self.head += bytes(fragment[:HEAD - len(self.head)])
+            self.head += fragment[:HEAD - len(self.head)]
 
     def close(self) -> None:
         """The last fragment is in: the spool file closed (its write errors in ``error``)."""
@@ -301,7 +301,7 @@ def finish(provider, rx: Receiver) -> None:
     else:
         dul._storing = True
         try:
-            result = assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, rx.head)
+            result = assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, bytes(rx.head))
         finally:
             dul._storing = False
             try:
