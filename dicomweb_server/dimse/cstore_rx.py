@@ -51,6 +51,8 @@ from pynetdicom.dimse_primitives import C_STORE
 from pynetdicom.service_class import StorageServiceClass
 from pynetdicom.sop_class import uid_to_service_class
 
+from ..store.blobs import is_out_of_resources
+from . import status as S
 from . import store_rsp
 from .access import context_mismatch
 from .file_meta import _encoded_file_meta
@@ -156,27 +158,93 @@ def _eligible(assoc, req: C_STORE, context_id: int) -> bool:
 class Receiver:
     """The data set of one C-STORE-RQ being received: stands where pynetdicom's DIMSEMessage
     stands (``DIMSEServiceProvider.message``) for :mod:`.pdata`'s checks and
-    ``drop_partial``: ``context_id``, ``_pdv_context``, ``_data_set_file``."""
+    ``drop_partial``: ``context_id``, ``_pdv_context``, ``_data_set_file``.
 
-    __slots__ = ("request", "context_id", "_pdv_context", "_data_set_file", "path", "head", "transfer_syntax")
+    A small data set (up to ``memory`` bytes after the file meta; the STOW-RS in-memory part
+    threshold, :data:`..dicom.multipart.MEMORY_PART_BYTES`) is kept in memory, the PS3.10
+    file's bytes in ``data``, and handed to the archive as STOW-RS hands its small parts:
+    written once to its spool file and ``fdatasync``ed on the descriptor that wrote it, with no
+    spool file created up front (issue 33). The fragment that takes it past ``memory`` opens
+    the spool file and the bytes so far go there: an association holds at most ``memory``
+    bytes of a data set (one C-STORE at a time on an association, PS3.7 §9.3.1), a larger one
+    is never held whole.
 
-    def __init__(self, request: C_STORE, context_id: int, transfer_syntax: str, spool: Path, meta: bytes) -> None:
+    A write that fails (disk full, read-only storage, I/O error) keeps the error in
+    ``error``, removes the spool file and drops the rest of the data set: :func:`finish`
+    answers 0xA700 Refused: Out of Resources (PS3.4 B.2.3) or 0x0110 and the association
+    goes on."""
+
+    __slots__ = ("request", "context_id", "_pdv_context", "_data_set_file", "path", "head", "transfer_syntax",
+                 "data", "memory", "error", "_spool")
+
+    def __init__(self, request: C_STORE, context_id: int, transfer_syntax: str, spool: Path, meta: bytes,
+                 memory: int = 0) -> None:
         self.request = request
         self.context_id = self._pdv_context = context_id
         self.transfer_syntax = transfer_syntax
-        # PS3.10 §7.1: the preamble, "DICM", the file meta; a name of this process's spool
-        # folder (scp._spool), created here (O_EXCL) with mkstemp's mode (the stored file's)
-        self.path = spool / f"dimse-{os.getpid()}-{next(_names):x}.dcm"
-        self._data_set_file = open(self.path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600))
+        self._spool = spool
+        self.error: OSError | None = None
+        self.path: Path | None = None
+        self._data_set_file = None
+        # PS3.10 §7.1: the preamble, "DICM", the file meta
         head = b"\x00" * 128 + b"DICM" + meta
-        self._data_set_file.write(head)
-        self.head = bytearray(head)
+        self.memory = len(head) + memory
+        self.data: bytearray | None = bytearray(head)
+        self.head = bytearray()  # the spool file's first HEAD bytes, for the SOP UID check
+        if memory <= 0:
+            self._to_file()
+
+    def _to_file(self) -> None:
+        """The spool file (a name of this process's spool folder, scp._spool, created here,
+        O_EXCL, with mkstemp's mode: the stored file's), the bytes so far written to it."""
+        data, self.data = self.data, None
+        self.head = data[:HEAD]
+        self.path = self._spool / f"dimse-{os.getpid()}-{next(_names):x}.dcm"
+        try:
+            self._data_set_file = open(self.path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600))
+            self._data_set_file.write(data)
+        except OSError as e:
+            self._failed(e)
+
+    def _failed(self, e: OSError) -> None:
+        self.error = e
+        self.data = None
+        f, self._data_set_file = self._data_set_file, None
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
     def write(self, fragment) -> None:
         """A data set fragment (the PDV value after its message control header)."""
-        self._data_set_file.write(fragment)
+        if self.data is not None:
+            if len(self.data) + len(fragment) <= self.memory:
+                self.data += fragment
+                return
+            self._to_file()
+        if self._data_set_file is None:  # failed: the rest is dropped
+            return
+        try:
+            self._data_set_file.write(fragment)
+        except OSError as e:
+            self._failed(e)
+            return
         if len(self.head) < HEAD:
             self.head += fragment[:HEAD - len(self.head)]
+
+    def close(self) -> None:
+        """The last fragment is in: the spool file closed (its write errors in ``error``)."""
+        if self._data_set_file is not None:
+            try:
+                self._data_set_file.close()
+            except OSError as e:
+                self._failed(e)
 
 
 def begin(provider, context_id: int, value) -> Receiver | None:
@@ -195,7 +263,8 @@ def begin(provider, context_id: int, value) -> Receiver | None:
     ae = str(assoc.requestor.ae_title).strip().encode("ascii", "replace")[:16].ljust(16)
     meta = _encoded_file_meta(sop_class_uid=req.AffectedSOPClassUID, sop_instance_uid=req.AffectedSOPInstanceUID,
                               transfer_syntax=ts, source_ae=ae)
-    return Receiver(req, context_id, ts, assoc.ae.dicomweb_cstore.spool_dir, meta)
+    server = assoc.ae.dicomweb_cstore
+    return Receiver(req, context_id, ts, server.spool_dir, meta, server.memory_data_set)
 
 
 def _status(result) -> tuple[int, str | None] | None:
@@ -212,7 +281,7 @@ def _status(result) -> tuple[int, str | None] | None:
 def finish(provider, rx: Receiver) -> None:
     """The last data set fragment is in: store and answer (module docstring; PS3.4 B.2.3)."""
     provider.message = None
-    rx._data_set_file.close()
+    rx.close()
     assoc, dul, req, cx = provider.assoc, provider.dul, rx.request, rx.context_id
     req._dataset_path = rx.path
     req._dataset_file = rx._data_set_file
@@ -220,15 +289,25 @@ def finish(provider, rx: Receiver) -> None:
     if policy is not None and not policy.check_request(assoc, req, cx):
         return  # answered 0x0124 (access.py), the data set removed
     provider.cancel_req = {}
-    dul._storing = True
-    try:
-        result = assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, bytes(rx.head))
-    finally:
-        dul._storing = False
+    if rx.error is not None:  # the spool file could not be written: nothing of it is left
+        result = write_failed(rx.error, assoc.requestor.ae_title)
+    elif rx.data is not None:  # a small data set: to the archive in memory, written once there
+        data, rx.data = bytes(rx.data), None
+        dul._storing = True
         try:
-            os.unlink(rx.path)  # as StorageServiceClass.SCP: the spool name (a stored file is linked)
-        except OSError:
-            pass
+            result = assoc.ae.dicomweb_cstore.store_one(assoc, req, None, rx.transfer_syntax, data, data)
+        finally:
+            dul._storing = False
+    else:
+        dul._storing = True
+        try:
+            result = assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, bytes(rx.head))
+        finally:
+            dul._storing = False
+            try:
+                os.unlink(rx.path)  # as StorageServiceClass.SCP: the spool name (a stored file is linked)
+            except OSError:
+                pass
     if not assoc.is_established:  # aborted meanwhile: no response (StorageServiceClass.SCP)
         return
     pdu = response_pdu(req, cx, result, provider.maximum_pdu_size)
@@ -242,6 +321,16 @@ def finish(provider, rx: Receiver) -> None:
         return
     # DT-1 (PS3.8 §9.2, Sta6 + Evt9 -> Sta6), from the thread that runs the state machine
     dul.socket.send(pdu)
+
+
+def write_failed(e: OSError, source_ae) -> Dataset:
+    """The C-STORE-RSP status of a data set the listener could not write to its spool file:
+    0xA700 Refused: Out of Resources for a full disk, a quota or read-only storage (PS3.4
+    B.2.3), 0x0110 Processing Failure for another I/O error (PS3.7 Annex C), with an Error
+    Comment; the association goes on (before issue 33's second change it was aborted)."""
+    status = S.STORE_OUT_OF_RESOURCES if is_out_of_resources(e) else S.PROCESSING_FAILURE
+    log.warning("C-STORE from %s failed: cannot write the received data set: %s", str(source_ae).strip(), e)
+    return S.dataset(status, f"cannot write the received data set: {e.strerror or e}")
 
 
 def response_pdu(req: C_STORE, context_id: int, result, max_pdu: int | None) -> bytes | None:

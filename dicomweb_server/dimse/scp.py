@@ -58,7 +58,7 @@ from ..access.rules import Access, AccessRules
 from ..archive import Archive, source_of_dimse
 from ..dicom.lean import Decline
 from ..dicom.lean import _explicit_header as explicit_header
-from ..dicom.multipart import SpooledPart
+from ..dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
 from ..routing.rules import Arrival
@@ -344,21 +344,29 @@ def _sop_uids(head: bytes, pos: int, implicit: bool) -> dict[str, str] | None:
 _status = S.dataset
 
 
-def store_received(archive: Archive, request, path: Path, source_ae: str, transfer_syntax: str | None,
-                   access: Access, head: bytes | None = None) -> int | object:
+def store_received(archive: Archive, request, path: Path | None, source_ae: str, transfer_syntax: str | None,
+                   access: Access, head: bytes | None = None, data: bytes | None = None) -> int | object:
     """Store one received C-STORE data set, a PS3.10 file in the spool folder (the file meta
     written on receipt, with the Source AE Title slot), through :meth:`Archive.store`: the
     C-STORE-RSP status (PS3.4 B.2.3). The listener's C-STORE SCP and the C-STORE
     sub-operations of a C-GET this archive requested (dimse/pull.py) both store here: one
     write path. ``source_ae``: the AE that sent it (PS3.10 §7.1 Source AE Title); ``head``: the
-    file's head, its Source AE Title already written (:func:`_fill_source_ae_and_check`)."""
+    file's head, its Source AE Title already written (:func:`_fill_source_ae_and_check`).
+    ``data``: instead of ``path``, the whole PS3.10 file of a small data set received in
+    memory (:mod:`.cstore_rx`), stored as a STOW-RS part in memory is (written once, its data
+    ``fdatasync``ed on the descriptor that wrote it); a write that fails there answers 0xA700
+    (disk full, read-only storage: PS3.4 B.2.3) or 0x0110."""
     try:
         mismatch = _fill_source_ae_and_check(request, path, source_ae, transfer_syntax, head)
         if mismatch:
-            path.unlink(missing_ok=True)
+            if path is not None:
+                path.unlink(missing_ok=True)
             log.warning("C-STORE from %s refused: %s", source_ae, mismatch)
             return _status(S.STORE_DATASET_MISMATCH, mismatch)
-        part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
+        if data is not None:
+            part = SpooledPart(data=data, size=len(data), complete=True)
+        else:
+            part = SpooledPart(path=path, size=path.stat().st_size, complete=True)
         # the calling AE title: the instance's source, and labels on arrival by
         # SourceApplicationEntityTitle (access/labels_in.py)
         outcome = archive.store([part], access=access, source=source_of_dimse(source_ae),
@@ -366,7 +374,8 @@ def store_received(archive: Archive, request, path: Path, source_ae: str, transf
     except Exception as e:  # never a dead association thread: a failure status instead
         log.exception("C-STORE failed")
         try:
-            path.unlink()
+            if path is not None:
+                path.unlink()
         except OSError:
             pass
         return _status(S.PROCESSING_FAILURE, f"processing failure: {e}")
@@ -392,6 +401,9 @@ class DimseServer(RetrieveSCP):
         self.ae.dicomweb_access = self.access  # type: ignore[attr-defined]
         self.ae.dicomweb_cstore = self  # C-STORE received and answered on the DUL thread (cstore_rx.py)
         self.spool_dir: Path | None = None
+        #: a C-STORE data set up to this many bytes is received in memory and written once by
+        #: the archive (cstore_rx.Receiver), as a STOW-RS part up to it is (dicom/multipart.py)
+        self.memory_data_set = MEMORY_PART_BYTES
         self._server = None
         self._tls_server = None
         self.tls_port: int | None = None  # the TLS port bound by start (PS3.15 Annex B)
@@ -633,11 +645,14 @@ class DimseServer(RetrieveSCP):
         return store_received(self.archive, event.request, Path(event.dataset_path), event.assoc.requestor.ae_title,
                               event.context.transfer_syntax, self._access(event))
 
-    def store_one(self, assoc, request, path: Path, transfer_syntax: str, head: bytes):
+    def store_one(self, assoc, request, path: Path | None, transfer_syntax: str, head: bytes,
+                  data: bytes | None = None):
         """:meth:`_on_store` for :mod:`.cstore_rx` (no event object; the file meta's Source AE
-        Title written on receipt, ``head`` its first bytes)."""
+        Title written on receipt, ``head`` its first bytes; ``data`` the whole file of a small
+        data set received in memory, ``path`` then None)."""
         access_ = self.rules.access(access.identity_of(assoc), dimse=True)
-        return store_received(self.archive, request, path, assoc.requestor.ae_title, transfer_syntax, access_, head)
+        return store_received(self.archive, request, path, assoc.requestor.ae_title, transfer_syntax, access_, head,
+                              data)
 
     # --- C-FIND (PS3.4 C.4.1) -------------------------------------------------------------
 

@@ -176,8 +176,12 @@ def test_p_data_that_does_not_parse(dimse):
 @pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
 def test_store_survives_another_process_opening_the_archive(dimse, monkeypatch):
     """An HTTP worker starting (Archive.open empties data/tmp) while a data set is being
-    received must not delete the listener's spool file."""
+    received must not delete the listener's spool file (a data set spooled on receipt: the
+    listener's in-memory threshold 0, cstore_rx.Receiver)."""
     from dicomweb_server.archive import Archive
+    from tests.dimse.test_cstore_rx import _threshold
+
+    _threshold(monkeypatch, 0)
 
     def send_slowly(n, send, assoc):
         if n == 5:  # the data set is half received: another process opens the archive

@@ -6,6 +6,7 @@ for byte the same, and anything else goes to pynetdicom as before."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import socket
@@ -306,3 +307,133 @@ def test_the_sop_uids_are_the_ones_pydicom_reads(implicit, case):
     ref = read_dataset(fp, is_implicit_VR=implicit, is_little_endian=True,
                        stop_when=lambda tag, vr, length: tag > 0x00080018)
     assert got == {"SOPClassUID": str(ref.SOPClassUID), "SOPInstanceUID": str(ref.SOPInstanceUID)}
+
+
+# --- a small data set to the archive in memory, a large one spooled (issue 33) ---------------------
+
+def _threshold(monkeypatch, nbytes: int) -> None:
+    """The listener's in-memory data set threshold (DimseServer.memory_data_set) from now on."""
+    def begin(provider, context_id, value):
+        server = getattr(provider.assoc.ae, "dicomweb_cstore", None)  # (None: a test's own SCU)
+        if server is not None:
+            server.memory_data_set = nbytes
+        return cstore_rx.begin(provider, context_id, value)
+
+    monkeypatch.setattr(pdata, "begin", begin)
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The names of the files opened (os.open: the spool file's opener, mkstemp) from now on."""
+    names: list[str] = []
+    real = os.open
+
+    def spy(path, flags, *a, **k):
+        names.append(os.path.basename(os.fsdecode(path)))
+        return real(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", spy)
+    return names
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+def test_a_small_data_set_is_written_once_from_memory_a_large_one_spooled_the_same_bytes(dimse, monkeypatch,
+                                                                                       taken, opened):
+    """The same C-STORE three times (the study deleted between): under the threshold (the
+    default, 1 MiB) no spool file is created on receipt, the archive writes the file once
+    (mkstemp's ``part-*``, as a STOW-RS part in memory); with the threshold 0 it is spooled
+    on receipt (``dimse-*``); with a threshold the data set passes mid-stream, the bytes so far
+    go to the spool file and no more than the threshold was ever held. The stored file is the
+    same bytes (SHA-256) every time, the expected PS3.10 file."""
+    held: list[int] = []
+    write = cstore_rx.Receiver.write
+
+    def watched(rx, fragment):
+        write(rx, fragment)
+        held.append(0 if rx.data is None else len(rx.data))  # the file's bytes held in memory
+
+    sop = f"{ROOT}.90"
+    data = _small(sop)
+    expected = hashlib.sha256(_expected_file(sop, data, "PDATASCU")).hexdigest()
+    hashes, spooled = [], []
+    for threshold in (None, 0, 200):
+        if threshold is not None:
+            _threshold(monkeypatch, threshold)
+        if threshold == 200:
+            monkeypatch.setattr(cstore_rx.Receiver, "write", watched)
+        opened.clear()
+        s = _two_contexts(dimse.port)
+        kind, pdu = _send(s, sop, 1, data, fragment=50)
+        assert kind == 0x04 and _status_of(pdu) == S.SUCCESS
+        _release(s)
+        spooled.append(sorted({n.split("-")[0] for n in opened if n.startswith(("dimse-", "part-"))}))
+        assert spooled[-1] == (["part"] if threshold is None else ["dimse"])  # no spool file up front when small
+        hashes.append(hashlib.sha256(_stored_file(dimse, sop)).hexdigest())
+        assert dimse.http.delete(f"/studies/{ROOT}.9").status_code == 204
+    assert hashes == [expected] * 3
+    head = len(_expected_file(sop, b"", "PDATASCU"))  # preamble, "DICM", file meta
+    assert len(data) > 200 and held[0] > head and max(held) <= head + 200 and held[-1] == 0
+    assert taken == [sop] * 3
+    _nothing_left(dimse)
+
+
+class _FullDisk:
+    """A spool file on a disk that fills after ``room`` bytes (ENOSPC, as write(2) says it)."""
+
+    def __init__(self, f, room: int) -> None:
+        self.f, self.room, self.name = f, room, f.name
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(b)
+        return self.f.write(b)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("path", ["in memory", "spooled"])
+def test_a_full_disk_answers_out_of_resources_and_the_association_goes_on(dimse, monkeypatch, taken, path):
+    """The disk fills while a C-STORE's data set is written: in memory, when the archive writes
+    the file (mkstemp fails as on a full disk, the project's way, tests/store/test_write_syncs.py);
+    spooled, in the middle of the data set. Either answers 0xA700 Refused: Out of Resources
+    (PS3.4 B.2.3) with an Error Comment naming it, stores nothing, leaves nothing in the spool,
+    and the next C-STORE on the same association is stored (before: the spooled one aborted
+    the association)."""
+    import builtins
+    import tempfile
+
+    full, other = f"{ROOT}.100", f"{ROOT}.101"
+    if path == "in memory":
+        real = tempfile.mkstemp
+
+        def mkstemp(*a, **k):
+            if state["full"]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*a, **k)
+
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+        comment = "cannot write the received part: No space left on device"
+    else:
+        _threshold(monkeypatch, 0)
+
+        def spool_open(*a, **k):
+            f = builtins.open(*a, **k)
+            return _FullDisk(f, 300) if state["full"] else f
+
+        monkeypatch.setattr(cstore_rx, "open", spool_open, raising=False)
+        comment = "cannot write the received data set: No space left on device"
+    state = {"full": True}
+    s = _two_contexts(dimse.port)
+    kind, pdu = _send(s, full, 1, _small(full), fragment=50)
+    assert kind == 0x04 and _status_of(pdu) == S.STORE_OUT_OF_RESOURCES == 0xA700
+    assert _comment_of(pdu) == comment
+    state["full"] = False
+    kind, pdu = _send(s, other, 2, _small(other))
+    assert kind == 0x04 and _status_of(pdu) == S.SUCCESS
+    _release(s)
+    assert _stored(dimse) == [other]
+    assert taken == [full, other]
+    _nothing_left(dimse)

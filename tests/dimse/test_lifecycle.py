@@ -53,15 +53,17 @@ def _wait_listeners(port: int, n: int, proc: subprocess.Popen) -> set[int]:
 
 
 def _mid_c_store(port: int, uid: str) -> socket.socket:
-    """An association that sent a C-STORE-RQ and the first fragment of its data set, and
-    then nothing more (raw socket: PS3.8 PDUs from benchmarks/dimse_latency.py)."""
+    """An association that sent a C-STORE-RQ and all but the last fragment of its data set, and
+    then nothing more (raw socket: PS3.8 PDUs from benchmarks/dimse_latency.py). The data set is
+    larger than the listener's in-memory threshold (1 MiB, cstore_rx.Receiver): it is spooled,
+    and the spool file says the fragments arrived."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.sendall(associate_rq("DICOMWEB", "LIFECYCLE"))
     kind, _ = _read_pdu(sock)
     assert kind == 0x02  # A-ASSOCIATE-AC
-    data = ct_dataset(uid, bytes(512 * 512 * 2))
+    data = ct_dataset(uid, bytes(768 * 768 * 2))
     sock.sendall(b"".join(p_data(c_store_rq(uid, 1), True, 0)))
-    sock.sendall(p_data(data, False, 16384)[0])  # first fragment, not the last
+    sock.sendall(b"".join(p_data(data, False, 16384)[:-1]))  # every fragment but the last
     return sock
 
 
