@@ -279,36 +279,29 @@ def _status(result) -> tuple[int, str | None] | None:
 
 
 def finish(provider, rx: Receiver) -> None:
-    """The last data set fragment is in: store and answer (module docstring; PS3.4 B.2.3)."""
+    """The last data set fragment is in: store and answer (module docstring; PS3.4 B.2.3).
+
+    Whatever fails on the way (the spool file's close, the access check or its audit record,
+    the access rules, the store) the peer gets an answer and the spool file is removed: an
+    unexpected exception answers 0xC211, as pynetdicom's StorageServiceClass.SCP answers an
+    exception of the handler, and the association goes on."""
     provider.message = None
-    rx.close()
     assoc, dul, req, cx = provider.assoc, provider.dul, rx.request, rx.context_id
-    req._dataset_path = rx.path
-    req._dataset_file = rx._data_set_file
-    policy = getattr(assoc.ae, "dicomweb_access", None)
-    if policy is not None and not policy.check_request(assoc, req, cx):
-        return  # answered 0x0124 (access.py), the data set removed
-    provider.cancel_req = {}
-    if rx.error is not None:  # the spool file could not be written: nothing of it is left
-        result = write_failed(rx.error, assoc.requestor.ae_title)
-    elif rx.data is not None:  # a small data set: to the archive in memory, written once there
-        data, rx.data = bytes(rx.data), None
-        dul._storing = True
-        try:
-            result = assoc.ae.dicomweb_cstore.store_one(assoc, req, None, rx.transfer_syntax, data, data)
-        finally:
-            dul._storing = False
-    else:
-        dul._storing = True
-        try:
-            result = assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, bytes(rx.head))
-        finally:
-            dul._storing = False
+    dul._storing = True  # the peer waits for this answer: not idle time (reactor.py)
+    try:
+        result = _store(provider, rx, assoc, req, cx)
+    except Exception:
+        log.exception("C-STORE from %s failed", str(assoc.requestor.ae_title).strip())
+        result = S.dataset(S.STORE_HANDLER_EXCEPTION, "the archive could not process the C-STORE")
+    finally:
+        dul._idle_timer.restart()  # before _storing falls: the association thread must not see the
+        dul._storing = False       # wait for the store as idle time (as after _serve_request)
+        if rx.path is not None:
             try:
                 os.unlink(rx.path)  # as StorageServiceClass.SCP: the spool name (a stored file is linked)
             except OSError:
                 pass
-    if not assoc.is_established:  # aborted meanwhile: no response (StorageServiceClass.SCP)
+    if result is None or not assoc.is_established:  # answered 0x0124, or aborted meanwhile: no response
         return
     pdu = response_pdu(req, cx, result, provider.maximum_pdu_size)
     if pdu is None or not dul.to_provider_queue.empty() or dul.state_machine.current_state != "Sta6":
@@ -321,6 +314,24 @@ def finish(provider, rx: Receiver) -> None:
         return
     # DT-1 (PS3.8 §9.2, Sta6 + Evt9 -> Sta6), from the thread that runs the state machine
     dul.socket.send(pdu)
+
+
+def _store(provider, rx: Receiver, assoc, req: C_STORE, cx: int):
+    """The archive's answer to the received C-STORE (its status dataset), or None when the
+    access check refused and answered it (0x0124, dimse/access.py)."""
+    rx.close()
+    req._dataset_path = rx.path
+    req._dataset_file = rx._data_set_file
+    policy = getattr(assoc.ae, "dicomweb_access", None)
+    if policy is not None and not policy.check_request(assoc, req, cx):
+        return None
+    provider.cancel_req = {}
+    if rx.error is not None:  # the spool file could not be written: nothing of it is left
+        return write_failed(rx.error, assoc.requestor.ae_title)
+    if rx.data is not None:  # a small data set: to the archive in memory, written once there
+        data, rx.data = bytes(rx.data), None
+        return assoc.ae.dicomweb_cstore.store_one(assoc, req, None, rx.transfer_syntax, data, data)
+    return assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, bytes(rx.head))
 
 
 def write_failed(e: OSError, source_ae) -> Dataset:

@@ -256,7 +256,10 @@ def drop_partial(assoc) -> None:
     if f is None:
         return
     try:
-        f.close()
+        f.close()  # (a full disk can fail the close's flush: the name is removed all the same)
+    except OSError:
+        pass
+    try:
         os.unlink(f.name)
     except OSError:
         pass

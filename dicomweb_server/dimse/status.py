@@ -25,6 +25,7 @@ NOT_AUTHORIZED = 0x0124  # PS3.7 C: Refused: Not Authorized (any DIMSE service; 
 STORE_OUT_OF_RESOURCES = 0xA700
 STORE_DATASET_MISMATCH = 0xA900
 STORE_CANNOT_UNDERSTAND = 0xC000
+STORE_HANDLER_EXCEPTION = 0xC211  # a Failure (C000-CFFF, Cannot Understand): pynetdicom's answer to a handler's exception
 
 # Query/Retrieve SCP (PS3.4 C.4.1.1.4, C.4.2.1.5, C.4.3.1.4)
 QR_OUT_OF_RESOURCES = 0xA700  # C-FIND: refused, out of resources

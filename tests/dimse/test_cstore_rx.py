@@ -437,3 +437,70 @@ def test_a_full_disk_answers_out_of_resources_and_the_association_goes_on(dimse,
     assert _stored(dimse) == [other]
     assert taken == [full, other]
     _nothing_left(dimse)
+
+
+@pytest.mark.parametrize("dimse", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("path", ["in memory", "spooled"])
+def test_an_unexpected_failure_before_the_store_answers_0xc211_and_leaves_nothing(dimse, monkeypatch, taken, path):
+    """The access rules fail while a received C-STORE is being stored (a bug, a rules file that
+    cannot be evaluated): the peer is answered 0xC211 (as pynetdicom answers an exception of
+    its C-STORE handler), the spool file is removed, and the next C-STORE on the same
+    association is stored. Before: the exception left the DUL thread's handler, the
+    association was aborted without an answer, and a spooled data set stayed on disk."""
+    from dicomweb_server.access.rules import AccessRules
+
+    if path == "spooled":
+        _threshold(monkeypatch, 0)
+    state = {"fail": True}
+    real = AccessRules.access
+
+    def access(self, *a, **k):
+        if state["fail"]:
+            raise RuntimeError("the rules cannot be evaluated")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(AccessRules, "access", access)
+    bad, good = f"{ROOT}.110", f"{ROOT}.111"
+    s = _two_contexts(dimse.port)
+    kind, pdu = _send(s, bad, 1, _small(bad))
+    assert kind == 0x04 and _status_of(pdu) == S.STORE_HANDLER_EXCEPTION == 0xC211
+    assert _comment_of(pdu) == "the archive could not process the C-STORE"
+    state["fail"] = False
+    kind, pdu = _send(s, good, 2, _small(good))
+    assert kind == 0x04 and _status_of(pdu) == S.SUCCESS
+    _release(s)
+    assert _stored(dimse) == [good]
+    assert taken == [bad, good]
+    _nothing_left(dimse)
+
+
+def test_a_store_longer_than_the_network_timeout_does_not_abort_the_association_after_it(tmp_path, monkeypatch,
+                                                                                        taken):
+    """A store that takes longer than the network timeout (1 s here; a slow disk, an index
+    busy) is not idle time: after its answer the idle timer starts again, so the peer's next
+    C-STORE half a second later is served. Before, the association thread woke at the next
+    timeout tick, found the timer expired since the data set's last PDU and aborted the
+    association that had just been answered."""
+    import time
+
+    from tests.helpers import LiveServer, free_port
+
+    from dicomweb_server.dimse.scp import DimseServer
+
+    real = DimseServer.store_one
+    monkeypatch.setattr(DimseServer, "store_one", lambda *a, **k: (time.sleep(1.5), real(*a, **k))[1])
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True, dimse_peers_file=None,
+                     dimse_network_timeout=1.0).start()
+    try:
+        first, second = f"{ROOT}.120", f"{ROOT}.121"
+        s = _two_contexts(port)
+        kind, pdu = _send(s, first, 1, _small(first))
+        assert kind == 0x04 and _status_of(pdu) == S.SUCCESS
+        time.sleep(0.6)
+        kind, pdu = _send(s, second, 2, _small(second))
+        assert kind == 0x04 and _status_of(pdu) == S.SUCCESS  # (before: 0x07 A-ABORT)
+        _release(s)
+        assert taken == [first, second]
+    finally:
+        srv.stop()
