@@ -162,7 +162,7 @@ def plans(kind: str, index, url: str | None, qido: dict[str, list[str]], sops: l
             sql, params = compile_search(d, q, f)
             todo.append((f"{name} ({paths[0]}), {mode}", sql, params))
     for mode, f in (("none", UNRESTRICTED), ("site", only({"site"}))):
-        conds, params = label_condition(f, contains=d.contains)
+        conds, params = label_condition(f, engine=d.name)
         todo.append((f"locate, {mode}", _LOC + "WHERE " + " AND ".join(["i.SOPInstanceUID = ?", *conds]),
                      [sops[0], *params]))
     out = []

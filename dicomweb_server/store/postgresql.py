@@ -33,7 +33,8 @@ SQLite index (store/sql.py); what differs is here:
   (store/shares.py), version 13 the background jobs (jobs/store.py), version 14 the instances'
   sources and the instances Storage Commitment requests declared (store/arrivals.py), version
   15 the Modality Performed Procedure Step instances (store/mpps.py), version 16 the copy of
-  each study's labels on its row (``study.labels``, kept by triggers: store/labels.py).
+  each study's labels on its row (``study.labels``, a ``text[]`` with a GIN index, kept by
+  triggers: store/labels.py).
 """
 
 from __future__ import annotations
@@ -228,10 +229,38 @@ def _v15() -> list[str]:
     return mpps_table.postgresql_schema()
 
 
-def _v16() -> list[str]:
-    """Each study's labels on its row (``study.labels``), kept by triggers on study_label
-    and study, filled from study_label: a label filter tests the row (store/labels.py)."""
-    return study_labels.postgresql_column()
+#: how long a migration step waits for a table lock it needs (``SET LOCAL lock_timeout``)
+MIGRATION_LOCK_TIMEOUT = "10s"
+
+
+def _lock_bounded(statements: list[str], what: str):
+    """A migration step running ``statements`` with ``lock_timeout`` set for them alone:
+    an ALTER TABLE waiting for its ACCESS EXCLUSIVE lock behind a long transaction would
+    queue every later reader of the table behind it; the migration gives up instead,
+    with a clear error (its transaction rolls back whole; nothing changed)."""
+    def step(con) -> None:
+        import psycopg
+
+        (before,) = con.execute("SELECT current_setting('lock_timeout')").fetchone()
+        con.execute(f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT}'")
+        try:
+            for statement in statements:
+                con.execute(statement)
+        except psycopg.errors.LockNotAvailable as e:
+            raise DatabaseRefused(f"the migration could not lock {what} within {MIGRATION_LOCK_TIMEOUT} (a long "
+                                  "transaction holds it: see pg_stat_activity); nothing was changed, start "
+                                  "again when it has ended") from e
+        con.execute("SELECT set_config('lock_timeout', %s, true)", (before,))
+    return step
+
+
+def _v16() -> list:
+    """Each study's labels on its row (``study.labels``, a ``text[]`` with a GIN index),
+    kept by triggers on study_label and study, filled from study_label: a label filter
+    tests the row (store/labels.py). The ALTER and the triggers wait at most
+    :data:`MIGRATION_LOCK_TIMEOUT` for their locks."""
+    before, locking, after = study_labels.postgresql_column()
+    return [*before, _lock_bounded(locking, "the study and study_label tables"), *after]
 
 
 # version -> the statements (or steps: callables given the connection) that bring the

@@ -275,7 +275,7 @@ def compile_search(dialect: Dialect, query: Query, allowed: Filter = UNRESTRICTE
             where.append(cond)
             params += p
     if not allowed.unrestricted:
-        conds, p = label_condition(allowed, contains=dialect.contains)
+        conds, p = label_condition(allowed, engine=dialect.name)
         where += conds
         params += p
     sql = f"SELECT {', '.join(select)} FROM {frm}"
@@ -322,7 +322,7 @@ def scope(dialect: Dialect, study_uid: str, series_uid: str | None, sop_uid: str
     study ``allowed`` lets through)."""
     where, params = ["s.StudyInstanceUID = ?"], [study_uid]
     if not allowed.unrestricted:
-        conds, p = label_condition(allowed, contains=dialect.contains)
+        conds, p = label_condition(allowed, engine=dialect.name)
         where += conds
         params += p
     if series_uid is not None:
@@ -619,7 +619,7 @@ class SQLIndex(Index):
             return con.execute(self.dialect.sql(sql), params).fetchall()
 
     def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
-        conds, params = label_condition(allowed, contains=self.dialect.contains)
+        conds, params = label_condition(allowed, engine=self.dialect.name)
         rows = self._rows(_LOC + "WHERE " + " AND ".join(["i.SOPInstanceUID = ?", *conds]), (sop_uid, *params))
         return _loc(rows[0]) if rows else None
 
@@ -657,7 +657,7 @@ class SQLIndex(Index):
     # --- study labels (store/labels.py) -----------------------------------------------
 
     def _visible(self, study_uid: str, allowed: Filter) -> bool:
-        conds, params = label_condition(allowed, contains=self.dialect.contains)
+        conds, params = label_condition(allowed, engine=self.dialect.name)
         return bool(self._rows("SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
                                (study_uid, *params)))
 
@@ -669,7 +669,7 @@ class SQLIndex(Index):
 
     def _label_rows(self, con, study_uid: str, label: str, present: bool, allowed: Filter) -> bool | None:
         """Index.set_label inside the caller's write transaction."""
-        conds, params = label_condition(allowed, contains=self.dialect.contains)
+        conds, params = label_condition(allowed, engine=self.dialect.name)
         if self._x(con, "SELECT 1 FROM study s WHERE " + " AND ".join(["s.StudyInstanceUID = ?", *conds]),
                    (study_uid, *params)).fetchone() is None:
             return None
@@ -680,7 +680,7 @@ class SQLIndex(Index):
         return changed
 
     def all_labels(self, allowed: Filter = UNRESTRICTED) -> dict[str, int]:
-        conds, params = label_condition(allowed, contains=self.dialect.contains)
+        conds, params = label_condition(allowed, engine=self.dialect.name)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         return dict(self._rows("SELECT l.label, count(*) FROM study_label l JOIN study s ON s.StudyInstanceUID = "
                                f"l.StudyInstanceUID{where} GROUP BY l.label ORDER BY l.label", params))
@@ -688,7 +688,7 @@ class SQLIndex(Index):
     def counts(self, allowed: Filter = UNRESTRICTED) -> IndexCounts:
         if allowed.unrestricted:
             return IndexCounts(*self._rows(COUNTS)[0])
-        conds, params = label_condition(allowed, contains=self.dialect.contains)
+        conds, params = label_condition(allowed, engine=self.dialect.name)
         where = " WHERE " + " AND ".join(conds)
         studies, series, instances = self._rows(
             "SELECT count(*), coalesce(sum(NumberOfStudyRelatedSeries), 0), "

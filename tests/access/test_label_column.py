@@ -7,6 +7,7 @@ an index made before the column gets it filled from study_label when it is opene
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 from pydicom.uid import generate_uid
@@ -28,8 +29,13 @@ def sql_index(request, tmp_path):
 
 
 def columns(index) -> dict[str, str]:
-    """StudyInstanceUID -> study.labels, of every study row."""
-    return dict(index._rows("SELECT StudyInstanceUID, labels FROM study"))
+    """StudyInstanceUID -> study.labels, of every study row, as SQLite's text ``\\a\\b\\``
+    (PostgreSQL's array, in its order, written so)."""
+    out = {}
+    for uid, v in index._rows("SELECT StudyInstanceUID, labels FROM study"):
+        assert isinstance(v, list if index.dialect.name == "postgresql" else str)
+        out[uid] = ("\\" + "\\".join(v) + "\\" if v else "") if isinstance(v, list) else v
+    return out
 
 
 def kept(index) -> dict[str, str]:
@@ -47,7 +53,7 @@ def same(index) -> dict[str, list[str]]:
     got = {uid: sorted(x for x in v.split("\\") if x) for uid, v in columns(index).items()}
     want = {uid: sorted(x for x in v.split("\\") if x) for uid, v in kept(index).items()}
     assert got == want
-    for v in columns(index).values():  # the form instr/strpos rely on
+    for v in columns(index).values():  # the form instr relies on (SQLite)
         assert v == "" or (v.startswith("\\") and v.endswith("\\") and "\\\\" not in v)
     return got
 
@@ -132,16 +138,19 @@ def test_a_study_row_made_after_its_labels_takes_them(sql_index, tmp_path):
 
 def test_the_filter_tests_the_row_not_study_label():
     clause = Filter((frozenset({"b", "a"}),))
-    for dialect, fn in ((SQLITE, "instr"), (POSTGRESQL, "strpos")):
-        sql, params = compile_search(dialect, parse_query("study", [("PatientID", "X")]), clause)
-        assert f"({fn}(s.labels, {dialect.placeholder}) > 0 OR {fn}(s.labels, {dialect.placeholder}) > 0)" in sql
-        assert "study_label" not in sql and params[:3] == ["X", "\\a\\", "\\b\\"]
+    sql, params = compile_search(SQLITE, parse_query("study", [("PatientID", "X")]), clause)
+    assert "(instr(s.labels, ?) > 0 OR instr(s.labels, ?) > 0)" in sql
+    assert "study_label" not in sql and params[:3] == ["X", "\\a\\", "\\b\\"]
+    # PostgreSQL: the overlap of the row's array with the clause's (its GIN index serves a rare label)
+    sql, params = compile_search(POSTGRESQL, parse_query("study", [("PatientID", "X")]), clause)
+    assert "s.labels && ARRAY[%s,%s]::text[]" in sql
+    assert "study_label" not in sql and params[:3] == ["X", "a", "b"]
     # the change log has no such column: it keeps the look-up in study_label
     conds, params = study_labels.label_condition(clause, "changelog")
     assert conds == ["EXISTS (SELECT 1 FROM study_label l0 WHERE l0.label IN (?,?) "
                      "AND l0.StudyInstanceUID = changelog.StudyInstanceUID)"] and params == ["a", "b"]
-    # a name that is no valid label (no backslash: it could not be found in the copy) keeps it too
-    conds, params = study_labels.label_condition(Filter((frozenset({"a\\b"}),)), contains="instr")
+    # a name that is no valid label (no backslash: it could not be found in SQLite's text) keeps it too
+    conds, params = study_labels.label_condition(Filter((frozenset({"a\\b"}),)), engine="sqlite")
     assert conds[0].startswith("EXISTS") and params == ["a\\b"]
 
 
@@ -176,19 +185,24 @@ def test_sqlite_index_made_before_the_column_gets_it_filled(tmp_path):
         index.close()
 
 
-def test_postgresql_schema_15_with_labels_migrates_to_16(pg_url, tmp_path):
-    index = PostgreSQLIndex(pg_url)
-    sa, sb, sn = _labelled(index, tmp_path)
-    index.close()
+def _back_to_15(pg_url) -> None:
+    """The database as schema version 15 left it: no column, no triggers."""
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as con:  # back to version 15, as it was
+    with psycopg.connect(pg_url, autocommit=True) as con:
         for name, table in (("study_label_added", "study_label"), ("study_label_removed", "study_label"),
                             ("study_label_changed", "study_label"), ("study_takes_labels", "study")):
             con.execute(f"DROP TRIGGER {name} ON {table}")
             con.execute(f"DROP FUNCTION {name}()")
-        con.execute("ALTER TABLE study DROP COLUMN labels")
+        con.execute("ALTER TABLE study DROP COLUMN labels")  # (and its index)
         con.execute("DELETE FROM schema_version WHERE version = 16")
+
+
+def test_postgresql_schema_15_with_labels_migrates_to_16(pg_url, tmp_path):
+    index = PostgreSQLIndex(pg_url)
+    sa, sb, sn = _labelled(index, tmp_path)
+    index.close()
+    _back_to_15(pg_url)
     index = PostgreSQLIndex(pg_url)
     try:
         assert index._rows("SELECT max(version) FROM schema_version")[0][0] == 16
@@ -198,3 +212,69 @@ def test_postgresql_schema_15_with_labels_migrates_to_16(pg_url, tmp_path):
         assert [h.study_uid for h in index.search(study_q(), only({"z", "n"}))] == [sa, sn]
     finally:
         index.close()
+
+
+def test_postgresql_migration_16_gives_up_on_a_held_lock(pg_url, tmp_path, monkeypatch):
+    """An ALTER TABLE waiting behind a long transaction would queue every later reader of
+    study behind it: migration 16 waits ``lock_timeout`` at most, then fails with a clear
+    error and changes nothing; once the transaction ends it migrates."""
+    import psycopg
+
+    from dicomweb_server.store import postgresql
+
+    index = PostgreSQLIndex(pg_url)
+    sa, sb, sn = _labelled(index, tmp_path)
+    index.close()
+    _back_to_15(pg_url)
+    monkeypatch.setattr(postgresql, "MIGRATION_LOCK_TIMEOUT", "300ms")  # (10s in production)
+    with psycopg.connect(pg_url) as reader:  # a long read transaction on study
+        reader.execute("SELECT count(*) FROM study").fetchone()
+        t0 = time.monotonic()
+        with pytest.raises(postgresql.DatabaseRefused, match="could not lock the study and study_label tables "
+                                                              "within 300ms"):
+            PostgreSQLIndex(pg_url)
+        assert time.monotonic() - t0 < 10
+        with psycopg.connect(pg_url, autocommit=True) as con:  # nothing changed
+            assert con.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 15
+            assert con.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'study' "
+                               "AND column_name = 'labels' AND table_schema = current_schema()").fetchone()[0] == 0
+            assert con.execute("SHOW lock_timeout").fetchone()[0] == "0"
+        reader.rollback()
+    index = PostgreSQLIndex(pg_url)
+    try:
+        assert columns(index) == {sa: "\\a\\z\\", sb: "\\b\\", sn: ""}
+        # SET LOCAL for the locking statements alone: the session's value after them
+        assert index._rows("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'")[0][0] == "0"
+    finally:
+        index.close()
+
+
+def test_postgresql_rare_label_is_an_index_scan_common_label_a_filter(pg_url):
+    """A research cohort of a few studies in a big archive: the filter's plan reads the
+    GIN index on study.labels (the array's most-common-element statistics: a rare label),
+    not every study row; a label on every study stays a filter on the rows the unfiltered
+    plan reads (the primary key, in order, LIMIT)."""
+    import psycopg
+
+    PostgreSQLIndex(pg_url).close()
+    n, cohort = 3000, [f"1.2.826.0.1.3680043.8.498.9.{k}" for k in range(7, 3000, 300)]
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("INSERT INTO study (StudyInstanceUID, _json) SELECT '1.2.826.0.1.3680043.8.498.9.' || g, "
+                    "'\\x7b7d' FROM generate_series(0, %s) g", (n - 1,))
+        con.execute("INSERT INTO study_label (label, StudyInstanceUID) SELECT 'site', StudyInstanceUID FROM study")
+        con.execute("INSERT INTO study_label (label, StudyInstanceUID) SELECT 'cohort', unnest(%s::text[])",
+                    (cohort,))
+        con.execute("ANALYZE")
+        con.execute("SET enable_seqscan = on")
+
+        def plan(label: str) -> str:
+            sql, params = compile_search(POSTGRESQL, parse_query("study", [("limit", "100")]), only({label}))
+            got = [r[0] for r in con.execute(POSTGRESQL.sql(sql), params)]
+            assert len(got) == (len(cohort) if label == "cohort" else 100)
+            return "\n".join(r[0] for r in con.execute("EXPLAIN " + POSTGRESQL.sql(sql), params))
+
+        rare = plan("cohort")
+        assert "Index Scan on study_labels" in rare or "Index Cond: (labels &&" in rare, rare
+        assert "Seq Scan on study" not in rare and "study_pkey" not in rare, rare
+        common = plan("site")
+        assert "study_labels" not in common and "Index Scan using study_pkey on study" in common, common
