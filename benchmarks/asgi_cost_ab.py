@@ -7,7 +7,9 @@ Each round, for each ``--code DIR`` in turn (the first one alternating), a fresh
 message, a ``send`` that keeps the status) from ``--tasks`` concurrent tasks, like
 connections: STOW-RS of the capacity runner's 256x256 MR image (a new SOP Instance UID
 per request; the file and folder fsyncs and the index commit included), then WADO-RS
-instance, WADO-RS frames and QIDO-RS of what it stored. CPU = the process's
+instance, WADO-RS frames, WADO-RS rendered (image/jpeg; the render cache is the
+environment's ``DICOMWEB_RENDER_CACHE_BYTES``: 0 times the rendering) and QIDO-RS of what it
+stored. CPU = the process's
 ``time.process_time()`` (every thread) / requests, per batch (50 STOW-RS, 100 reads);
 the best batch and the lower quartile are the figures least disturbed by other work on a
 shared machine (as ``timeit`` takes the minimum). No uvicorn, no wrk, no network: it
@@ -114,8 +116,9 @@ def child(stow_n: int, reads: int, tasks: int) -> None:
                 inst = [f"/studies/{study}/series/{series}/instances/{s}" for s in sops]
                 accept = {"wado": b'multipart/related; type="application/dicom"; transfer-syntax=*',
                           "frames": b'multipart/related; type="application/octet-stream"; transfer-syntax=*',
-                          "qido": b"application/dicom+json"}
+                          "rendered": b"image/jpeg", "qido": b"application/dicom+json"}
                 paths = {"wado": [(p, b"") for p in inst], "frames": [(p + "/frames/1", b"") for p in inst],
+                         "rendered": [(p + "/rendered", b"") for p in inst],
                          "qido": [("/studies", b"PatientID=" + dataset.STOW_PATIENT_ID.encode()),
                                   (f"/studies/{study}/series", b""), (f"/studies/{study}/instances", b"limit=10")]}
                 for op, ps in paths.items():
@@ -165,7 +168,7 @@ def main() -> int:
              "lower quartile of batches: median of rounds | batch median: median of rounds | errors |",
              "|---|---|---|---|---|---|---|"]
     for code in codes:
-        for op in ("stow", "wado", "frames", "qido"):
+        for op in ("stow", "wado", "frames", "rendered", "qido"):
             mine = [r for r in rows if r["code"] == code.name and r["op"] == op]
             if mine:
                 best = [r["best"] for r in mine]

@@ -1,16 +1,18 @@
-"""Server CPU per answer of WADO-RS instance, WADO-RS frames and QIDO-RS, two or more
-builds side by side, alternating (issue 33): the read-side twin of
+"""Server CPU per answer of WADO-RS instance, WADO-RS frames, WADO-RS rendered (JPEG) and
+QIDO-RS, two or more builds side by side, alternating (issue 33): the read-side twin of
 ``stow_cpu_concurrency.py``.
 
 Each ``--code DIR`` gets one server (``dicomweb-server serve --workers W``, sqlite, a fresh
 data folder) filled with the same instances (wrk STOW-RS, the capacity runner's 256x256 MR
 image: ``--fill`` seconds, then the first ``--instances`` of them are read); then, round
 after round, for each operation and connection count, each code in turn (the first one alternating) gets a ``--seconds``
-wrk step (``loadtests/wrk/load03.lua``, modes wado and qido). CPU = utime+stime of the
+wrk step (``loadtests/wrk/load03.lua``, modes wado, rendered and qido; ``rendered``: the
+instance's ``/rendered`` as image/jpeg, each answer checked SOI ... EOI; the render cache is
+the servers' own setting, so run with ``DICOMWEB_RENDER_CACHE_BYTES=0`` to time rendering). CPU = utime+stime of the
 server's processes (/proc) / answers wrk counted; the load average is read after each step.
 
     python benchmarks/read_cpu_ab.py --code BASE --code NEW [--conns 8,32] [--seconds 5]
-        [--rounds 3] [--ops wado,frames,qido] [--output FILE.md]
+        [--rounds 3] [--ops wado,frames,rendered,qido] [--output FILE.md]
 """
 
 from __future__ import annotations
@@ -32,14 +34,15 @@ from loadtests import dataset  # noqa: E402
 
 ACCEPT = {"wado": "multipart/related; type=\"application/dicom\"; transfer-syntax=*",
           "frames": "multipart/related; type=\"application/octet-stream\"; transfer-syntax=*",
-          "qido": "application/dicom+json"}
+          "rendered": "image/jpeg", "qido": "application/dicom+json"}
+MODE = {"wado": "wado", "frames": "wado", "rendered": "rendered", "qido": "qido"}  # load03.lua's modes
 
 
 def _paths(url: str, limit: int) -> dict[str, list[str]]:
     """Request paths of each operation, from the archive's own QIDO-RS answers."""
     get = lambda path, **q: httpx.get(url + path, params=q, headers={"Accept": "application/dicom+json"},  # noqa: E731
                                       timeout=60).json()
-    out: dict[str, list[str]] = {"wado": [], "frames": [], "qido": []}
+    out: dict[str, list[str]] = {"wado": [], "frames": [], "rendered": [], "qido": []}
     for study in get("/studies", PatientID=dataset.STOW_PATIENT_ID):
         s = study["0020000D"]["Value"][0]
         out["qido"] += [f"/studies?PatientID={dataset.STOW_PATIENT_ID}&includefield=00201208",
@@ -49,12 +52,13 @@ def _paths(url: str, limit: int) -> dict[str, list[str]]:
             path = f"/studies/{s}/series/{se}/instances/{sop}"
             out["wado"].append(path)
             out["frames"].append(path + "/frames/1")
+            out["rendered"].append(path + "/rendered")
     return out
 
 
 def read_step(srv: Server, op: str, paths: pathlib.Path, conns: int, seconds: float) -> dict:
     cmd = ["wrk", "-t", str(min(2, conns)), "-c", str(conns), "-d", f"{seconds:g}s", "--timeout", "30s",
-           "-s", str(LUA), srv.url + "/", "--", "qido" if op == "qido" else "wado", str(paths), ACCEPT[op],
+           "-s", str(LUA), srv.url + "/", "--", MODE[op], str(paths), ACCEPT[op],
            "100"]
     s0 = snapshot(srv.proc.pid)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 90).stdout

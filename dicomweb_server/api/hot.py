@@ -10,6 +10,11 @@ layers and their send wrappers, the router's walk over ~90 routes, dependency so
 - WADO-RS instance and frames, ``GET``/``HEAD {prefix}/studies/{study}/series/{series}/
   instances/{instance}[/frames/{frames}]`` (PS3.18 §10.4),
 - QIDO-RS, ``GET``/``HEAD`` of the six search resources (PS3.18 §10.6),
+- WADO-RS rendered and thumbnail resources, ``GET``/``HEAD {prefix}/studies/{study}
+  [/series/{series}[/instances/{instance}[/frames/{frames}]]]/rendered`` and ``.../thumbnail``
+  (PS3.18 §10.4.1.1.3, §10.4.1.1.4; api/rendered.py),
+- the STOW-RS doors of the routes file, ``POST {prefix}/{door}/studies[/{study}]``
+  (api/stow.py: a plain ASGI endpoint, called as Starlette's route calls it),
 
 through the same middleware as every other request (request-head size, CORS,
 authentication and audit, HTTP method semantics: :attr:`FastAPI.user_middleware`, each
@@ -22,8 +27,11 @@ inside the middleware and its ``ServerErrorMiddleware`` (the 500 answer) outside
 
 Every other request, and every other method on these paths (``OPTIONS``, ``DELETE``,
 405s), goes to FastAPI as before; the hot routes remain FastAPI routes, in
-``/openapi.json`` and ``/docs``. The STOW-RS doors of the routes file
-(``{prefix}/{door}/studies``) stay on Starlette's fast routes (api/stow.py).
+``/openapi.json`` and ``/docs``. The STOW-RS doors keep their Starlette routes too (with the
+hot path off, and for anything the hot router leaves to Starlette). Routes are tried in
+Starlette's order: the doors, which Starlette tries before every FastAPI route, before
+``POST {prefix}/studies/{study}`` (``POST /studies/studies`` is the door ``studies``, which
+no routes file can name: 404 either way).
 """
 
 from __future__ import annotations
@@ -38,10 +46,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import qido, stow, wado
+from . import qido, rendered, stow, wado
 from .deps import base_url, checked_uid
 
 _GET = frozenset({"GET", "HEAD"})  # HEAD: api/methods.py answers it with the GET route
@@ -50,11 +57,18 @@ _UIDS = {"study": "StudyInstanceUID", "series": "SeriesInstanceUID", "instance":
 _SEGMENT = "[^/]+"  # Starlette's ``str`` path convertor
 
 
-def _routes(prefix: str) -> list[tuple[frozenset[str], str, Callable[..., Awaitable[Response]]]]:
-    """(methods, path, endpoint): the FastAPI route of each is the one of the same path
-    and method (tests/server/test_hot_path.py checks that Starlette's router picks it)."""
-    s, se, i = "/studies/{study}", "/series/{series}", "/instances/{instance}"
+def _routes(prefix: str) -> list[tuple[frozenset[str], str, Callable]]:
+    """(methods, path, endpoint) in the order Starlette tries them: the FastAPI (or, for
+    the doors, Starlette) route of each is the one of the same path and method
+    (tests/server/test_hot_path.py checks that Starlette's router picks it)."""
+    s, se, i, f = "/studies/{study}", "/series/{series}", "/instances/{instance}", "/frames/{frames}"
+    pictures = [(_GET, prefix + path + "/" + kind, rendered.endpoints[f"{level}_{kind}"])
+                for kind in ("rendered", "thumbnail")
+                for level, path in (("study", s), ("series", s + se), ("instance", s + se + i),
+                                    ("frames", s + se + i + f))]
     return [
+        (_POST, prefix + "/{door}/studies", stow.store_door_instances),  # before every FastAPI route (app.py)
+        (_POST, prefix + "/{door}/studies/{study}", stow.store_door_study_instances),
         (_POST, prefix + "/studies", stow.store_instances),
         (_POST, prefix + s, stow.store_study_instances),
         (_GET, prefix + "/studies", qido.search_for_studies),
@@ -64,13 +78,18 @@ def _routes(prefix: str) -> list[tuple[frozenset[str], str, Callable[..., Awaita
         (_GET, prefix + s + "/instances", qido.search_for_study_instances),
         (_GET, prefix + s + se + "/instances", qido.search_for_series_instances),
         (_GET, prefix + s + se + i, wado.retrieve_instance),
-        (_GET, prefix + s + se + i + "/frames/{frames}", wado.retrieve_instance_frames),
+        (_GET, prefix + s + se + i + f, wado.retrieve_instance_frames),
+        *pictures,
     ]
 
 
-def _resolver(endpoint: Callable) -> Callable[[Request, dict], Awaitable[list]]:
+def _resolver(endpoint: Callable) -> Callable[[Request, dict], Awaitable[list]] | None:
     """The endpoint's arguments, resolved as its FastAPI dependencies are (api/deps.py), in
-    the order of its parameters: a bad UID is a 400 before anything after it is looked at."""
+    the order of its parameters: a bad UID is a 400 before anything after it is looked at.
+    None for a plain ASGI endpoint (a STOW-RS door): it is called with the scope, as
+    Starlette's ``Route`` calls it, and resolves its own."""
+    if not inspect.isfunction(endpoint):
+        return None
     steps = []
     for name in inspect.signature(endpoint).parameters:
         if name in ("request", "archive", "base", "frames") or name in _UIDS:
@@ -135,8 +154,11 @@ class _Dispatch:
             await send(message)
 
         try:
-            response = await endpoint(*await resolve(request, scope["path_params"]))
-            await response(scope, receive, sender)
+            if resolve is None:  # a plain ASGI endpoint (Starlette's Route calls it so)
+                await endpoint(scope, receive, sender)
+            else:
+                response = await endpoint(*await resolve(request, scope["path_params"]))
+                await response(scope, receive, sender)
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:

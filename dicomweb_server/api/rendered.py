@@ -4,7 +4,7 @@ level. Negotiation here; the pixel pipeline in dicom.pixels / dicom.render."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
@@ -203,6 +203,11 @@ async def _pictures(request: Request, archive, locs: list[InstanceLocation], par
             continue  # non-images, undecodable, too large or deleted meanwhile: skipped
 
 
+endpoints: dict[str, Callable[..., Awaitable[Response]]] = {}
+"""The endpoint function of each route, by route name (``instance_rendered``,
+``frames_thumbnail``...): the hot path (api/hot.py) calls the same functions."""
+
+
 def _routes(suffix: str, thumbnail: bool) -> None:
     kind = "thumbnail" if thumbnail else "rendered"
 
@@ -231,6 +236,9 @@ def _routes(suffix: str, thumbnail: bool) -> None:
         numbers = parse_frame_list(frames)
         loc = locate(archive, study, series, instance, access_of(request).filter)
         return await _one(request, archive, loc, numbers, thumbnail)
+
+    endpoints.update({f"study_{kind}": study_level, f"series_{kind}": series_level,
+                      f"instance_{kind}": instance_level, f"frames_{kind}": frame_level})
 
 
 _routes("rendered", thumbnail=False)

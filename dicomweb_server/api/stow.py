@@ -204,13 +204,18 @@ def _door(request: Request, archive, name: str) -> Arrival:
     return Arrival(stow_prefix=name)
 
 
+store_door_instances = _StowEndpoint(False)
+store_door_study_instances = _StowEndpoint(True)
+
+
 def fast_routes(prefix: str) -> list[Route]:
     """The STOW-RS doors of the routes file's ``stow_prefix`` rules
     (``{prefix}/{door}/studies[/{study}]``: labels on arrival, access/labels_in.py), to put
-    before the app's other routes (see :class:`_StowEndpoint`). ``POST {prefix}/studies[/{study}]``
-    is answered before Starlette by the hot path (api/hot.py)."""
-    return [Route(prefix + "/{door}/studies", _StowEndpoint(False), methods=["POST"]),
-            Route(prefix + "/{door}/studies/{study}", _StowEndpoint(True), methods=["POST"])]
+    before the app's other routes (see :class:`_StowEndpoint`). The hot path (api/hot.py)
+    answers these, and ``POST {prefix}/studies[/{study}]``, before Starlette, with the same
+    endpoints."""
+    return [Route(prefix + "/{door}/studies", store_door_instances, methods=["POST"]),
+            Route(prefix + "/{door}/studies/{study}", store_door_study_instances, methods=["POST"])]
 
 
 @router.post("/studies", summary="Store instances")
