@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..access.filter import Filter
+from ..access.filter import LABEL_RE, Filter
 
 Execute = Callable[[str, "list | tuple"], object]  # (as store/changes.py's)
 
@@ -181,8 +181,18 @@ def label_condition(allowed: Filter, study: str = "s", engine: str | None = None
             continue
         labels = sorted(clause)
         if engine == "postgresql":
-            where.append(f"{study}.labels && ARRAY[{','.join('?' * len(labels))}]::text[]")
-            params += labels
+            if all(LABEL_RE.fullmatch(label) for label in labels):
+                # the labels written into the statement, not bound: a prepared statement's generic
+                # plan (psycopg prepares a query after 5 executions; PostgreSQL then plans it once
+                # without its parameters) cannot see which labels a clause names, so it guessed a
+                # label rare and read the GIN index for one on every study (StudyDate month at
+                # 100k instances: 0.73 -> 1.24 ms per search). Written in, the plan is made for
+                # them, and cached per set of labels (one per access rule). Safe: a valid label
+                # is [a-z0-9._-] (access/filter.py), nothing an array literal or SQL quotes.
+                where.append(f"{study}.labels && '{{{','.join(labels)}}}'::text[]")
+            else:  # (no valid label fails the pattern: bound, never written in)
+                where.append(f"{study}.labels && ARRAY[{','.join('?' * len(labels))}]::text[]")
+                params += labels
             continue
         if engine == "sqlite" and not any("\\" in label for label in labels):  # (valid labels have none)
             where.append("(" + " OR ".join([f"instr({study}.labels, ?) > 0"] * len(labels)) + ")")
