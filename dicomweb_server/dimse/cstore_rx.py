@@ -304,16 +304,19 @@ def finish(provider, rx: Receiver) -> None:
     if result is None or not assoc.is_established:  # answered 0x0124, or aborted meanwhile: no response
         return
     pdu = response_pdu(req, cx, result, provider.maximum_pdu_size)
-    if pdu is None or not dul.to_provider_queue.empty() or dul.state_machine.current_state != "Sta6":
-        rsp = C_STORE()
-        rsp.MessageID = rsp.MessageIDBeingRespondedTo = req.MessageID
-        rsp.AffectedSOPInstanceUID = req.AffectedSOPInstanceUID
-        rsp.AffectedSOPClassUID = req.AffectedSOPClassUID
-        rsp = StorageServiceClass(assoc).validate_status(result, rsp)
-        provider.send_msg(rsp, cx)  # queued behind what is queued, sent by the state machine (DT-1)
-        return
-    # DT-1 (PS3.8 §9.2, Sta6 + Evt9 -> Sta6), from the thread that runs the state machine
-    dul.socket.send(pdu)
+    if pdu is not None:
+        g = store_rsp.gate(dul)
+        with g.mutex:  # not while another thread queues a message (store_rsp.SendGate: never inside it)
+            if not g.busy and not dul.to_provider_queue.queue and dul.state_machine.current_state == "Sta6":
+                # DT-1 (PS3.8 §9.2, Sta6 + Evt9 -> Sta6), from the thread that runs the state machine
+                dul.socket.send(pdu)
+                return
+    rsp = C_STORE()
+    rsp.MessageID = rsp.MessageIDBeingRespondedTo = req.MessageID
+    rsp.AffectedSOPInstanceUID = req.AffectedSOPInstanceUID
+    rsp.AffectedSOPClassUID = req.AffectedSOPClassUID
+    rsp = StorageServiceClass(assoc).validate_status(result, rsp)
+    provider.send_msg(rsp, cx)  # queued behind what is queued, sent by the state machine (DT-1)
 
 
 def _store(provider, rx: Receiver, assoc, req: C_STORE, cx: int):

@@ -52,7 +52,9 @@ dul.DULServiceProvider._read_pdu_data              pdata.py     P-DATA-TF as vie
 dimse.DIMSEServiceProvider.receive_primitive       pdata.py     PDV by PDV, message assembly rules checked
                                                                 (PS3.8 §9.3.5, Annex E)
 dimse.DIMSEServiceProvider.send_msg                store_rsp.py the C-STORE-RSP encoded by hand (19 % of the
-                                                                listener's GIL samples)
+                                                                listener's GIL samples); one message at a
+                                                                time on an association, whatever thread
+                                                                sends (PS3.7 §6.3.1)
 association.Association._serve_request             access.py    the DIMSE access check before every service
 *added where pynetdicom has none* (:data:`ABSENT`)
 association.Association.run                        slots.py     a thread's end rewrites its slot row

@@ -9,11 +9,24 @@ it with ``write_dataset`` twice (once to learn the group length), then cuts it i
 fragments; the pieces are six fixed elements. pynetdicom's own path is kept for anything
 else (other messages, an Offending Element, an ``EVT_DIMSE_SENT`` handler bound, a peer's
 maximum PDU too small for one fragment). A test checks the bytes are pynetdicom's.
+
+One message at a time on an association (PS3.7 §6.3.1, PS3.8 §9.3.5 and Annex E: a
+message's command fragments, then its data set fragments, then the next message's). pynetdicom
+queues a message for the DUL thread fragment by fragment, and the archive sends from several
+threads: the DUL thread answers a C-STORE itself (:mod:`.cstore_rx`), the association thread
+answers other requests and sends C-GET/C-MOVE sub-operations, the storage commitment reporter
+sends its N-EVENT-REPORT (PS3.4 J.3.3) from a thread of its own. A C-STORE-RSP written
+between the report's command and its data set broke the rules (tests/dimse/test_send_order.py).
+:class:`SendGate`: a thread other than the DUL thread queues a whole message under the
+association's send lock; the DUL thread never waits for it (it is the one draining the queue
+such a sender may wait on: ``reactor._send_pdu_paced``): while another thread is inside a
+message, the DUL thread's own message is held and queued by that thread right after its own.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 
 from pynetdicom import dimse, evt
 from pynetdicom.dimse_primitives import C_STORE
@@ -57,8 +70,31 @@ def encode(sop_class_uid, message_id_being_responded_to: int, status: int, error
     return _element(0x00000000, struct.pack("<I", len(body)), b"") + body
 
 
-def send_msg(self, primitive, context_id: int) -> None:
-    """``DIMSEServiceProvider.send_msg`` with the C-STORE-RSP encoded by :func:`encode_c_store_rsp`."""
+class SendGate:
+    """Who is sending a message on one association (module docstring).
+
+    ``lock`` is held by a thread other than the DUL thread for the whole of its message;
+    ``busy`` (under ``mutex``, which nobody holds while waiting) says such a message is being
+    queued; ``held`` are the DUL thread's PDUs that wait for its end."""
+
+    __slots__ = ("lock", "mutex", "busy", "held")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.mutex = threading.Lock()
+        self.busy = False
+        self.held: list = []
+
+
+def gate(dul) -> SendGate:
+    """The association's :class:`SendGate` (made on first use; ``dict.setdefault`` is atomic)."""
+    g = dul.__dict__.get("_send_gate")
+    return g if g is not None else dul.__dict__.setdefault("_send_gate", SendGate())
+
+
+def _fragments(self, primitive, context_id: int) -> list:
+    """The P-DATA primitives of the message: a C-STORE-RSP encoded here, anything else as
+    pynetdicom's ``DIMSEServiceProvider.send_msg`` encodes it (its EVT_DIMSE_SENT included)."""
     if isinstance(primitive, C_STORE) and primitive.MessageIDBeingRespondedTo is not None \
             and not self.assoc.get_handlers(evt.EVT_DIMSE_SENT):
         command = encode_c_store_rsp(primitive)
@@ -66,9 +102,46 @@ def send_msg(self, primitive, context_id: int) -> None:
         if command is not None and (not max_pdu or len(command) + 6 <= max_pdu):
             pdata = P_DATA()  # one PDV, the last (and only) command fragment: bits xxxxxx11 (PS3.8 E.2)
             pdata.presentation_data_value_list.append((context_id, b"\x03" + command))
-            self.dul.send_pdu(pdata)
-            return
-    _send_msg(self, primitive, context_id)
+            return [pdata]
+    if primitive.MessageIDBeingRespondedTo is None:  # pynetdicom's send_msg from here on
+        msg = dimse._RQ_TO_MESSAGE[primitive.__class__]()
+    else:
+        msg = dimse._RSP_TO_MESSAGE[primitive.__class__]()
+    msg.primitive_to_message(primitive)
+    msg.context_id = context_id
+    evt.trigger(self.assoc, evt.EVT_DIMSE_SENT, {"message": msg})
+    return msg.encode_msg(context_id, self.maximum_pdu_size)  # a generator: encoded as sent
+
+
+def send_msg(self, primitive, context_id: int) -> None:
+    """``DIMSEServiceProvider.send_msg``: the C-STORE-RSP encoded by :func:`encode_c_store_rsp`,
+    and every message queued whole, never between another message's fragments."""
+    dul = self.dul
+    g = gate(dul)
+    if threading.get_ident() == dul.ident:  # the DUL thread: never waits for another sender
+        pdus = list(_fragments(self, primitive, context_id))
+        with g.mutex:
+            if g.busy:
+                g.held.extend(pdus)
+                return
+            for pdu in pdus:  # not paced on the DUL thread: no wait
+                dul.send_pdu(pdu)
+        return
+    with g.lock:
+        with g.mutex:
+            g.busy = True
+        try:
+            for pdu in _fragments(self, primitive, context_id):
+                dul.send_pdu(pdu)
+        finally:
+            while True:  # then what the DUL thread held meanwhile, in its order
+                with g.mutex:
+                    held, g.held = g.held, []
+                    if not held:
+                        g.busy = False
+                        break
+                for pdu in held:
+                    dul.send_pdu(pdu)
 
 
 def install() -> None:
