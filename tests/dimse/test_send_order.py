@@ -19,7 +19,7 @@ import httpx
 import pytest
 from pydicom.dataset import Dataset
 from pydicom.uid import generate_uid
-from pynetdicom import AE, build_context, evt
+from pynetdicom import AE, evt
 from pynetdicom import transport as _transport
 from pynetdicom.sop_class import CTImageStorage, StorageCommitmentPushModel, StorageCommitmentPushModelInstance
 
