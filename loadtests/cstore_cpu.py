@@ -35,9 +35,19 @@ from .load01 import Job, _dataset, free_port, pids_listening, wait_port
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the whole thread group."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (whole thread group)
+    return int(fields[11]) / TICK, int(fields[12]) / TICK  # utime, stime
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of the whole thread group (each fresh page of a large buffer)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_split(pid))
 
 
 def thread_switches(pid: int) -> dict[int, tuple[int, int]]:
@@ -115,6 +125,8 @@ def one_run(dimse: int, step: str, associations: int, images: int, modality: int
     try:
         pids = pids_listening(dimse)
         cpu0 = sum(cpu_seconds(p) for p in pids)
+        sys0 = sum(cpu_split(p)[1] for p in pids)
+        flt0 = sum(minor_faults(p) for p in pids)
         sw = Switches(pids)
         sw.start()
         spy = None
@@ -129,6 +141,8 @@ def one_run(dimse: int, step: str, associations: int, images: int, modality: int
         wall = time.monotonic() - t0
         vol, invol = sw.stop()
         cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+        system = sum(cpu_split(p)[1] for p in pids) - sys0
+        faults = sum(minor_faults(p) for p in pids) - flt0
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -139,6 +153,8 @@ def one_run(dimse: int, step: str, associations: int, images: int, modality: int
     return {"associations": associations, "stored": stored, "errors": errors, "file_bytes": size,
             "wall_s": round(wall, 2), "rate": round(stored / wall, 1),
             "cpu_ms_per_instance": round(1000 * cpu / max(stored, 1), 3),
+            "sys_ms_per_instance": round(1000 * system / max(stored, 1), 3),
+            "minflt_per_instance": round(faults / max(stored, 1), 1),
             "vol_cs_per_instance": round(vol / max(stored, 1), 2),
             "invol_cs_per_instance": round(invol / max(stored, 1), 2),
             "loadavg": Path("/proc/loadavg").read_text().split()[:3]}

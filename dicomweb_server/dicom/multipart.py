@@ -14,6 +14,7 @@ epilogue), RFC 2387.
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import tempfile
@@ -30,6 +31,27 @@ CRLF = b"\r\n"
 MEMORY_PART_BYTES = 1024 * 1024
 #: ... as long as the request's parts kept in memory stay under this (then: files)
 MEMORY_REQUEST_BYTES = 2 * 1024 * 1024
+
+
+_spool_names = itertools.count()
+
+
+def new_spool_file(spool_dir: Path, prefix: str = "part-") -> tuple[int, Path]:
+    """A new file in ``spool_dir`` (``O_EXCL``, mode 0600 as ``mkstemp`` makes it), open for
+    writing: its descriptor and path. Named by the process id and a counter, not by
+    ``tempfile.mkstemp``'s random name: that name's generation and path handling was ~4 %
+    of the DIMSE listener's GIL time per stored instance (py-spy, issue 33). A name left by
+    an earlier process with the same id is skipped (``O_EXCL``: the next number)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    pid = os.getpid()
+    for _ in range(1000):
+        path = spool_dir / f"{prefix}{pid:x}-{next(_spool_names):x}.tmp"
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=spool_dir)
+    return fd, Path(name)
 
 
 class MultipartError(ValueError):
@@ -68,11 +90,10 @@ class SpooledPart:
             return
         data, self.data = self.data, None
         try:
-            fd, name = tempfile.mkstemp(prefix="part-", suffix=".tmp", dir=spool_dir)
+            fd, path = new_spool_file(spool_dir)
         except OSError as e:
             self.error = e
             return
-        path = Path(name)
         try:
             with os.fdopen(fd, "wb", buffering=0) as f:
                 view = memoryview(data)
@@ -144,11 +165,10 @@ class PartSpooler:
         held, self._memory = self._memory or [], None
         self._in_memory -= sum(len(b) for b in held)
         try:
-            fd, name = tempfile.mkstemp(prefix="part-", suffix=".tmp", dir=self._spool_dir)
+            fd, part.path = new_spool_file(self._spool_dir)
         except OSError as e:
             part.error = e  # the rest of this part is read and dropped; the part fails
             return
-        part.path = Path(name)
         self._file = os.fdopen(fd, "wb", buffering=0)
         for chunk in held:
             self._write(part, chunk)

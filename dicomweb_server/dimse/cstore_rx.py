@@ -39,6 +39,7 @@ thread does not look at the timer while it serves.
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
@@ -189,7 +190,11 @@ class Receiver:
         # PS3.10 §7.1: the preamble, "DICM", the file meta
         head = b"\x00" * 128 + b"DICM" + meta
         self.memory = len(head) + memory
-        self.data: bytearray | None = bytearray(head)
+        # a BytesIO, not a bytearray: its getvalue() at the end hands its buffer over as
+        # bytes without copying it (CPython's bytesio.c), where bytes(bytearray) copied the
+        # whole data set once more (5.7 % of the listener's GIL samples, issue 33)
+        self.data: io.BytesIO | None = io.BytesIO()
+        self.data.write(head)
         self.head = bytearray()  # the spool file's first HEAD bytes, for the SOP UID check
         if memory <= 0:
             self._to_file()
@@ -197,8 +202,8 @@ class Receiver:
     def _to_file(self) -> None:
         """The spool file (a name of this process's spool folder, scp._spool, created here,
         O_EXCL, with mkstemp's mode: the stored file's), the bytes so far written to it."""
-        data, self.data = self.data, None
-        self.head = data[:HEAD]
+        data, self.data = self.data.getvalue(), None
+        self.head = bytearray(data[:HEAD])
         self.path = self._spool / f"dimse-{os.getpid()}-{next(_names):x}.dcm"
         try:
             self._data_set_file = open(self.path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600))
@@ -224,8 +229,8 @@ class Receiver:
     def write(self, fragment) -> None:
         """A data set fragment (the PDV value after its message control header)."""
         if self.data is not None:
-            if len(self.data) + len(fragment) <= self.memory:
-                self.data += fragment
+            if self.data.tell() + len(fragment) <= self.memory:
+                self.data.write(fragment)
                 return
             self._to_file()
         if self._data_set_file is None:  # failed: the rest is dropped
@@ -237,6 +242,12 @@ class Receiver:
             return
         if len(self.head) < HEAD:
             self.head += fragment[:HEAD - len(self.head)]
+
+    def take(self) -> bytes:
+        """The PS3.10 file of a data set received in memory (preamble, file meta, data set),
+        handed over without a copy: the buffer ``data`` filled becomes these bytes (issue 33)."""
+        data, self.data = self.data.getvalue(), None
+        return data
 
     def close(self) -> None:
         """The last fragment is in: the spool file closed (its write errors in ``error``)."""
@@ -332,7 +343,7 @@ def _store(provider, rx: Receiver, assoc, req: C_STORE, cx: int):
     if rx.error is not None:  # the spool file could not be written: nothing of it is left
         return write_failed(rx.error, assoc.requestor.ae_title)
     if rx.data is not None:  # a small data set: to the archive in memory, written once there
-        data, rx.data = bytes(rx.data), None
+        data = rx.take()
         return assoc.ae.dicomweb_cstore.store_one(assoc, req, None, rx.transfer_syntax, data, data)
     return assoc.ae.dicomweb_cstore.store_one(assoc, req, rx.path, rx.transfer_syntax, bytes(rx.head))
 

@@ -213,3 +213,53 @@ def test_fuzzer_findings_decline(name, tmp_path):
     slow = _slow(data, tmp_path)  # the pydicom path answers them, record or error, as before
     assert slow is not None
 
+
+
+@pytest.mark.parametrize("case", ["padded with NUL", "padded with a space", "leading space", "multi-valued",
+                                  "empty", "missing", "invalid", "another VR"])
+def test_the_uids_read_from_the_element_bytes_are_the_pydicom_paths_or_declined(case, tmp_path):
+    """``instance._lean_uids`` (issue 33): the four UIDs read from the walked elements'
+    bytes give the pydicom path's record, or the lean path declines (never a record the
+    pydicom path refuses)."""
+    ds = make_dataset(sop_class=MR, modality="MR", rows=8, columns=8)
+    sop = ds.SOPInstanceUID
+    data = to_bytes(ds)
+    raw = sop.encode()
+    if case == "padded with NUL":
+        data = data.replace(raw + b"\x00", raw + b"\x00") if len(raw) % 2 else data.replace(raw, raw[:-1] + b"\x00")
+    elif case == "padded with a space":
+        data = data.replace(raw, raw[:-1] + b" ") if not len(raw) % 2 else data
+    elif case == "leading space":
+        data = data.replace(raw, b" " + raw[1:])
+    elif case == "multi-valued":
+        data = data.replace(raw, raw[:2] + b"\\" + raw[3:])
+    elif case == "empty":
+        ds.SOPInstanceUID = ""
+        data = to_bytes(ds)
+    elif case == "missing":
+        del ds.SeriesInstanceUID
+        data = to_bytes(ds)
+    elif case == "invalid":
+        data = data.replace(raw, raw[:2] + b"x" + raw[3:])
+    elif case == "another VR":
+        ds["SOPInstanceUID"].VR = "LO"
+        data = to_bytes(ds)
+    accepted = _same_or_declined(data, tmp_path)
+    assert accepted is (case in ("padded with NUL", "padded with a space"))
+
+
+def test_the_uids_are_read_without_a_json_object_of_them(monkeypatch):
+    """One DICOM JSON conversion per described instance (the whole data set's): the UIDs
+    come from the element bytes (before issue 33, a JSON object of the four UID elements
+    was made first, only to read them back)."""
+    data = to_bytes(make_dataset(sop_class=MR, modality="MR", rows=8, columns=8))
+    calls = []
+    real = lean.to_json
+
+    def counted(elements, *a, **k):
+        calls.append(len(elements))
+        return real(elements, *a, **k)
+
+    monkeypatch.setattr(lean, "to_json", counted)
+    rec = instance._describe_lean(data, 1024, None)
+    assert rec.sop_class_uid == MR and len(calls) == 1 and calls[0] > 4

@@ -102,7 +102,7 @@ def test_read_only_storage_fails_with_out_of_resources(tmp_path, monkeypatch, wh
                 raise OSError(errno.EROFS, "Read-only file system")
 
             if where == "spool":
-                monkeypatch.setattr("dicomweb_server.dicom.multipart.tempfile.mkstemp", refuse)
+                monkeypatch.setattr("dicomweb_server.dicom.multipart.new_spool_file", refuse)
             else:
                 monkeypatch.setattr("dicomweb_server.store.blobs.os.link", refuse)
             body, ctype = multipart([to_bytes(make_dataset()), to_bytes(make_dataset())])
