@@ -25,7 +25,6 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .coalesce import CoalescingTransport
 from .errors import error_response, warning_header
 from .sendfile import SENDFILE, SendfileSender, can_sendfile
 
@@ -56,8 +55,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     byte (the idle time between requests is uvicorn's ``timeout_keep_alive``).
 
     It also offers the application the SENDFILE extension (stored files sent by the
-    kernel: :mod:`.sendfile`) on connections without TLS, and writes what one turn of
-    the event loop wrote with one system call (:mod:`.coalesce`)."""
+    kernel: :mod:`.sendfile`) on connections without TLS."""
 
     def __init__(self, *args: Any, header_timeout: float, max_header_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -83,8 +81,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        # the writes of one event-loop turn (an answer's head and body) in one system call
-        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(transport)
         if can_sendfile(transport):
             self._sendfile = SendfileSender(self)
         self._start_head()
