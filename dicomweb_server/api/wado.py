@@ -217,8 +217,9 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
 
 
-async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tuple[Choice, bytes]:
-    """The instance as ``choice`` says (retrieve.instance_payload, in a worker thread),
+async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tuple[Choice, bytes | memoryview]:
+    """The instance as ``choice`` says (the file as stored read on the event loop when it
+    is all in memory, retrieve.cached_file; else retrieve.instance_payload in a worker thread),
     and the choice it was sent as. When no transfer syntax was asked (``defaulted``,
     PS3.18 §8.7.3.5.2) and the stored pixels cannot be decoded (e.g. a corrupt
     codestream), the file as stored, as when no decoder exists for its syntax.
@@ -230,6 +231,10 @@ async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tup
     retrieve.NotFound
         Deleted since the look-up.
     """
+    if not choice.transcode:
+        data = retrieve.cached_file(path, loc)  # on the event loop when no disk read is needed
+        if data is not None:
+            return choice, data
     try:
         return choice, await run_blocking(retrieve.instance_payload, path, loc, choice)
     except pixels.UnsupportedTransferSyntax:

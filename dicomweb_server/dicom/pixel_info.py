@@ -130,6 +130,9 @@ def element_value(ds: Dataset | None, tag: int, default: Any = None) -> Any:
             if elem is None:
                 return default
             if not isinstance(elem, DataElement):
+                us = _raw_us(elem)
+                if us is not None:
+                    return us
                 elem = ds[tag]
         else:
             elem = ds[tag]
@@ -138,6 +141,19 @@ def element_value(ds: Dataset | None, tag: int, default: Any = None) -> Any:
         # absent, or a stored value pydicom cannot convert (e.g. DS "abc"): as absent
         return default
     return default if value is None or value == "" else value
+
+
+def _raw_us(raw: Any) -> int | None:
+    """The value of a raw (not yet converted) single-valued US element of an explicit VR
+    little endian data set, as pydicom converts it (PS3.5 §6.2: US, a 16-bit unsigned
+    binary integer), without converting the element; None for anything else (pydicom
+    converts it). Rows, Columns, Bits Allocated... are read this way several times per
+    rendered picture: pydicom's conversion of each was ~10-15 us (issue 33)."""
+    if raw.VR == "US" and raw.is_little_endian and not raw.is_implicit_VR and raw.length == 2:
+        value = raw.value
+        if isinstance(value, bytes) and len(value) == 2:
+            return value[0] | value[1] << 8
+    return None
 
 
 def _value(header: Dataset, keyword: str) -> Any:
