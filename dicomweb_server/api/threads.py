@@ -18,6 +18,7 @@ work was handed over is finished, never dropped half-done."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from _queue import SimpleQueue
 from collections.abc import Callable
@@ -102,8 +103,19 @@ def _get_pool() -> Pool:
         with _pool_lock:
             if _pool is None:
                 _pool = Pool()
+                # (as concurrent.futures registers its executors' shutdown: before the
+                # interpreter stops its threads, after the main thread has returned)
                 threading._register_atexit(_pool.shutdown)  # type: ignore[attr-defined]
     return _pool
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 async def run_blocking(fn: Callable[..., T], *args: object) -> T:

@@ -125,3 +125,34 @@ def test_shutdown_runs_every_queued_call_then_refuses_new_ones():
     assert [type(o[1]) for o in outcomes[1:] if not o[0]] == [ZeroDivisionError]
     assert len(outcomes) == 6
 
+
+
+def test_a_forked_child_runs_calls_on_threads_of_its_own():
+    """The pool's threads do not survive a fork: a child process that calls run_blocking
+    (after its parent did) gets a pool of its own instead of waiting for ever."""
+    import os
+
+    async def once():
+        return await run_blocking(os.getpid)
+
+    assert asyncio.run(once()) == os.getpid()  # the parent's pool exists now
+    from dicomweb_server.api import threads
+
+    deadline = time.monotonic() + 5
+    while threads._pool._idle < 1 and time.monotonic() < deadline:  # its thread waits for the next call
+        time.sleep(0.01)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the call ran in this process
+        try:
+            code = 0 if asyncio.run(asyncio.wait_for(once(), 10)) == os.getpid() else 1
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    deadline = time.monotonic() + 20
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited[0] == 0:  # the child waits for a thread that does not exist in it
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's call never ran")
+    assert os.waitstatus_to_exitcode(waited[1]) == 0
