@@ -10,7 +10,6 @@ import os
 import socket
 import time
 import types
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -116,7 +115,7 @@ def test_a_client_that_does_not_read_holds_no_worker_thread(live, monkeypatch):
     """Clients that stop reading a big answer wait on the event loop (writability),
     not in a worker thread: with a pool of 2 threads, 4 such clients leave the
     server answering everyone else; each answer ends when its client reads on."""
-    monkeypatch.setattr(threads, "_executor", ThreadPoolExecutor(max_workers=2, thread_name_prefix="test"))
+    monkeypatch.setattr(threads, "_pool", threads.Pool(max_threads=2, name="test"))
     study, files = _store_study(live.url, 6, 1024)  # 6 x 2 MB: more than the socket buffers hold
     stalled = []
     for _ in range(4):
