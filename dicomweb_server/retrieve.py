@@ -108,44 +108,6 @@ def _open_error(e: OSError, loc: InstanceLocation) -> OSError | Gone:
     return Gone(f"instance {loc.sop_uid}: its stored file cannot be read: {e.strerror}")
 
 
-#: ``preadv2(2)``'s flag "fail with EAGAIN rather than wait for the disk" (Linux >= 4.14), or None
-_NOWAIT = getattr(os, "RWF_NOWAIT", None)
-
-
-def cached_file(path: Path | StoredObject, loc: InstanceLocation) -> memoryview | None:
-    """The whole stored file of ``loc`` when it is all in the page cache, read without
-    waiting for a disk (``preadv2`` with ``RWF_NOWAIT``), so that the event loop can read
-    it instead of a worker thread (issue 33: the hand-off and the GIL switches it causes
-    cost more than reading 100-500 KB from memory). None when any of it would need a
-    disk read, when the system cannot tell (no ``RWF_NOWAIT``, a file system that
-    refuses it) or for an object store: then read it in a worker thread
-    (:func:`instance_payload`). Only the open's path look-up can touch the disk, as the
-    index look-up before it can.
-
-    Raises
-    ------
-    Gone
-        As :func:`open_stored`: the file is missing, unreadable or not the size recorded.
-    """
-    if _NOWAIT is None or not isinstance(path, Path):
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        raise _open_error(e, loc) from None
-    try:
-        if os.fstat(fd).st_size != loc.size:
-            raise Gone(f"instance {loc.sop_uid} was replaced while being read")
-        buf = bytearray(loc.size)
-        try:
-            n = os.preadv(fd, [buf], 0, _NOWAIT)
-        except OSError:  # EAGAIN: not all in memory; EOPNOTSUPP: this file system cannot tell
-            return None
-        return memoryview(buf) if n == loc.size else None
-    finally:
-        os.close(fd)
-
-
 def can_decode(ts: str) -> bool:
     """Whether pixel data in ``ts`` can be decoded to native pixels here."""
     return ts in UNENCAPSULATED or pixels.is_supported_transfer_syntax(ts)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
-from .. import missing_data, retrieve
+from .. import loop_read, missing_data, retrieve
 from ..policy import transcode
 from ..render_cache import RenderCache
 from ..dicom import pixels
@@ -204,7 +204,7 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
         return await _stream_file(archive, path, loc, 0, loc.size, _dicom_part_type(choice.transfer_syntax),
                                   choice.multipart)
     try:
-        choice, data = await _payload_or_stored(path, loc, choice)
+        choice, data = await _payload_or_stored(path, loc, choice, archive.blobs.loop_reads)
     except retrieve.NotFound as e:  # deleted since the look-up, or missing
         raise gone_error(archive, loc, e) from None
     except pixels.UnsupportedTransferSyntax as e:
@@ -217,9 +217,10 @@ async def retrieve_instance(request: Request, archive: ArchiveDep, study: StudyU
     return multipart_response([(_dicom_part_type(choice.transfer_syntax), data)], DICOM, headers)
 
 
-async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tuple[Choice, bytes | memoryview]:
+async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice,
+                             loop_reads: bool) -> tuple[Choice, bytes | memoryview]:
     """The instance as ``choice`` says (the file as stored read on the event loop when it
-    is all in memory, retrieve.cached_file; else retrieve.instance_payload in a worker thread),
+    is all in memory and ``loop_reads``, loop_read.cached_file; else retrieve.instance_payload in a worker thread),
     and the choice it was sent as. When no transfer syntax was asked (``defaulted``,
     PS3.18 §8.7.3.5.2) and the stored pixels cannot be decoded (e.g. a corrupt
     codestream), the file as stored, as when no decoder exists for its syntax.
@@ -231,8 +232,8 @@ async def _payload_or_stored(path, loc: InstanceLocation, choice: Choice) -> tup
     retrieve.NotFound
         Deleted since the look-up.
     """
-    if not choice.transcode:
-        data = retrieve.cached_file(path, loc)  # on the event loop when no disk read is needed
+    if not choice.transcode and loop_reads:
+        data = loop_read.cached_file(path, loc)  # on the event loop when no disk read is needed
         if data is not None:
             return choice, data
     try:
@@ -286,7 +287,7 @@ async def _stream_instances(archive, locs: list[InstanceLocation], accept, bound
             if large:  # opened before its part starts; read in bounded pieces as the client reads
                 chunks = await run_in_threadpool(retrieve.file_chunks, path, loc)
             else:
-                choice, data = await _payload_or_stored(path, loc, choice)
+                choice, data = await _payload_or_stored(path, loc, choice, archive.blobs.loop_reads)
         except (NotAcceptable, pixels.UnsupportedTransferSyntax, retrieve.NotFound) as e:
             # refused before the answer started (its Warning), a syntax asked for that this
             # file's pixels cannot give, or deleted (or found missing) meanwhile: left out

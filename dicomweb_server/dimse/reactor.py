@@ -51,6 +51,8 @@ from pynetdicom.fsm import InvalidEventError
 from pynetdicom.pdu import A_ABORT_RQ
 from pynetdicom.pdu_primitives import P_DATA
 
+from . import store_rsp
+
 log = logging.getLogger("dicomweb_server.dimse")
 
 Association = _association.Association
@@ -227,7 +229,8 @@ def _assoc_run_reactor(self) -> None:
             continue  # more may be queued
 
         if self.is_established and self.acse.is_release_requested():
-            self.acse.send_release(is_response=True)
+            with store_rsp.gate(self.dul).lock:  # never between the fragments of a message (PS3.8 Annex E)
+                self.acse.send_release(is_response=True)
             log.debug("Association Released")
             self.is_released = True
             self.is_established = False

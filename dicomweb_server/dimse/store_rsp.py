@@ -73,14 +73,18 @@ def encode(sop_class_uid, message_id_being_responded_to: int, status: int, error
 class SendGate:
     """Who is sending a message on one association (module docstring).
 
-    ``lock`` is held by a thread other than the DUL thread for the whole of its message;
-    ``busy`` (under ``mutex``, which nobody holds while waiting) says such a message is being
-    queued; ``held`` are the DUL thread's PDUs that wait for its end."""
+    ``lock`` is held by a thread other than the DUL thread for the whole of its message (and
+    by the association thread around its A-RELEASE-RP: :mod:`.reactor`); reentrant, for an
+    ``EVT_DIMSE_SENT`` handler that sends on the same association. ``busy`` (under
+    ``mutex``) says such a message is being queued; ``held`` are the DUL thread's PDUs that wait
+    for its end. ``mutex`` is held briefly, never while waiting for another thread; the DUL
+    thread holds it while it writes a C-STORE-RSP to the socket (:mod:`.cstore_rx`), so a
+    sender may wait for that write (for a peer that reads slowly), never the reverse."""
 
     __slots__ = ("lock", "mutex", "busy", "held")
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.mutex = threading.Lock()
         self.busy = False
         self.held: list = []
@@ -129,19 +133,34 @@ def send_msg(self, primitive, context_id: int) -> None:
         return
     with g.lock:
         with g.mutex:
-            g.busy = True
+            nested, g.busy = g.busy, True  # nested: an EVT_DIMSE_SENT handler of this thread's message
+        queued = 0
         try:
             for pdu in _fragments(self, primitive, context_id):
                 dul.send_pdu(pdu)
+                queued += 1
+        except BaseException:
+            if queued:  # part of a message is out (e.g. a sub-operation's file failed to read):
+                with g.mutex:  # nothing may follow it on this association (PS3.8 Annex E)
+                    g.held = []
+                self.assoc.abort()
+            raise
         finally:
-            while True:  # then what the DUL thread held meanwhile, in its order
-                with g.mutex:
-                    held, g.held = g.held, []
-                    if not held:
-                        g.busy = False
-                        break
-                for pdu in held:
-                    dul.send_pdu(pdu)
+            if not nested:  # (a nested message leaves the flush to the outer one)
+                _flush_held(dul, g)
+
+
+def _flush_held(dul, g: SendGate) -> None:
+    """What the DUL thread held while another thread queued its message, in its order; then
+    the gate is open again."""
+    while True:
+        with g.mutex:
+            held, g.held = g.held, []
+            if not held:
+                g.busy = False
+                return
+        for pdu in held:
+            dul.send_pdu(pdu)
 
 
 def install() -> None:

@@ -51,6 +51,47 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: file systems on a local block device (local_block_file_system; overlay: over a local one)
+LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "jfs", "reiserfs", "bcachefs",
+                                "zfs", "nilfs2", "overlay"})
+
+
+def _unescape(field: str) -> str:
+    """A mount point as ``/proc/self/mountinfo`` writes it (space, tab, newline and backslash
+    as octal escapes)."""
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def file_system_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the file system holding ``path`` (resolved: a symbolic link to an NFS mount
+    is NFS), from the longest mount point that contains it; None when the table cannot be read."""
+    real = os.path.realpath(path)
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best, best_type = "", None
+    for line in lines:
+        fields = line.split(" ")
+        try:  # id parent major:minor root mount-point options [optional...] - type source super-options
+            mount_point, fs_type = _unescape(fields[4]), fields[fields.index("-") + 1]
+        except (IndexError, ValueError):
+            continue
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):  # a later mount over the same point wins
+            best, best_type = mount_point, fs_type
+    return best_type
+
+
+def local_block_file_system(path: Path) -> bool:
+    """Whether ``path`` is on a local block-device file system whose reads ``preadv2``'s
+    ``RWF_NOWAIT`` reports on (Linux >= 4.14): files there may be read by the event loop
+    (dicomweb_server/loop_read.py). Not on NFS, CIFS, CephFS or FUSE, where even an ``open``
+    may wait for a network, nor on tmpfs, which refuses the flag."""
+    return hasattr(os, "RWF_NOWAIT") and file_system_type(path) in LOCAL_FILE_SYSTEMS
+
+
 class BlobStore(BlobStorage):
     """Files under ``root/blobs``; spool files under ``root/tmp/{pid}-{token}/``.
 
@@ -66,6 +107,7 @@ class BlobStore(BlobStorage):
         self.spool_root.mkdir(parents=True, exist_ok=True)
         self._blobs_abs = self.blobs.resolve()
         self._blobs_abs_str = str(self._blobs_abs)
+        self.loop_reads = local_block_file_system(self._blobs_abs)
         self.locks = root / "locks"
         self.locks.mkdir(parents=True, exist_ok=True)
         self._spool: Path | None = None

@@ -70,6 +70,9 @@ class BlobStorage(ABC):
     #: whether ``resolve`` gives a local file for every stored instance (readers may then open
     #: descriptors themselves, e.g. a whole study's files before its answer starts)
     local_files = True
+    #: whether a stored file in the page cache may be read by the event loop (loop_read.py;
+    #: BlobStore: a local block-device file system)
+    loop_reads = False
 
     @abstractmethod
     def place(self, spooled: Path, relpath: str, *, sync_dir: bool = True, synced: bool = False) -> "Placed":

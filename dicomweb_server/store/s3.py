@@ -139,6 +139,7 @@ class S3BlobStore(BlobStore):
 
     def __init__(self, root: Path, url: str, *, endpoint_url: str | None = None, client=None) -> None:
         super().__init__(root)  # the local side: data/tmp (spool), data/locks, the reserve
+        self.loop_reads = False  # instances are objects, read by worker threads (loop_read.py)
         self.url = url
         self.bucket, self.prefix = parse_storage_url(url)
         if client is None:

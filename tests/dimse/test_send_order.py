@@ -143,3 +143,88 @@ def test_c_store_rsp_never_inside_a_commitment_report(archive, monkeypatch):
     assert report.TransactionUID == tuid and len(report.FailedSOPSequence) == 500
     assert [f for f, _ in messages].count(0x0100) == 1  # the N-EVENT-REPORT-RQ, whole
     assert [f for f, _ in messages].count(0x8001) == len(statuses)
+
+
+class _FakeDul:
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.sent: list = []
+        self.first_put = threading.Event()
+        self.go_on = threading.Event()
+
+    def send_pdu(self, pdu) -> None:
+        self.sent.append(pdu)
+        if len(self.sent) == 1:  # the other thread is inside its message now
+            self.first_put.set()
+            assert self.go_on.wait(10)
+
+
+class _FakeProvider:
+    maximum_pdu_size = 16384
+
+    def __init__(self, dul) -> None:
+        self.dul = dul
+        self.aborted = 0
+        self.assoc = self
+
+    def get_handlers(self, event):
+        return []
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+
+def _rsp(message_id: int):
+    from pynetdicom.dimse_primitives import C_STORE
+
+    rsp = C_STORE()
+    rsp.MessageIDBeingRespondedTo = message_id
+    rsp.AffectedSOPClassUID = CTImageStorage
+    rsp.AffectedSOPInstanceUID = "1.2.3"
+    rsp.Status = 0x0000
+    return rsp
+
+
+def test_the_dul_threads_message_waits_for_the_end_of_another_threads(monkeypatch):
+    """Store_rsp.SendGate: the DUL thread's C-STORE-RSP, sent while the reporter is between two
+    fragments of its message, is held and queued right after that message; the DUL thread
+    does not wait."""
+    from dicomweb_server.dimse import store_rsp
+
+    dul = _FakeDul(ident=-1)
+    provider = _FakeProvider(dul)
+    monkeypatch.setattr(store_rsp, "_fragments",
+                        lambda self, p, cx: iter([("report", 1), ("report", 2), ("report", 3)]) if p == "report"
+                        else iter([("rsp", p.MessageIDBeingRespondedTo)]))
+    reporter = threading.Thread(target=store_rsp.send_msg, args=(provider, "report", 1))
+    reporter.start()
+    assert dul.first_put.wait(10)
+    dul.ident = threading.get_ident()  # this thread plays the DUL thread
+    store_rsp.send_msg(provider, _rsp(7), 3)  # returns at once: held
+    assert dul.sent == [("report", 1)]
+    dul.go_on.set()
+    reporter.join(10)
+    assert dul.sent == [("report", 1), ("report", 2), ("report", 3), ("rsp", 7)]
+    assert not store_rsp.gate(dul).busy and provider.aborted == 0
+
+
+def test_a_message_that_fails_half_sent_aborts_the_association(monkeypatch):
+    """A message whose fragments fail after the first was queued (a sub-operation's file
+    unreadable) cannot be completed: the association is aborted, and nothing held is sent
+    after the partial message (PS3.8 Annex E)."""
+    from dicomweb_server.dimse import store_rsp
+
+    dul = _FakeDul(ident=-1)
+    dul.go_on.set()
+    provider = _FakeProvider(dul)
+
+    def fragments(self, p, cx):
+        yield ("sub-operation", 1)
+        store_rsp.gate(dul).held.append(("rsp", 9))  # the DUL thread answered meanwhile
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store_rsp, "_fragments", fragments)
+    with pytest.raises(OSError):
+        store_rsp.send_msg(provider, "sub-operation", 1)
+    assert dul.sent == [("sub-operation", 1)]
+    assert provider.aborted == 1 and not store_rsp.gate(dul).busy
