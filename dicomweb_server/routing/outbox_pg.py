@@ -42,7 +42,7 @@ class PostgreSQLOutbox(Outbox):
                                     configure=_configure, check=ConnectionPool.check_connection, open=True,
                                     name="dicomweb-outbox")
         try:
-            with self._pool.connection() as con:
+            with self._connection() as con:
                 check_durable(con)
                 migrate(con)  # the table may be new to this database (an archive that never routed)
         except BaseException:
@@ -57,7 +57,8 @@ class PostgreSQLOutbox(Outbox):
         """A pooled connection, as the index takes its own (store/postgresql.py ``_pooled``):
         IndexUnavailable at once when the database cannot be reached, not after the pool's
         30 s wait (a DIMSE listener stopping with the database down waited that twice:
-        its storage commitment thread's claim, then the release of its leases)."""
+        its storage commitment thread's claim, then the release of its leases; an app
+        stopping waited for its background jobs' runner opening its queue)."""
         con = _pooled(self._pool, READ_WAIT)
         try:
             yield con
