@@ -11,13 +11,12 @@ from tests.postgres import PostgresServer, skipped
 #: on every core with pytest-xdist, then ``-m serial`` in one process): SIGKILLs at random
 #: moments, real SIGKILLs with deadlines, load tests and timing assertions, which a second
 #: test's load distorts; every test using the ``browser`` fixture (tests/interop) too. Not
-#: here: tests that kill at deterministic fault points with no deadline a loaded machine
-#: misses (reliability/test_update_crash.py, the write path steps of reliability/test_crash.py),
-#: the interop tests without a browser (the PyPI client, the viewer's serving) and the
-#: benchmarks' smoke tests (their figures are not checked)
+#: here: kills at deterministic fault points with no deadline a loaded machine misses
+#: (reliability/test_update_crash.py, test_reject_crash.py, the write path steps of
+#: test_crash.py), the interop tests without a browser (the PyPI client, the viewer's
+#: serving) and the benchmarks' smoke tests (their figures are not checked)
 SERIAL = (
-    "tests/reliability/test_crash.py::test_kill_at_random_moments",
-    "tests/reliability/test_reject_crash.py", "tests/reliability/test_lifecycle.py",
+    "tests/reliability/test_crash.py::test_kill_at_random_moments", "tests/reliability/test_lifecycle.py",
     "tests/reliability/test_process_tree.py", "tests/reliability/test_resources.py",
     "tests/routing/test_crash.py", "tests/routing/test_orphans.py", "tests/routing/test_webhook.py",
     "tests/dimse/test_reactor.py", "tests/dimse/test_commitment.py", "tests/loadtests/",
