@@ -81,7 +81,8 @@ def test_sigkill_during_an_update(tmp_path, index, request, monkeypatch):
         srv = Server(data, index, fault)
         try:
             with pytest.raises(httpx.HTTPError):
-                httpx.post(f"{srv.url}/studies/{st}/$update", json=new, timeout=300)
+                r = httpx.post(f"{srv.url}/studies/{st}/$update", json=new, timeout=300)
+                pytest.fail(f"{fault}: the update was answered (not killed): {r.status_code} {r.text[:500]}")
         finally:
             srv.kill()
         assert srv.proc.returncode == -9, fault
