@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..store.postgresql import _configure, _key, check_durable, migrate
+from ..store.postgresql import READ_WAIT, _configure, _key, _pooled, check_durable, migrate
 from .outbox import Outbox
 
 _CLAIM_LOCK = "dicomweb-outbox:"  # advisory lock key of a destination's claims: _key(prefix + name)
@@ -42,7 +42,7 @@ class PostgreSQLOutbox(Outbox):
                                     configure=_configure, check=ConnectionPool.check_connection, open=True,
                                     name="dicomweb-outbox")
         try:
-            with self._pool.connection() as con:
+            with self._connection() as con:
                 check_durable(con)
                 migrate(con)  # the table may be new to this database (an archive that never routed)
         except BaseException:
@@ -53,14 +53,27 @@ class PostgreSQLOutbox(Outbox):
         self._pool.close()
 
     @contextmanager
+    def _connection(self) -> Iterator:
+        """A pooled connection, as the index takes its own (store/postgresql.py ``_pooled``):
+        IndexUnavailable at once when the database cannot be reached, not after the pool's
+        30 s wait (a DIMSE listener stopping with the database down waited that twice:
+        its storage commitment thread's claim, then the release of its leases; an app
+        stopping waited for its background jobs' runner opening its queue)."""
+        con = _pooled(self._pool, READ_WAIT)
+        try:
+            yield con
+        finally:
+            self._pool.putconn(con)  # (a broken connection is discarded by the pool)
+
+    @contextmanager
     def _reading(self) -> Iterator:
-        with self._pool.connection() as con:
+        with self._connection() as con:
             yield con
 
     @contextmanager
     def _transaction(self, hooked: bool = False) -> Iterator:
         # no index lock to respect: PostgreSQL's row locks and the claim lock serialise
-        with self._pool.connection() as con, con.transaction():
+        with self._connection() as con, con.transaction():
             yield con
 
     def _now(self, con) -> float:

@@ -3,7 +3,8 @@ instances fail with 0x0110 Processing Failure (PS3.7 Annex C), the same for STOW
 FailureReason (0008,1197) and the C-STORE-RSP status. They failed with 0xA700 "Refused: Out of
 Resources" (PS3.4 B.2.3), which tells a modality the archive is full: unavailable is not full.
 A full disk still answers 0xA700 (tests/routing/test_outbox.py, tests/store/test_s3.py). A
-C-GET with the index down then fails with 0xC000 (it was a Success with nothing sent)."""
+C-GET with the index down then fails with 0xC000 (it was a Success with nothing sent), and the
+outbox in the same database (storage commitment reports) fails at once as the index does."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dicomweb_server.archive import Archive
 from dicomweb_server.dimse import status as S
 from dicomweb_server.dimse.scp import DimseServer
 from dicomweb_server.settings import Settings
+from dicomweb_server.store.base import IndexUnavailable
 from tests.helpers import make_dataset, to_bytes
 
 
@@ -107,6 +109,10 @@ def test_c_store_status_is_processing_failure(tmp_path, pg, monkeypatch):
         assoc.release()
         assert final.Status == S.QR_UNABLE_TO_PROCESS, hex(final.Status)
         assert "the index database" in final.ErrorComment
+        # the outbox in the same database says so at once too (it waited for its pool's 30 s,
+        # then PoolTimeout: the listener's stop below waited that twice, a minute)
+        with pytest.raises(IndexUnavailable, match="cannot be reached"):
+            server.commitment.outbox.release("nobody")
     finally:
         server.stop()
         archive.close()

@@ -38,7 +38,7 @@ class Server:
              "--workers", "1", "--port", str(self.port)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 60  # a loaded machine (parallel tests) starts slowly
+        deadline = time.monotonic() + 120  # a bound, not a measurement: a loaded machine starts slowly
         while True:
             try:
                 httpx.get(self.url + "/studies?limit=1", timeout=1)

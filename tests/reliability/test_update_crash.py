@@ -1,9 +1,19 @@
 """Crash safety of a study update (lifecycle/update.py): SIGKILL of a real server process
-updating a 500-instance study after 200 new files were written, right before and right
+updating a 50-instance study after 20 new files were written, right before and right
 after the index switch; after a restart every instance is wholly old or wholly new (all
 of them the same), none missing, and ``check --repair`` indexes none of the update's
 files (they are versions, not orphans nor misfiled copies). Also the command line
-``update`` and how long a 500-instance update takes."""
+``update`` and how long the update takes.
+
+Why 50 instances suffice: the kills are at deterministic points (``DICOMWEB_FAULT``, the
+n-th occurrence of a step), not at moments, and an update has no batches: it writes every
+new version one after another, then switches them all in one index transaction. What
+must be proven is a kill with some new versions written and some not (20 of 50: both
+sides of the kill hold instances; ``_state`` checks every one), one with all written but
+not switched, and one just after the switch. 500 instances (the figure until 2026-12)
+took the same code paths ten times as often; how long a large update takes is
+benchmarks/lifecycle.py's business. The kills are not timed, so the test needs no
+machine of its own: it runs in the parallel phase (tests/conftest.py SERIAL)."""
 
 from __future__ import annotations
 
@@ -22,7 +32,8 @@ from pydicom.uid import generate_uid
 from tests.helpers import make_dataset, multipart, to_bytes
 from tests.reliability.test_crash import Server, _database
 
-N = 500
+N = 50  # instances of the study (the module docstring says why this suffices)
+WRITTEN = 20  # new versions written when the first kill comes: some, not all
 
 
 def _study_files(url: str, st: str) -> list[pydicom.Dataset]:
@@ -53,25 +64,25 @@ def _check(data: Path, index: str) -> str:
 
 
 @pytest.mark.parametrize("index", ["sqlite", "memory", "postgresql", "sqlite+s3"])
-def test_sigkill_during_a_500_instance_update(tmp_path, index, request, monkeypatch):
+def test_sigkill_during_an_update(tmp_path, index, request, monkeypatch):
     index = _database(request, monkeypatch, index)  # (PostgreSQL, S3: set in the environment)
     data = tmp_path / "data"
     st, se = generate_uid(), generate_uid()
     srv = Server(data, index)
     try:
-        for start in range(0, N, 100):
-            body, ctype = multipart([to_bytes(make_dataset(study=st, series=se, PatientID="OLD", InstanceNumber=i))
-                                     for i in range(start, start + 100)])
-            assert httpx.post(srv.url + "/studies", content=body, headers={"Content-Type": ctype},
-                              timeout=120).status_code == 200
+        body, ctype = multipart([to_bytes(make_dataset(study=st, series=se, PatientID="OLD", InstanceNumber=i))
+                                 for i in range(N)])
+        assert httpx.post(srv.url + "/studies", content=body, headers={"Content-Type": ctype},
+                          timeout=120).status_code == 200
     finally:
         srv.kill()
     new = {"00100020": {"vr": "LO", "Value": ["NEW"]}}
-    for fault, expected in (("update-written:200", "old"), ("update-switch", "old"), ("update-switched", "new")):
+    for fault, expected in ((f"update-written:{WRITTEN}", "old"), ("update-switch", "old"), ("update-switched", "new")):
         srv = Server(data, index, fault)
         try:
             with pytest.raises(httpx.HTTPError):
-                httpx.post(f"{srv.url}/studies/{st}/$update", json=new, timeout=300)
+                r = httpx.post(f"{srv.url}/studies/{st}/$update", json=new, timeout=300)
+                pytest.fail(f"{fault}: the update was answered (not killed): {r.status_code} {r.text[:500]}")
         finally:
             srv.kill()
         assert srv.proc.returncode == -9, fault

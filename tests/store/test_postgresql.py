@@ -154,6 +154,13 @@ def test_a_store_while_postgresql_is_down_fails_at_once_then_recovers(tmp_path, 
                       c.delete(f"{prefix}/studies/{first[0].study_uid}")):
                 assert (r.status_code, r.headers.get("retry-after")) == (503, "5"), r.text
                 assert "the index database cannot be reached" in r.json()["detail"]
+        # the outbox (routing, storage commitment reports, background jobs) too: at once,
+        # not PoolTimeout after 30 s (the app's shutdown above waited that for its jobs' queue)
+        from dicomweb_server.routing.outbox_pg import PostgreSQLOutbox
+        from dicomweb_server.store.base import IndexUnavailable
+
+        with pytest.raises(IndexUnavailable, match="cannot be reached"):
+            PostgreSQLOutbox(pg.url)
         pg._run("pg_ctl", "-D", str(data), "-l", str(pg.dir / "log"), "-w", "-t", "60", "-o",
                 f"-c listen_addresses=127.0.0.1 -p {pg.port} -k {pg.dir}", "start")
         assert archive.index.locate(first[0].sop_instance_uid) is not None  # reads on stale pooled
