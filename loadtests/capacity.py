@@ -384,7 +384,16 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 studies: list[str] | None = None) -> dict[str, list[dict]]:
     """Every step on every server, interleaved (ours, then the peer, for each step), so
     that drifting load on a shared machine hits both sides of each ratio alike. The
-    server named "static" (nginx) only serves ``study``."""
+    server named "static" (nginx) only serves ``study``.
+
+    The instances a STOW-RS step stores stay until every step has run, then are deleted
+    (``remove_stow_patient``): deleted between steps, they made the next STOW-RS step
+    measure the file system, not the server. On ext4 without a journal a new file's inode
+    is looked for past every inode of its block group deleted in the last minutes
+    (``recently_deleted`` in the kernel's inode allocator): creating a file there cost
+    0.2-0.8 ms of CPU for minutes after ~6,000 deletions, against ~20 us otherwise
+    (``benchmarks/file_create.py``), a quarter to a third of a stored instance's cost, paid
+    by whichever server's files landed in those groups."""
     inputs = {name: write_inputs(manifest, host, workdir / name, studies or []) for name, host, _ in servers}
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
     stow_patient = manifest["stow"]["PatientID"]
@@ -409,16 +418,19 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 else:
                     s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
                 row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]), answers)
-                if before is not None:
+                if before is not None:  # (deleted after the run's last step: see the docstring)
                     after = common.stow_patient_count(host, stow_patient)
                     row["stored"] = after - before if after is not None else None
-                    common.remove_stow_patient(host, stow_patient)  # back to the reference size
                 rows[name].append(row)
                 if not quiet:
                     print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
                           f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
                           f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']} {row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
                           file=sys.stderr, flush=True)
+    if "stow" in ops:
+        for name, host, _ in servers:  # back to the reference size for the next run
+            if name != "static":
+                common.remove_stow_patient(host, stow_patient)
     return rows
 
 
@@ -600,8 +612,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['object_sizes']['CT']}, MR {s['by_modality']['MR']} x {s['object_sizes']['MR']}); STOW-RS: one "
             f"{manifest['stow']['size']}x{manifest['stow']['size']} MR image per request, a new SOP Instance UID "
             "each, 'stored' = the load patient's instances counted on the server after the step minus before "
-            "(they are deleted again after each STOW-RS step, and any left by earlier runs before the first "
-            "step, so that every step sees the data set at its reference size); "
+            "(they stay until the last step has run, then are deleted, as are any left by an earlier run before "
+            "the first step: file creation right after mass deletion measures the file system, not the server); "
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
             "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'study' (wrk/study.lua, "

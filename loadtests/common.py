@@ -224,8 +224,9 @@ def stow_patient_count(host: str, patient_id: str, timeout: float = 30.0) -> int
 
 def remove_stow_patient(host: str, patient_id: str, timeout: float = 600.0) -> int:
     """Delete every study of the STOW-RS load patient from a server, so that each run
-    (and each step after a STOW-RS step) measures the data set at its reference size:
-    without this, every run left ~8,000-17,000 more instances on both servers. Our
+    measures the data set at its reference size: without this, every run left
+    ~8,000-17,000 more instances on both servers (the capacity runner calls it after its
+    last step, and before its first for what an interrupted run left). Our
     archive: DICOMweb ``DELETE /studies/{uid}``; Orthanc (a ``.../dicom-web`` root, whose
     DICOMweb plugin has no DELETE): its REST API (``/tools/lookup``, ``DELETE
     /studies/{id}``). Returns the number of studies deleted."""

@@ -10,7 +10,8 @@ rows and columns) over N parallel associations, from several processes (pynetdic
 a few associations per process, so that the generator does not measure itself). Then
 it checks what the reference checked: every SOP Instance UID sent is stored, no extra
 or partial files, and the SHA-256 of the pixel data of every 100th image equals what
-was sent; then it removes the step's instances.
+was sent. Each step's instances (and the generator's files) are removed after the last
+step, not between steps (see :func:`run_step`).
 
 Targets: ``ours`` (the archive at --host/--port, checked over DICOMweb at --http, its
 spool at --data-dir) and, with ``--peer``, Orthanc and DCMTK's storescp, each started
@@ -462,7 +463,14 @@ HEADERS = ["Target", "Step (assocs)", "Operations", "Ops/s", "MB/s", "p50 ms", "
 
 
 def run_step(target: Target, associations: int, images: int, scale: float, processes: int, step: str,
-             fast: bool = True, generator: str = "pynetdicom") -> StepResult:
+             fast: bool = True, generator: str = "pynetdicom", cleanup: list | None = None) -> StepResult:
+    """One step: ``images`` images over ``associations`` associations, then the checks.
+    The stored images and the generator's files are removed at once, or, given
+    ``cleanup`` (a list), by the callables added to it, which the caller runs after its
+    last step: removed between steps, they made the next step measure the file system
+    (on ext4 without a journal, a file created in a block group where thousands were just
+    deleted costs up to ~0.8 ms of CPU: see ``benchmarks/file_create.py``)."""
+    later: list = []
     jobs = plan(images)
     shares = [jobs[i::associations] for i in range(associations)]
     nproc = max(1, min(processes, associations))
@@ -511,7 +519,7 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     stop.set()
     th.join()
     if pool is None:
-        load01_storescu.remove(files_root)
+        later.append(lambda: load01_storescu.remove(files_root))
     else:
         pool.close()
         pool.join()
@@ -542,7 +550,12 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
         else:
             res.hash_mismatch += 1
             res.hash_checked += 1
-    target.remove(step, stored)
+    later.insert(0, lambda: target.remove(step, stored))
+    if cleanup is None:
+        for undo in later:
+            undo()
+    else:
+        cleanup += later
     return res
 
 
@@ -654,19 +667,26 @@ def main(argv: list[str] | None = None) -> int:
         results: list[StepResult] = []
         latency: dict[str, dict] = {}
         failures: list[str] = []
+        cleanup: list = []  # every step's images and files, removed after the last step (run_step)
         for target in targets:
             try:
                 for n in steps:
-                    r = run_step(target, n, args.images, args.scale, args.processes, str(n), fast, args.generator)
+                    r = run_step(target, n, args.images, args.scale, args.processes, str(n), fast, args.generator,
+                                 cleanup)
                     results.append(r)
                     print(table(HEADERS, [r.row()]).splitlines()[-1], flush=True)
                 if args.latency:
                     latency[target.name] = association_latency(target, args.latency, fast)
-                    target.remove("9", target.stored("9"))
+                    cleanup.append(lambda t=target, stored=target.stored("9"): t.remove("9", stored))
                     print(f"{target.name}: one-image association {latency[target.name]}", flush=True)
             except Exception as e:  # report the other targets anyway
                 failures.append(f"{target.name}: {type(e).__name__}: {e}")
                 print(failures[-1], flush=True)
+        for undo in cleanup:
+            try:
+                undo()
+            except Exception as e:  # noqa: BLE001 - a target that stopped: its folder goes with it
+                print(f"cleanup: {type(e).__name__}: {e}", flush=True)
     finally:
         for t in targets:
             if t.proc is not None:

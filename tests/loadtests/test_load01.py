@@ -66,11 +66,19 @@ def serve(tmp_path):
 
 
 @pytest.mark.parametrize("generator", ["pynetdicom", "storescu"])
-def test_a_short_run_passes_every_check(serve, tmp_path, generator):
+def test_a_short_run_passes_every_check(serve, tmp_path, generator, monkeypatch):
     """The same checks with either generator (storescu: one DCMTK process per association)."""
     if generator == "storescu" and not Path("/usr/bin/storescu").exists():
         pytest.skip("DCMTK is not installed (apt-get install dcmtk)")
     http, dimse, data = serve
+    stored_before_step = []  # nothing is deleted between steps (file creation after deletions)
+    run_step = load01.run_step
+
+    def counting(*args, **kwargs):
+        stored_before_step.append(len(httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json()))
+        return run_step(*args, **kwargs)
+
+    monkeypatch.setattr(load01, "run_step", counting)
     # the live processes' spool locks (the DIMSE listener's and the HTTP workers', each once
     # it has claimed its folder) are there, and are not partial files
     assert len(list((data / "tmp").glob("*.lock"))) >= 2 and load01.spool_leftovers(data) == []
@@ -88,6 +96,7 @@ def test_a_short_run_passes_every_check(serve, tmp_path, generator):
         assert s["SHA-256 ok"] == "1/1"  # image 0 of the step: every 100th
         assert s["p50 ms"] > 0 and s["Max ms"] < 120_000  # every operation answered, timed
     assert results["latency"]["ours"]["ok"] == 3
+    assert stored_before_step == [0, 12]  # step 1's instances still there when step 2 ran
     # the steps' instances and the latency's were removed afterwards
     assert httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json() == []
 
