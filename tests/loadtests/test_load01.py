@@ -20,7 +20,7 @@ from tests.helpers import free_port
 if importlib.util.find_spec("psutil") is None:
     pytest.skip("the load extra is not installed: pip install -e '.[load]'", allow_module_level=True)
 
-from loadtests import load01  # noqa: E402
+from loadtests import load01, load01_storescu  # noqa: E402
 
 
 def test_spool_leftovers_are_data_sets_not_the_process_locks(tmp_path):
@@ -136,3 +136,14 @@ def test_peers_take_the_ports_given_in_order_then_ephemeral_ones(monkeypatch):
     monkeypatch.setattr(load01, "PEER_PORTS", [28200, 28201])
     assert [load01.free_port(), load01.free_port()] == [28200, 28201]
     assert load01.free_port() not in (28200, 28201, 0)
+
+
+def test_storescu_gets_the_command_dictionary_only(tmp_path):
+    """storescu's start-up without DCMTK's whole data dictionary (half its CPU): the command
+    and file meta groups are all it needs (test_a_short_run_passes_every_check sends with it)."""
+    if not list(Path("/usr/share").glob("libdcmtk*/dicom.dic")):
+        pytest.skip("DCMTK is not installed (apt-get install dcmtk)")
+    text = load01_storescu.command_dictionary(tmp_path).read_text()
+    tags = [line.split(")")[0] + ")" for line in text.splitlines()]
+    assert "(0000,0100)" in tags and "(0000,0900)" in tags and "(0002,0010)" in tags
+    assert all(t.startswith(("(0000,", "(0002,")) for t in tags) and 40 < len(tags) < 200
