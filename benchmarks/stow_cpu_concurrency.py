@@ -65,13 +65,15 @@ def _tree(pid: int) -> list[int]:
 
 
 def snapshot(pid: int) -> dict[str, float]:
-    """CPU seconds (utime+stime, children reaped included) and context switches of the tree."""
-    cpu = vol = invol = loop = 0.0
+    """CPU seconds (utime+stime, children reaped included), minor page faults and context
+    switches of the tree."""
+    cpu = vol = invol = loop = minflt = 0.0
     threads = 0
     for p in _tree(pid):
         try:
             f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
             cpu += (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / TICK
+            minflt += int(f[7])
             for t in os.listdir(f"/proc/{p}/task"):
                 threads += 1
                 for line in open(f"/proc/{p}/task/{t}/status"):
@@ -83,7 +85,7 @@ def snapshot(pid: int) -> dict[str, float]:
                         invol += int(line.split()[1])
         except OSError:
             continue
-    return {"cpu": cpu, "vol": vol, "invol": invol, "loop": loop, "threads": threads}
+    return {"cpu": cpu, "vol": vol, "invol": invol, "loop": loop, "threads": threads, "minflt": minflt}
 
 
 def _count(url: str) -> int:
@@ -167,6 +169,7 @@ def step(srv: Server, body: pathlib.Path, ph_sop: str, conns: int, seconds: floa
             "rate": round(stored / wall, 1), "cpu_ms": round((s1["cpu"] - s0["cpu"]) * 1000 / n, 3),
             "vol_per": round((s1["vol"] - s0["vol"]) / n, 2),
             "loop_vol_per": round((s1["loop"] - s0["loop"]) / n, 2), "invol_per": round((s1["invol"] - s0["invol"]) / n, 2),
+            "minflt_per": round((s1["minflt"] - s0["minflt"]) / n, 1),
             "threads": s1["threads"], "p50_ms": round(w["p50_us"] / 1000, 1), "p99_ms": round(w["p99_us"] / 1000, 1),
             "load": load}
 
@@ -220,10 +223,10 @@ def main() -> int:
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     lines = ["| round | code | conns | stored | inst/s | CPU ms/inst | vol cs/inst (loop threads) | invol cs/inst | "
-             "threads | p50 ms | p99 ms | errors | load |", "|" + "---|" * 13]
+             "minor faults/inst | threads | p50 ms | p99 ms | errors | load |", "|" + "---|" * 14]
     for r in rows:
         lines.append(f"| {r['round']} | {r['code']} | {r['conns']} | {r['stored']} | {r['rate']} | {r['cpu_ms']} | "
-                     f"{r['vol_per']} ({r['loop_vol_per']}) | {r['invol_per']} | {r['threads']} | {r['p50_ms']} | {r['p99_ms']} | "
+                     f"{r['vol_per']} ({r['loop_vol_per']}) | {r['invol_per']} | {r.get('minflt_per', '')} | {r['threads']} | {r['p50_ms']} | {r['p99_ms']} | "
                      f"{r['errors']} | {r['load']} |")
     text = "\n".join(lines) + "\n"
     print(text)

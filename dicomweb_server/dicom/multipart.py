@@ -264,6 +264,7 @@ class PartSpooler:
     def close(self) -> None:
         """End of body. Parts not closed by a delimiter stay ``complete=False``."""
         self._memory = None
+        self._parser = None  # (its callbacks are this object's methods: no cycle left, see discard)
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -272,6 +273,11 @@ class PartSpooler:
 
     def discard(self) -> None:
         """Remove every spooled file that the caller did not take."""
+        # The parser's callbacks are bound methods of this object: a reference cycle that
+        # kept each request's spooler, its parts' bytes with it, until the cyclic garbage
+        # collector ran; freed at once, the next body reuses the same (mapped) memory
+        # instead of fresh pages (issue 33: 33 page faults, ~0.1 ms, per 132 KB part)
+        self._parser = None
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -79,6 +79,11 @@ def record(x: Execute, refs: list[tuple[str, str, str, str | None]], code: str, 
     return n
 
 
+#: an SQL expression (one ``?``: the SOP Instance UID), true when the instance is rejected:
+#: for a query that asks it with other things (store/sql.py, one statement per instance)
+REJECTED = "EXISTS (SELECT 1 FROM rejection WHERE SOPInstanceUID = ?)"
+
+
 def is_rejected(x: Execute, sop: str) -> bool:
     return x("SELECT 1 FROM rejection WHERE SOPInstanceUID = ?", (sop,)).fetchone() is not None
 

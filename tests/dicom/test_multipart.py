@@ -92,3 +92,30 @@ def test_spool_error_fails_the_part(tmp_path):
     part.spool(tmp_path / "missing")
     assert part.path is None and isinstance(part.error, FileNotFoundError)
     assert s.parts[0].path.read_bytes() == b"AB"
+
+
+@pytest.mark.parametrize("end", ["close", "discard", "close and discard"])
+def test_spooler_is_freed_without_the_garbage_collector(tmp_path, end):
+    """The parser's callbacks are the spooler's methods: once the body is read (close) or
+    given up (discard), nothing keeps the spooler, nor the bytes of its parts, alive but
+    its owner, so they are freed when the request lets go of them, not at the next run of
+    the cyclic collector (which left every 132 KB part to fresh memory: 33 page faults
+    per STOW-RS request, issue 33)."""
+    import gc
+    import weakref
+
+    body = b"--zz\r\n\r\n" + b"A" * 200_000 + b"\r\n--zz--\r\n"
+    gc.collect()
+    gc.disable()
+    try:
+        s = PartSpooler("zz", tmp_path, max_bytes=10**6, max_parts=10)
+        for i in range(0, len(body), 65536):
+            s.feed(body[i : i + 65536])
+        for step in end.split(" and "):
+            getattr(s, step)()
+        assert s.parts[0].data == (b"A" * 200_000 if end == "close" else None)  # (discard drops it)
+        ref = weakref.ref(s)
+        del s
+        assert ref() is None
+    finally:
+        gc.enable()

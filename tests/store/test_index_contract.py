@@ -307,6 +307,39 @@ def test_instances_of_a_study_come_in_arrival_order(index, tmp_path):
     assert [h.sop_uid for h in index.search(q("instance", {}))] == want
 
 
+def test_counts_of_a_batch_over_several_studies_and_series(index, tmp_path):
+    """One add of instances of two studies and three series, interleaved, with a duplicate
+    and a refused record among them, then a second add into the same rows: the study and
+    series counts, ModalitiesInStudy and SOPClassesInStudy are those of the instances
+    indexed (the SQL indexes write each study's and series' row once per add)."""
+    a, b, se1, se2, se3 = (generate_uid() for _ in range(5))
+    first = [
+        record(tmp_path, study=a, series=se1, modality="MR", sop_class=MR_IMAGE_STORAGE, PatientID="A"),
+        record(tmp_path, study=b, series=se3, modality="CT", PatientID="B"),
+        record(tmp_path, study=a, series=se2, modality="SR", sop_class=BASIC_TEXT_SR, pixels=False, PatientID="A"),
+        record(tmp_path, study=b, series=se1, modality="CT", PatientID="B"),  # se1 is study a's: refused
+        record(tmp_path, study=a, series=se1, modality="MR", sop_class=MR_IMAGE_STORAGE, PatientID="A"),
+    ]
+    got = index.add([*first, first[0]])  # and the first again: already indexed by this add
+    assert got[:3] == [True, True, True] and got[4:] == [True, False]
+    assert isinstance(got[3], Refused) and got[3].reason == FailureReason.DATASET_MISMATCH
+    second = [record(tmp_path, study=b, series=se3, modality="CT", PatientID="B"),
+              record(tmp_path, study=a, series=se2, modality="SR", sop_class=BASIC_TEXT_SR, pixels=False,
+                     PatientID="A")]
+    assert index.add(second) == [True, True]
+    studies = {h.study_uid: h.computed for h in index.search(q("study", {}))}
+    assert studies == {
+        a: {"ModalitiesInStudy": ["MR", "SR"], "SOPClassesInStudy": sorted([MR_IMAGE_STORAGE, BASIC_TEXT_SR]),
+            "NumberOfStudyRelatedSeries": 2, "NumberOfStudyRelatedInstances": 4},
+        b: {"ModalitiesInStudy": ["CT"], "SOPClassesInStudy": [CT_IMAGE_STORAGE],
+            "NumberOfStudyRelatedSeries": 1, "NumberOfStudyRelatedInstances": 2},
+    }
+    series = {h.series_uid: h.computed["NumberOfSeriesRelatedInstances"] for h in index.search(q("series", {}))}
+    assert series == {se1: 2, se2: 2, se3: 2}
+    assert [x.sop_uid for x in index.instances(a, se1)] == [first[0].sop_uid, first[4].sop_uid]
+    assert index.count() == 6
+
+
 # --- the hierarchy: a series belongs to one study, an instance to one series --------------
 
 
