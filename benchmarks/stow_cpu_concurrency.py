@@ -174,7 +174,7 @@ def step(srv: Server, body: pathlib.Path, ph_sop: str, conns: int, seconds: floa
             "load": load}
 
 
-def main() -> int:
+def run() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--conns", default="8,32")
     p.add_argument("--seconds", type=float, default=5)
@@ -183,8 +183,8 @@ def main() -> int:
     p.add_argument("--code", type=pathlib.Path, action="append")
     p.add_argument("--py-spy", type=pathlib.Path)
     p.add_argument("--one-server", action="store_true",
-                   help="as the capacity runner: one server per code and round runs the steps in turn, "
-                        "the load patient's studies deleted (DELETE /studies/{uid}) after each step")
+                   help="as the capacity runner: one server per code and round runs the steps in turn "
+                        "(nothing deleted before the last step)")
     p.add_argument("--output", type=pathlib.Path)
     a = p.parse_args()
     codes = a.code or [ROOT]
@@ -233,9 +233,15 @@ def main() -> int:
     if a.output:
         a.output.write_text(text)
     shutil.rmtree(work, ignore_errors=True)
-    for folder in LEFT:
-        shutil.rmtree(folder, ignore_errors=True)
     return 0
+
+
+def main() -> int:
+    try:
+        return run()
+    finally:  # the stopped servers' data folders, after the last step (also after a failure)
+        for folder in LEFT:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -520,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     dataset.add_spec_args(p)
     a = p.parse_args(argv)
-    ops = [o for o in a.operations.split(",") if o]
+    # STOW-RS last: what its steps store stays until the end (run_servers), and a read step
+    # after it would see the data set larger than its reference size
+    ops = sorted((o for o in a.operations.split(",") if o), key=lambda o: o == "stow")
     conns = [int(c) for c in a.connections.split(",") if c]
     if a.manifest and a.manifest.exists():
         manifest, path = dataset.load_manifest(a.manifest), a.manifest

@@ -537,25 +537,28 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
     res.server_cpu = round(cpu.total_pct(), 1) if server_procs else None
     res.generator_cpu = round(gen_cpu.total_pct(), 1)
     res.machine_cpu = machine.busy_pct()
-    # verification (the reference's checks), then clean up
-    stored = target.stored(step)
-    res.missing = len(set(sent) - set(stored))
-    res.extra = len(set(stored) - set(sent))
-    res.partial = len(target.partial_files())
-    for sop, digest in hashes.items():
-        if sop in stored:
-            res.hash_checked += 1
-            if hashlib.sha256(target.pixel_data((stored[sop], sop))).hexdigest() != digest:
+    # verification (the reference's checks), then clean up (also when a check fails)
+    stored: dict = {}
+    try:
+        stored = target.stored(step)
+        res.missing = len(set(sent) - set(stored))
+        res.extra = len(set(stored) - set(sent))
+        res.partial = len(target.partial_files())
+        for sop, digest in hashes.items():
+            if sop in stored:
+                res.hash_checked += 1
+                if hashlib.sha256(target.pixel_data((stored[sop], sop))).hexdigest() != digest:
+                    res.hash_mismatch += 1
+            else:
                 res.hash_mismatch += 1
+                res.hash_checked += 1
+    finally:
+        later.insert(0, lambda: target.remove(step, stored or target.stored(step)))
+        if cleanup is None:
+            for undo in later:
+                undo()
         else:
-            res.hash_mismatch += 1
-            res.hash_checked += 1
-    later.insert(0, lambda: target.remove(step, stored))
-    if cleanup is None:
-        for undo in later:
-            undo()
-    else:
-        cleanup += later
+            cleanup += later
     return res
 
 
@@ -583,6 +586,11 @@ def durable_write_rate(folder: Path, n: int = 100, size: int = 512 * 1024) -> di
             "folder": str(folder)}
 
 
+#: the step name of the one-image associations (its SOP Instance UIDs' component): no
+#: association count is 0, so they never meet a step's
+LATENCY_STEP = "0"
+
+
 def association_latency(target: Target, n: int = 50, fast: bool = True) -> dict:
     """Associate + one 512 KB CT C-STORE + release, sequentially: ms p50/p99 (in a child
     process, so that ``fast`` applies to it alone)."""
@@ -602,7 +610,7 @@ def _association_latency(host: str, port: int, called: str, n: int, fast: bool) 
     ae.add_requested_context(MIX[0][1], [EXPLICIT_LE])
     times, sops = [], []
     for i in range(n):
-        ds = _dataset("9", Job(i, 0), 1.0, pixels)
+        ds = _dataset(LATENCY_STEP, Job(i, 0), 1.0, pixels)
         t0 = time.perf_counter()
         assoc = ae.associate(host, port, ae_title=called)
         ok = assoc.is_established and assoc.send_c_store(ds).get("Status") == 0
@@ -647,6 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         PEER_PORTS[:] = range(args.peer_ports, args.peer_ports + 16)
     fast = args.scu_reactor == "blocking"
     steps = [int(x) for x in args.associations.split(",")]
+    if len(set(steps)) != len(steps) or min(steps) < 1:
+        # a step's SOP Instance UIDs are named by its association count, and nothing is deleted
+        # before the last step: a repeated step would resend instances still stored
+        p.error(f"--associations: each step once, each >= 1 (not {args.associations})")
 
     load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     targets: list[Target] = []
@@ -658,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
                             http=args.http.rstrip("/"), data_dir=args.data_dir,
                             config=f"dicomweb-server at {args.host}:{args.port} ({args.ae_title}), "
                                    f"{len(listeners)} DIMSE listener process(es); CPU and memory are theirs together"))
+    cleanup: list = []  # every step's images and files, removed after the last step (run_step)
     try:
         for peer in args.peer:
             targets.append(Orthanc.start() if peer == "orthanc" else StoreSCP.start())
@@ -667,7 +680,6 @@ def main(argv: list[str] | None = None) -> int:
         results: list[StepResult] = []
         latency: dict[str, dict] = {}
         failures: list[str] = []
-        cleanup: list = []  # every step's images and files, removed after the last step (run_step)
         for target in targets:
             try:
                 for n in steps:
@@ -677,17 +689,17 @@ def main(argv: list[str] | None = None) -> int:
                     print(table(HEADERS, [r.row()]).splitlines()[-1], flush=True)
                 if args.latency:
                     latency[target.name] = association_latency(target, args.latency, fast)
-                    cleanup.append(lambda t=target, stored=target.stored("9"): t.remove("9", stored))
+                    cleanup.append(lambda t=target, stored=target.stored(LATENCY_STEP): t.remove(LATENCY_STEP, stored))
                     print(f"{target.name}: one-image association {latency[target.name]}", flush=True)
             except Exception as e:  # report the other targets anyway
                 failures.append(f"{target.name}: {type(e).__name__}: {e}")
                 print(failures[-1], flush=True)
-        for undo in cleanup:
+    finally:
+        for undo in cleanup:  # (also after a failure or Ctrl-C)
             try:
                 undo()
             except Exception as e:  # noqa: BLE001 - a target that stopped: its folder goes with it
                 print(f"cleanup: {type(e).__name__}: {e}", flush=True)
-    finally:
         for t in targets:
             if t.proc is not None:
                 t.stop()

@@ -3,6 +3,9 @@
 # (A B, then B A), DCMTK storescu as the generator, Orthanc in the same rounds (ORTHANC= to
 # leave it out). Each build is served from its own tree (PYTHONPATH), one worker, 2 listener
 # processes, 128 associations per peer; results under $OUT (default /tmp/load01_ab).
+# Each invocation removes what it stored when it ends, just before the next one's step: on
+# ext4 without a journal that costs the next step file-creation CPU (docs/load-testing.md);
+# the rounds alternate the order (A B, then B A) so that it falls on both builds alike.
 #
 #   loadtests/load01_ab.sh BASE_TREE OURS_TREE     # env: STEPS="4 16 64" ROUNDS="0 1" IMAGES=300
 set -u

@@ -59,7 +59,8 @@ def command_dictionary(root: Path) -> Path | None:
     build its commands; the data sets are Explicit VR files, whose elements carry their VR
     (the runner's SHA-256 checks of the pixel data still run). None when DCMTK's dictionary
     is not where Debian puts it: storescu then loads its own."""
-    found = sorted(Path("/usr/share").glob("libdcmtk*/dicom.dic"))
+    found = sorted(Path("/usr/share").glob("libdcmtk*/dicom.dic"),
+                   key=lambda f: int("0" + "".join(c for c in f.parent.name if c.isdigit())))
     if not found:
         return None
     lines = [ln for ln in found[-1].read_text(errors="replace").splitlines() if ln.startswith(("(0000,", "(0002,"))]

@@ -444,7 +444,8 @@ class SQLIndex(Index):
                 se = series[r.series_uid] = (_Touched(rows[0][0], r.study_uid,
                                                       modality=d.column(r.series.get("Modality"))) if rows
                                              else self._series_row(con, r.series_uid, series, studies))
-            assert study is not None and se is not None
+            if study is None or se is None:  # (the writer lock keeps other writers out)
+                raise RuntimeError(f"study {r.study_uid} or series {r.series_uid} neither inserted nor found")
             x(con, instance_insert,
               [se.pk] + [d.column(r.instance[c]) for c in icols]
               + [r.transfer_syntax_uid, r.path, r.size,

@@ -111,12 +111,20 @@ def _statements(script: str) -> Iterator[str]:
             buf = ""
 
 
+#: the oldest SQLite library the index runs on: ``INSERT ... RETURNING`` (3.35, store/sql.py)
+MIN_SQLITE = (3, 35, 0)
+
+
 class SQLiteIndex(SQLIndex):
     """The default, embedded index (``--index sqlite``): ``data_dir/index.sqlite``."""
 
     dialect = SQLITE
 
     def __init__(self, path: Path) -> None:
+        if sqlite3.sqlite_version_info < MIN_SQLITE:  # refused at start, not at the first store
+            raise RuntimeError(f"the SQLite index needs SQLite {'.'.join(map(str, MIN_SQLITE))} or later; "
+                               f"this Python uses {sqlite3.sqlite_version} (use --index postgresql, or a "
+                               "Python built with a newer SQLite)")
         self.path = path
         self._connections = ThreadConnections(path, ("foreign_keys=ON", "cache_size=-32000"))
         con = self._con()

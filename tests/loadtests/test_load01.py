@@ -147,3 +147,12 @@ def test_storescu_gets_the_command_dictionary_only(tmp_path):
     tags = [line.split(")")[0] + ")" for line in text.splitlines()]
     assert "(0000,0100)" in tags and "(0000,0900)" in tags and "(0002,0010)" in tags
     assert all(t.startswith(("(0000,", "(0002,")) for t in tags) and 40 < len(tags) < 200
+
+
+@pytest.mark.parametrize("steps", ["4,64,4", "0,4"])
+def test_each_step_once(steps, capsys):
+    """A step's SOP Instance UIDs are named by its association count and nothing is deleted
+    before the last step: a repeated step would resend instances still stored."""
+    with pytest.raises(SystemExit) as e:
+        load01.main(["--associations", steps, "--port", "1"])
+    assert e.value.code == 2 and "each step once" in capsys.readouterr().err
