@@ -620,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="concurrent associations of one peer address, and of one calling AE title "
                             "(default: a quarter of --dimse-max-associations)")
     serve.add_argument("--dimse-processes", dest="dimse_processes", type=int,
-                       help="DIMSE listener processes sharing the port (default: one per core, at most 4)")
+                       help="DIMSE listener processes sharing the port (default: two per core, at least 2, at most 8)")
     _add_settings_args(serve)
     serve.set_defaults(func=_serve)
 

@@ -163,7 +163,7 @@ class Settings(BaseSettings):
                                          "(twice as many connections per address); default: a quarter of "
                                          "`dimse_max_associations`")
     dimse_processes: int = Field(0, ge=0, le=64, description="DIMSE listener processes sharing the port (SO_REUSEPORT); "
-                                 "0 = one per core, at most 4 (the in-memory index: inside its one worker)")
+                                 "0 = two per core, at least 2, at most 8 (the in-memory index: inside its one worker)")
     dimse_acse_timeout: float = Field(
         10.0, gt=0, le=3600, description="association negotiation timeout (s): a connection without its "
                                          "A-ASSOCIATE-RQ by then is closed")

@@ -483,9 +483,14 @@ def run_step(target: Target, associations: int, images: int, scale: float, proce
         pixels = np.random.default_rng(7).integers(0, 4096, size=max(_max_pixels(scale) // 2, 16),
                                                     dtype=np.uint16).tobytes()
         files_root, file_shares = load01_storescu.write_shares(step, shares, scale, pixels, _dataset)
+        os.sync()  # their writeback too: not the kernel's flusher competing with the step's syncs
         pool = None
     else:
         pool = mp.get_context("fork").Pool(nproc)
+    if isinstance(target, Ours):  # every listener process, however late it started listening
+        listeners = pids_listening(target.port)
+        if listeners:
+            target.pid, target.more_pids = listeners[0], listeners[1:]
     roots = [p for p in [target.pid, *target.more_pids] if p]
     server_procs = [q for r in roots for q in process_tree(r)]
     gen_procs = process_tree(os.getpid())  # this process and the pool's workers
@@ -664,7 +669,13 @@ def main(argv: list[str] | None = None) -> int:
     targets: list[Target] = []
     if not args.no_ours:
         wait_port(args.port)
-        listeners = pids_listening(args.port)
+        listeners, deadline = pids_listening(args.port), time.monotonic() + 5
+        while time.monotonic() < deadline:  # the listener processes start one after the other
+            time.sleep(0.5)
+            now = pids_listening(args.port)
+            if now == listeners:
+                break
+            listeners = now
         targets.append(Ours("ours", args.host, args.port, args.ae_title, pid=listeners[0] if listeners else None,
                             more_pids=listeners[1:],
                             http=args.http.rstrip("/"), data_dir=args.data_dir,

@@ -154,3 +154,15 @@ def test_one_info_line_per_association_and_no_warning_at_start(tmp_path):
     assert len(about) == 2 and all(line.startswith("INFO: dicomweb_server.dimse: association released: ECHOER -> "
                                                    "DICOMWEB from 127.0.0.1:") for line in about), about
     assert not [line for line in lines if line.startswith("WARNING") or '"protocol":"DIMSE"' in line], lines
+
+
+@pytest.mark.parametrize(("cores", "expected"), [(1, 2), (2, 4), (3, 6), (4, 8), (16, 8), (None, 2)])
+def test_listener_processes_by_default_two_per_core(cores, expected, monkeypatch):
+    """dimse_processes 0: two per core, at least 2, at most 8 (an association mostly waits for
+    its syncs while another process's Python runs: docs/dimse.md, "How it uses the cores")."""
+    from dicomweb_server.dimse import listeners
+    from dicomweb_server.settings import Settings
+
+    monkeypatch.setattr(listeners.os, "cpu_count", lambda: cores)
+    assert listeners.dimse_processes(Settings(dimse_processes=0)) == expected
+    assert listeners.dimse_processes(Settings(dimse_processes=3)) == 3
