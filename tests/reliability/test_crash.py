@@ -34,8 +34,10 @@ class Server:
         if fault:
             env["DICOMWEB_FAULT"] = fault
         self.proc = subprocess.Popen(
+            # no DIMSE listener (none of its users needs one): each serve started by the tests
+            # would bind the default port 11112 beside the others (SO_REUSEPORT)
             [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(data), "--index", index,
-             "--workers", "1", "--port", str(self.port)],
+             "--workers", "1", "--port", str(self.port), "--dimse-port", "0"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 120  # a bound, not a measurement: a loaded machine starts slowly
