@@ -97,6 +97,11 @@ class Runner:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, tuple[str, _Running, threading.Thread]] = {}  # job id -> (lease owner, ctx, thread)
+        # every job thread until its very end: a job leaves _running before it settles its
+        # queue row, and stop() must not return (its caller then closes the outbox) while
+        # a thread is still writing there (a closed SQLite connection under a running
+        # statement crashed the process)
+        self._threads: set[threading.Thread] = set()
         self._thread: threading.Thread | None = None
         self._batches = 0
 
@@ -126,13 +131,17 @@ class Runner:
         if self._thread is not None:
             self._thread.join(timeout)
         deadline = time.monotonic() + timeout
-        for _, _, thread in list(self._running.values()):
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         # each job's thread releases its own lease when it ends (_run); one still inside a long
         # step keeps it, so that no other runner takes the job while this one may still write:
         # its lease ends with it (freed by pid on this host at the next start, else when it expires)
         if still := [job_id for job_id, (_, _, t) in self._running.items() if t.is_alive()]:
             log.warning("job(s) %s still in a step at shutdown: resumed when their lease ends", ", ".join(still))
+        elif any(t.is_alive() for t in threads):
+            log.warning("a job thread is still settling its queue row at shutdown")
         elif self._open is not None and self.outbox is not None:
             self.outbox.close()
 
@@ -203,6 +212,7 @@ class Runner:
         thread = threading.Thread(target=self._run, args=(row, owner, ctx), name=f"job-{job['id']}", daemon=True)
         with self._lock:
             self._running[job["id"]] = (owner, ctx, thread)
+            self._threads.add(thread)
         thread.start()
 
     def _run(self, row, owner: str, ctx: _Running) -> None:
@@ -251,4 +261,6 @@ class Runner:
                     self.outbox.release(owner)
             except Exception as e:  # noqa: BLE001 - the lease expires and the job is resumed
                 log.error("job %s: could not settle its queue row: %s", ctx.id, e)
+            with self._lock:
+                self._threads.discard(threading.current_thread())
             self._wake.set()

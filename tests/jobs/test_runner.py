@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +75,29 @@ def test_a_job_runs_to_its_end_with_its_counts(opened, tmp_path):
     rows = wait_for(lambda: [r for r in opened.outbox.rows(destination("count")) if r["state"] != "pending"],
                     30, "its row settled")
     assert [(r["SOPInstanceUID"], r["state"]) for r in rows] == [(job_id, "delivered")]
+
+
+def test_stop_waits_for_a_job_still_settling_its_queue_row(opened, tmp_path, monkeypatch):
+    """A finished job leaves the running ones, then settles its queue row: stop() returned
+    meanwhile and its caller closed the outbox under the settling thread (a segfault in CI,
+    SQLite's connection closed under a running statement)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    settling, settled = threading.Event(), threading.Event()
+    real = opened.outbox.settle
+
+    def slow(*args, **kwargs):
+        settling.set()
+        time.sleep(0.5)
+        real(*args, **kwargs)
+        settled.set()
+
+    monkeypatch.setattr(opened.outbox, "settle", slow)
+    opened.runner.start()
+    opened.runner.submit("count", {"out": str(out), "n": 2, "every": 1}, "api-key:alice", False)
+    assert settling.wait(30)
+    opened.runner.stop()
+    assert settled.is_set()
 
 
 def test_a_job_error_fails_at_once_and_is_a_dead_letter(opened, tmp_path):
