@@ -81,6 +81,16 @@ class ThreadConnections:
         self._local.lease = _Lease(con, self)
         return con
 
+    def dedicated(self) -> sqlite3.Connection:
+        """A connection of its own for the caller to keep (not leased to a thread, never
+        given to another), closed by :meth:`close` with the others."""
+        self.get()  # the first connection of the process opens under the init lock
+        con = self._connect()
+        with self._lock:
+            self._all.add(con)
+            self._closed = False
+        return con
+
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
         for pragma in self.pragmas:

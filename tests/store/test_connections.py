@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dicomweb_server.store.connections import MAX_IDLE, ThreadConnections
@@ -108,3 +109,64 @@ def test_threads_opening_a_new_database_together_all_succeed(tmp_path):
             t.join()
         cons.close()
     assert errors == []
+
+
+def _records(tmp_path: Path, n: int) -> list:
+    from dicomweb_server.dicom.instance import describe_instance
+    from tests.helpers import make_dataset
+
+    out = []
+    for k in range(n):
+        ds = make_dataset(study="1.2.826.0.1.3680043.8.498.91", series="1.2.826.0.1.3680043.8.498.92",
+                          sop=f"1.2.826.0.1.3680043.8.498.93.{k + 1}", PatientID="P1", InstanceNumber=k + 1)
+        path = tmp_path / f"{k}.dcm"
+        ds.save_as(path, enforce_file_format=True)
+        out.append(describe_instance(path))
+    return out
+
+
+def test_index_add_from_many_threads_writes_with_one_connection(tmp_path, monkeypatch):
+    """The group commit's leader is whichever request's thread comes first; a connection per
+    thread began every commit with a cold page cache (SQLite drops it when another connection
+    changed the database): ``add`` writes with one connection per process (issue 33)."""
+    index = SQLiteIndex(tmp_path / "index.sqlite")
+    used: list[int] = []
+    real = SQLiteIndex._add_rows
+
+    def spy(self, con, records, action):
+        used.append(id(con))
+        return real(self, con, records, action)
+
+    monkeypatch.setattr(SQLiteIndex, "_add_rows", spy)
+    records = _records(tmp_path, 16)
+    pools = [ThreadPoolExecutor(1) for _ in range(8)]  # long-lived threads, as the web workers'
+    for k, pool in enumerate(pools):  # in turn, as eight requests' threads lead commits
+        pool.submit(index.add, records[2 * k : 2 * k + 2]).result()
+    for pool in pools:
+        pool.shutdown()
+    assert len(used) == 8 and len(set(used)) == 1
+    assert index.count() == 16
+    index.close()  # closes the writing connection too
+    assert index._connections.open_connections() == 0
+    index2 = SQLiteIndex(tmp_path / "index.sqlite")
+    assert index2.add(records[:1]) == [False]  # stored already: every batch was committed
+    index2.close()
+
+
+def test_a_forked_child_writes_with_a_connection_of_its_own(tmp_path):
+    index = SQLiteIndex(tmp_path / "index.sqlite")
+    records = _records(tmp_path, 4)
+    assert index.add(records[:2]) == [True, True]  # the parent's writing connection is open
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        q.put(index.add(records[2:]))  # the inherited index, in the child: not the parent's connection
+
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0 and q.get(timeout=5) == [True, True]
+    assert index.add(records[:1]) == [False]  # the parent's connection still works
+    assert index.count() == 4
+    index.close()
