@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -270,19 +271,28 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
-    """Wait until ``url`` answers (any status below 500)."""
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
+              interval: float = 0.05) -> None:
+    """Wait until ``url`` answers (any status below 500). While nothing listens on its port
+    a TCP connect is refused at once; only then is an HTTP request sent, on one client for
+    the whole wait: an ``httpx.get`` per attempt built a client and its SSL context each
+    time (~60 ms of CPU, taken from the server that was starting: a serve started by the
+    tests answered after 4.5 s instead of 2.4 s on the 2-core machine)."""
     deadline = time.monotonic() + timeout
+    u = httpx.URL(url)
+    address = (u.host, u.port or (443 if u.scheme == "https" else 80))
     last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} before answering {url}")
-        try:
-            r = httpx.get(url, timeout=5)
-            if r.status_code < 500:
-                return
-            last = f"HTTP {r.status_code}"
-        except httpx.HTTPError as e:
-            last = str(e)
-        time.sleep(0.3)
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {proc.returncode} before answering {url}")
+            try:
+                socket.create_connection(address, timeout=1).close()
+                r = client.get(url)
+                if r.status_code < 500:
+                    return
+                last = f"HTTP {r.status_code}"
+            except (OSError, httpx.HTTPError) as e:
+                last = str(e)
+            time.sleep(interval)
     raise RuntimeError(f"{url} did not answer within {timeout:.0f} s ({last})")

@@ -21,6 +21,7 @@ from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 from dicomweb_server.api.limits import uvicorn_options
 from dicomweb_server.app import create_app
 from dicomweb_server.settings import Settings
+from loadtests.common import wait_http
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 MR_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.4"
@@ -211,12 +212,7 @@ def serve_process(data_dir: Path, code: str) -> tuple[subprocess.Popen, str]:
                              "--data-dir", str(data_dir), "--port", str(port)], env=env, cwd=code,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            httpx.get(url + "/studies", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_http(url + "/studies", timeout=60, proc=proc)
     return proc, url
 
 

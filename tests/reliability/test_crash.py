@@ -19,6 +19,7 @@ import httpx
 import pydicom
 import pytest
 
+from loadtests.common import wait_http
 from tests.helpers import free_port, make_dataset, multipart, to_bytes, spool_files
 from tests.s3server import instance_keys, instance_object
 
@@ -40,17 +41,12 @@ class Server:
              "--workers", "1", "--port", str(self.port), "--dimse-port", "0"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 120  # a bound, not a measurement: a loaded machine starts slowly
-        while True:
-            try:
-                httpx.get(self.url + "/studies?limit=1", timeout=1)
-                return
-            except httpx.HTTPError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    # alive past the deadline: its stderr ends only when it does (a read hung here)
-                    self.proc.kill()
-                    raise RuntimeError(f"the server did not answer: {self.proc.communicate()[1].decode()}")
-                time.sleep(0.05)
+        try:  # a bound, not a measurement: a loaded machine starts slowly
+            wait_http(self.url + "/studies?limit=1", timeout=120, proc=self.proc)
+        except RuntimeError:
+            # alive past the deadline: its stderr ends only when it does (a read hung here)
+            self.proc.kill()
+            raise RuntimeError(f"the server did not answer: {self.proc.communicate()[1].decode()}") from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
