@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # LOAD-01 A/B: two builds of the archive (two source trees) taking turns, round by round
 # (A B, then B A), DCMTK storescu as the generator, Orthanc in the same rounds (ORTHANC= to
-# leave it out). Each build is served from its own tree (PYTHONPATH), one worker, 2 listener
+# leave it out). Each build is served from its own tree (PYTHONPATH), one worker, $DIMSE_PROCESSES (default 2) listener
 # processes, 128 associations per peer; results under $OUT (default /tmp/load01_ab).
 # Each invocation removes what it stored when it ends, just before the next one's step: on
 # ext4 without a journal that costs the next step file-creation CPU (docs/load-testing.md);
 # the rounds alternate the order (A B, then B A) so that it falls on both builds alike.
 #
-#   loadtests/load01_ab.sh BASE_TREE OURS_TREE     # env: STEPS="4 16 64" ROUNDS="0 1" IMAGES=300
+#   loadtests/load01_ab.sh BASE_TREE OURS_TREE     # env: STEPS="4 16 64" ROUNDS="0 1" IMAGES=300 DIMSE_PROCESSES=2
 set -u
 [ $# = 2 ] || { echo "usage: $0 BASE_TREE OURS_TREE" >&2; exit 2; }
 BASE=$(cd "$1" && pwd); OURS=$(cd "$2" && pwd)
@@ -19,7 +19,7 @@ start() { # name src
   local d=$OUT/$name-data; rm -rf "$d"; mkdir -p "$d"
   local hp dp; hp=$(free_port); dp=$(free_port)
   (cd "$src"; PYTHONPATH=$src setsid $PY -c "from dicomweb_server.cli import main; main()" serve --data-dir "$d" \
-     --port "$hp" --dimse-port "$dp" --workers 1 --dimse-processes 2 --dimse-max-associations 128 \
+     --port "$hp" --dimse-port "$dp" --workers 1 --dimse-processes "${DIMSE_PROCESSES:-2}" --dimse-max-associations 128 \
      --dimse-max-associations-per-peer 128 > "$OUT/$name.log" 2>&1 & echo $! > "$OUT/$name.pid")
   echo "$hp $dp $d"
 }

@@ -1,5 +1,6 @@
 """One SQLite connection per thread (sqlite3 connections are not shared between
-threads that write), all closed together. WAL journal, ``synchronous=FULL``: a
+threads at once; ``dedicated`` gives one that its owner hands from thread to thread
+under a lock of its own), all closed together. WAL journal, ``synchronous=FULL``: a
 commit survives power loss; writers wait up to 30 s for the database lock.
 
 A thread's connection goes back to an idle list when the thread ends, and the next
@@ -83,13 +84,23 @@ class ThreadConnections:
 
     def dedicated(self) -> sqlite3.Connection:
         """A connection of its own for the caller to keep (not leased to a thread, never
-        given to another), closed by :meth:`close` with the others."""
+        given to another), closed by :meth:`close` with the others (or :meth:`discard`).
+        The calling thread also gets its own connection (:meth:`get`), if it had none."""
         self.get()  # the first connection of the process opens under the init lock
         con = self._connect()
         with self._lock:
             self._all.add(con)
             self._closed = False
         return con
+
+    def discard(self, con: sqlite3.Connection) -> None:
+        """Close ``con`` now and forget it (a dedicated connection its owner gives up)."""
+        with self._lock:
+            self._all.discard(con)
+        try:
+            con.close()
+        except sqlite3.Error:
+            pass
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)

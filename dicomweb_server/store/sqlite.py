@@ -2,8 +2,9 @@
 power loss), one table per query/retrieve level with a column per matching key,
 computed study/series attributes kept current in the same transaction.
 
-Safe with several worker processes: each thread of each process has its own
-connection; writers serialise on ``BEGIN IMMEDIATE`` (busy timeout 30 s).
+Safe with several worker processes: each thread of each process reads with its own
+connection, ``Index.add`` writes with one connection per process (``_adding``) and the
+other writes with the thread's; writers serialise on ``BEGIN IMMEDIATE`` (busy timeout 30 s).
 """
 
 from __future__ import annotations
@@ -190,7 +191,13 @@ class SQLiteIndex(SQLIndex):
         with self._adding_lock:
             if self._adder is None or self._adder_pid != os.getpid():  # a forked child opens its own
                 self._adder, self._adder_pid = self._connections.dedicated(), os.getpid()
-            yield self._adder
+            con = self._adder
+            try:
+                yield con
+            finally:
+                if con.in_transaction:  # a failed ROLLBACK: never hand on a connection holding the write lock
+                    self._adder, self._adder_pid = None, 0
+                    self._connections.discard(con)
 
     def close(self) -> None:
         with self._adding_lock:

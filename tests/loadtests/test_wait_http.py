@@ -36,20 +36,28 @@ def test_waits_for_the_port_then_asks_once():
     port, seen, box = free_port(), [], []
     timer = threading.Timer(0.4, lambda: box.append(_server(port, 404, seen)))  # listens late
     timer.start()
-    t0 = time.monotonic()
-    wait_http(f"http://127.0.0.1:{port}/studies?limit=1", timeout=10)
-    assert 0.35 < time.monotonic() - t0 < 5
-    assert seen == ["/studies?limit=1"]  # refused connects before, then one request (404 < 500)
-    box[0].shutdown()
+    try:
+        t0 = time.monotonic()
+        wait_http(f"http://127.0.0.1:{port}/studies?limit=1", timeout=10)
+        assert 0.35 < time.monotonic() - t0 < 5
+        assert seen == ["/studies?limit=1"]  # refused connects before, then one request (404 < 500)
+    finally:
+        timer.join()
+        for srv in box:
+            srv.shutdown()
+            srv.server_close()
 
 
 def test_a_server_answering_5xx_is_not_ready():
     port, seen = free_port(), []
     srv = _server(port, 503, seen)
-    with pytest.raises(RuntimeError, match="did not answer within 1 s \\(HTTP 503\\)"):
-        wait_http(f"http://127.0.0.1:{port}/", timeout=1)
-    assert len(seen) >= 2  # asked again
-    srv.shutdown()
+    try:
+        with pytest.raises(RuntimeError, match="did not answer within 1 s \\(HTTP 503\\)"):
+            wait_http(f"http://127.0.0.1:{port}/", timeout=1)
+        assert len(seen) >= 2  # asked again
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_a_process_that_exited_is_named():

@@ -43,10 +43,9 @@ class Server:
         )
         try:  # a bound, not a measurement: a loaded machine starts slowly
             wait_http(self.url + "/studies?limit=1", timeout=120, proc=self.proc)
-        except RuntimeError:
-            # alive past the deadline: its stderr ends only when it does (a read hung here)
-            self.proc.kill()
-            raise RuntimeError(f"the server did not answer: {self.proc.communicate()[1].decode()}") from None
+        except RuntimeError as e:  # it exited (the code is in e), or is alive past the deadline
+            self.proc.kill()  # its stderr ends only when it does (a read hung here)
+            raise RuntimeError(f"the server did not answer ({e}): {self.proc.communicate()[1].decode()}") from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -163,10 +163,62 @@ def test_a_forked_child_writes_with_a_connection_of_its_own(tmp_path):
     def child():
         q.put(index.add(records[2:]))  # the inherited index, in the child: not the parent's connection
 
-    p = ctx.Process(target=child)
+    p = ctx.Process(target=child)  # (no other thread holds the index's locks at the fork)
     p.start()
-    p.join(30)
-    assert p.exitcode == 0 and q.get(timeout=5) == [True, True]
+    try:
+        p.join(30)
+        assert p.exitcode == 0 and q.get(timeout=5) == [True, True]
+    finally:
+        if p.is_alive():
+            p.kill()
     assert index.add(records[:1]) == [False]  # the parent's connection still works
     assert index.count() == 4
     index.close()
+
+
+def test_a_failed_rollback_does_not_keep_the_write_lock(tmp_path, monkeypatch):
+    """The writing connection is shared by the process's threads: one left inside a transaction
+    (its ROLLBACK failed, e.g. an I/O error) would hold the database's write lock for every
+    process and fail every later add; it is closed and a new one opened (review, issue 33)."""
+    import sqlite3
+
+    import pytest
+
+    class Flaky(sqlite3.Connection):
+        fail = False
+
+        def execute(self, sql, *args):
+            if Flaky.fail and sql == "ROLLBACK":
+                raise sqlite3.OperationalError("disk I/O error (test)")
+            return super().execute(sql, *args)
+
+    def connect(self):
+        con = sqlite3.connect(self.path, timeout=1.0, isolation_level=None, check_same_thread=False, factory=Flaky)
+        for pragma in self.pragmas:
+            con.execute(f"PRAGMA {pragma}")
+        return con
+
+    monkeypatch.setattr(ThreadConnections, "_connect", connect)
+    index = SQLiteIndex(tmp_path / "index.sqlite")
+    other = SQLiteIndex(tmp_path / "index.sqlite")  # another process's index, as far as SQLite knows
+    records = _records(tmp_path, 4)
+    assert index.add(records[:1]) == [True]
+    real = SQLiteIndex._add_rows
+
+    def boom(self, con, records, action):
+        raise RuntimeError("a record the index refuses (test)")
+
+    monkeypatch.setattr(SQLiteIndex, "_add_rows", boom)
+    Flaky.fail = True
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+            index.add(records[1:2])
+    finally:
+        Flaky.fail = False
+        monkeypatch.setattr(SQLiteIndex, "_add_rows", real)
+    assert other.add(records[2:3]) == [True]  # the write lock was released (1 s busy timeout here)
+    assert index.add(records[1:2] + records[3:]) == [True, True]  # a new writing connection
+    assert index.count() == 4
+    index.close()
+    other.close()
+    assert index._connections.open_connections() == 0
