@@ -71,26 +71,28 @@ class ThreadConnections:
             con = self._idle.pop() if self._idle else None
             self._closed = False
         if con is None:
-            if self._opened_once:
-                con = self._connect()
-            else:
-                with self._init_lock, _exclusive(Path(f"{self.path}.init-lock")):
-                    con = self._connect()
-                    self._opened_once = True
-            with self._lock:
-                self._all.add(con)
+            con = self._open()
         self._local.lease = _Lease(con, self)
         return con
 
     def dedicated(self) -> sqlite3.Connection:
         """A connection of its own for the caller to keep (not leased to a thread, never
-        given to another), closed by :meth:`close` with the others (or :meth:`discard`).
-        The calling thread also gets its own connection (:meth:`get`), if it had none."""
-        self.get()  # the first connection of the process opens under the init lock
-        con = self._connect()
+        given to another), closed by :meth:`close` with the others (or :meth:`discard`)."""
+        with self._lock:
+            self._closed = False
+        return self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        """A new connection, counted in ``_all``; the first of the process opens under the
+        init lock (module docstring)."""
+        if self._opened_once:
+            con = self._connect()
+        else:
+            with self._init_lock, _exclusive(Path(f"{self.path}.init-lock")):
+                con = self._connect()
+                self._opened_once = True
         with self._lock:
             self._all.add(con)
-            self._closed = False
         return con
 
     def discard(self, con: sqlite3.Connection) -> None:

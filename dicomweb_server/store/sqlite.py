@@ -210,16 +210,9 @@ class SQLiteIndex(SQLIndex):
         """Index.add, serialised with every other writer by ``BEGIN IMMEDIATE``: the
         hierarchy check runs inside the write transaction, so two workers cannot
         both file one series under two studies, nor one study under two patients."""
-        with self._adding() as con:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                added = self._add_rows(con, records, action)
-                self._run_write_hooks(con, records, added)  # routing's outbox rows: same transaction
-                con.execute("COMMIT")
-            except BaseException:
-                if con.in_transaction:  # SQLite may have rolled back itself (e.g. SQLITE_FULL)
-                    con.execute("ROLLBACK")
-                raise
+        with self._adding() as con, immediate(con):
+            added = self._add_rows(con, records, action)
+            self._run_write_hooks(con, records, added)  # routing's outbox rows: same transaction
         return added
 
     def delete(self, study_uid: str, series_uid: str | None = None, sop_uid: str | None = None) -> list[str]:

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+from dicomweb_server.dicom.instance import describe_instance
 from dicomweb_server.store.connections import MAX_IDLE, ThreadConnections
 from dicomweb_server.store.sqlite import SQLiteIndex
+from tests.helpers import make_dataset
 
 
 def _fds() -> int:
@@ -112,9 +117,6 @@ def test_threads_opening_a_new_database_together_all_succeed(tmp_path):
 
 
 def _records(tmp_path: Path, n: int) -> list:
-    from dicomweb_server.dicom.instance import describe_instance
-    from tests.helpers import make_dataset
-
     out = []
     for k in range(n):
         ds = make_dataset(study="1.2.826.0.1.3680043.8.498.91", series="1.2.826.0.1.3680043.8.498.92",
@@ -180,9 +182,6 @@ def test_a_failed_rollback_does_not_keep_the_write_lock(tmp_path, monkeypatch):
     """The writing connection is shared by the process's threads: one left inside a transaction
     (its ROLLBACK failed, e.g. an I/O error) would hold the database's write lock for every
     process and fail every later add; it is closed and a new one opened (review, issue 33)."""
-    import sqlite3
-
-    import pytest
 
     class Flaky(sqlite3.Connection):
         fail = False
