@@ -195,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     warn_if_root(settings.host, _is_loopback(settings.host))
     announce_when_listening(settings, workers, 0 if settings.dimse_in_worker else dimse_processes(settings))
-    dimse = start_dimse(settings)  # however this process ends, they end too (a pipe, PDEATHSIG)
+    dimse = start_dimse(settings)  # supervised: a dead one is replaced; they end with this process (a pipe)
     # uvicorn (one worker) re-raises the SIGTERM it handled once it has shut down: as SystemExit
     # here, the clean-up below runs (the default action would end the process first)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

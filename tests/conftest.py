@@ -19,7 +19,7 @@ SERIAL = (
     "tests/reliability/test_crash.py::test_kill_at_random_moments", "tests/reliability/test_lifecycle.py",
     "tests/reliability/test_process_tree.py", "tests/reliability/test_resources.py",
     "tests/routing/test_crash.py", "tests/routing/test_orphans.py", "tests/routing/test_webhook.py",
-    "tests/dimse/test_reactor.py", "tests/dimse/test_commitment.py", "tests/loadtests/",
+    "tests/dimse/test_reactor.py", "tests/dimse/test_commitment.py", "tests/dimse/test_respawn.py", "tests/loadtests/",
     "tests/interop/test_oidc_login.py", "tests/interop/test_ui_token_renewal.py",
 )
 

@@ -1,12 +1,17 @@
 """The DIMSE listener processes of ``dicomweb-server serve`` (cli.py): how many, starting them
 (``python -m dicomweb_server.dimse``, sharing the port with SO_REUSEPORT and one table of
-association slots: slots.py), and stopping them (SIGTERM, then SIGKILL past a bound)."""
+association slots: slots.py), keeping them running (:class:`Listeners`: one that dies is
+replaced), and stopping them (SIGTERM, then SIGKILL past a bound)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 
 def dimse_processes(settings) -> int:
@@ -19,35 +24,35 @@ def dimse_processes(settings) -> int:
     return settings.dimse_processes or max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 
-def start_dimse(settings):
+def start_dimse(settings) -> Listeners | None:
     """The DIMSE listener processes (``python -m dicomweb_server.dimse``, sharing the port with
-    SO_REUSEPORT: the kernel spreads the associations), or [] when DIMSE is off or runs inside
-    the worker. They end with this process, however it ends: each watches a pipe whose write
-    end only this process holds (end-of-file: serve is gone; dimse/shutdown.py), and
-    PR_SET_PDEATHSIG sends them SIGTERM as well. They share one table of association slots
-    (dimse/slots.py: ``dimse_max_associations`` is the node's, not one process's)."""
+    SO_REUSEPORT: the kernel spreads the associations), supervised (:class:`Listeners`), or
+    None when DIMSE is off or runs inside the worker. They end with this process, however it
+    ends: each watches a pipe whose write end only this process holds (end-of-file: serve is
+    gone; dimse/shutdown.py), and PR_SET_PDEATHSIG sends the first ones SIGTERM as well. They
+    share one table of association slots (dimse/slots.py: ``dimse_max_associations`` is the
+    node's, not one process's), which this process keeps open for the listeners it starts in
+    place of dead ones (a dead listener's row is free: its lock went with it)."""
     if not settings.dimse_on() or settings.dimse_in_worker:
-        return []
+        return None
     from .slots import create_table
 
     n = dimse_processes(settings)  # their address is printed when the port accepts (startup.py)
     slots_fd = create_table(n, settings.dimse_max_associations)
-    procs = []
-    try:
-        for _ in range(n):
-            r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w
-            try:
-                proc = spawn_listener(r, slots_fd=slots_fd)
-            except BaseException:
-                os.close(w)
-                raise
-            finally:
-                os.close(r)
-            proc.parent_pipe = w  # closed by stop_dimse, or by the kernel when this process dies
-            procs.append(proc)
-    finally:
-        os.close(slots_fd)  # the listeners hold it
-    return procs
+
+    def spawn():
+        r, w = os.pipe()  # not inheritable (PEP 446): only the listener gets r, only we keep w
+        try:
+            proc = spawn_listener(r, slots_fd=slots_fd)
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        proc.parent_pipe = w  # closed by stop_dimse, or by the kernel when this process dies
+        return proc
+
+    return Listeners(spawn, n, on_stopped=lambda: os.close(slots_fd))  # closed once all have ended
 
 
 def spawn_listener(parent_fd: int, env=None, slots_fd: int | None = None):
@@ -70,23 +75,136 @@ def spawn_listener(parent_fd: int, env=None, slots_fd: int | None = None):
 #: seconds past ``shutdown_timeout`` a listener gets to end after SIGTERM before SIGKILL
 #: (its own watchdog ends it after 2 x CLOSE_WAIT: dimse/shutdown.py)
 DIMSE_KILL_AFTER = 15
+#: a listener that ran at least this many seconds is replaced at once when it dies; one that
+#: ended sooner (it cannot start?) after BACKOFF_FIRST, doubling up to BACKOFF_MAX seconds
+STABLE_AFTER = 10.0
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 30.0
 
 
-def stop_dimse(procs, grace: float = 30) -> None:
-    """SIGTERM each listener, wait at most ``grace`` + :data:`DIMSE_KILL_AFTER` seconds in
-    all, then SIGKILL those still running."""
-    import subprocess
-    import time
+def _say(line: str) -> None:
+    print(f"dicomweb-server: {line}", file=sys.stderr, flush=True)
 
-    for proc in procs:
-        proc.terminate()
-        with contextlib.suppress(OSError):
-            os.close(proc.parent_pipe)
-    deadline = time.monotonic() + grace + DIMSE_KILL_AFTER
-    for proc in procs:
+
+def how_it_ended(returncode: int) -> str:
+    """``killed by SIGKILL``, ``exit status 1``..."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def asked_to_stop(returncode: int) -> bool:
+    """Whether a listener ended because it was asked to: its orderly stop (exit status 0, only
+    on SIGTERM or SIGINT while serve lives: dimse/__main__.py), or one of those signals
+    before its handler was set. Both reach every process of serve at once when the whole
+    group or service is stopped (Ctrl-C in a terminal, ``systemctl stop``): serve is stopping
+    then, though it only stops its listeners once uvicorn has finished."""
+    return returncode in (0, -signal.SIGTERM, -signal.SIGINT)
+
+
+class Listeners:
+    """``count`` listener processes made by ``spawn()`` (a ``subprocess.Popen`` with its
+    ``parent_pipe``), each watched by a thread of its own blocked in ``Popen.wait`` (which
+    reaps it: no zombie). One that ends while serve is not stopping is replaced by a new
+    one, at once if it ran :data:`STABLE_AFTER` seconds, else after a pause growing from
+    :data:`BACKOFF_FIRST` to :data:`BACKOFF_MAX` seconds (a listener that cannot start is
+    not started again in a tight loop); each step is a line on stderr. Not replaced: a
+    listener :func:`asked_to_stop`.
+
+    The first listeners are started here, in the caller's (main) thread: PR_SET_PDEATHSIG is
+    armed for them. A replacement is started by the watching thread, so it has no
+    PR_SET_PDEATHSIG (lifeline.py: the signal would come when that thread ends); its parent
+    pipe ends it when serve ends, however serve ends. :meth:`stop` and the replacements take
+    one lock: no listener is started once stopping has begun, and every one started is
+    stopped."""
+
+    def __init__(self, spawn: Callable, count: int, on_stopped: Callable[[], None] | None = None) -> None:
+        self._spawn_one, self._on_stopped = spawn, on_stopped
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.procs: list = []  # the listener of each place, the latest one
+        self._threads: list[threading.Thread] = []
         try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"dicomweb-server: DIMSE listener {proc.pid} did not stop: killed", file=sys.stderr, flush=True)
-            proc.kill()
-            proc.wait()
+            for place in range(count):
+                self.procs.append(self._spawn())
+                t = threading.Thread(target=self._watch, args=(place, self.procs[place]),
+                                     name=f"dimse-listener-{place}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        except BaseException:
+            self.stop(0)
+            raise
+
+    def _spawn(self):
+        proc = self._spawn_one()
+        proc.started = time.monotonic()
+        return proc
+
+    def _watch(self, place: int, proc) -> None:
+        delay = 0.0
+        while True:
+            proc.wait()  # blocks until it ends; reaps it
+            if self._stopping.is_set():
+                return
+            lived = time.monotonic() - proc.started
+            how = how_it_ended(proc.returncode)
+            if asked_to_stop(proc.returncode):
+                _say(f"DIMSE listener {proc.pid} stopped ({how}: asked to by a signal); not replaced (Ctrl-C "
+                     f"and systemctl stop signal every process of serve)")
+                return
+            delay = 0.0 if lived >= STABLE_AFTER else min(BACKOFF_MAX, max(BACKOFF_FIRST, 2 * delay))
+            if delay:
+                _say(f"DIMSE listener {proc.pid} ended ({how}) {lived:.1f} s after it started; another starts "
+                     f"in {delay:g} s (one that keeps ending at once is started again at most every "
+                     f"{BACKOFF_MAX:g} s)")
+            new = self._replace(place, delay)
+            if new is None:
+                return
+            _say(f"DIMSE listener {proc.pid} ended ({how}); listener {new.pid} started in its place")
+            proc = new
+
+    def _replace(self, place: int, delay: float):
+        """The new listener of ``place``, started after ``delay`` seconds; None: serve is stopping."""
+        while not self._stopping.wait(delay):
+            with self._lock:
+                if self._stopping.is_set():
+                    return None
+                try:
+                    self.procs[place] = self._spawn()
+                    return self.procs[place]
+                except OSError as e:  # fork refused (memory, process limit)
+                    delay = min(BACKOFF_MAX, max(BACKOFF_FIRST, 2 * delay))
+                    _say(f"DIMSE listener could not start ({e}); next attempt in {delay:g} s")
+        return None
+
+    def stop(self, grace: float = 30) -> None:
+        """SIGTERM each listener, wait at most ``grace`` + :data:`DIMSE_KILL_AFTER` seconds in
+        all, then SIGKILL those still running; no listener is started from here on."""
+        with self._lock:  # a replacement being started is in self.procs once this is ours
+            self._stopping.set()
+            procs = list(self.procs)
+        for proc in procs:
+            proc.terminate()  # nothing if it has ended (reaped)
+            with contextlib.suppress(OSError):
+                os.close(proc.parent_pipe)
+        deadline = time.monotonic() + grace + DIMSE_KILL_AFTER
+        for t in self._threads:  # each ends once its listener has ended (reaped by it)
+            t.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.returncode is None:  # its thread still waits
+                _say(f"DIMSE listener {proc.pid} did not stop: killed")
+                proc.kill()
+                proc.wait()
+        for t in self._threads:
+            t.join()
+        if self._on_stopped is not None:
+            self._on_stopped()
+            self._on_stopped = None
+
+
+def stop_dimse(listeners: Listeners | None, grace: float = 30) -> None:
+    """Stop ``serve``'s listeners (:meth:`Listeners.stop`); None: there are none."""
+    if listeners is not None:
+        listeners.stop(grace)

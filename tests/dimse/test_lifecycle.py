@@ -177,11 +177,17 @@ def test_serve_kills_a_listener_that_does_not_stop(monkeypatch):
 
     monkeypatch.setattr(listeners, "DIMSE_KILL_AFTER", 1)
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-c", ignore], stdout=subprocess.PIPE)
+
+    def spawn():
+        proc = subprocess.Popen([sys.executable, "-c", ignore], stdout=subprocess.PIPE)
+        proc.parent_pipe = os.pipe()[1]
+        return proc
+
+    supervised = listeners.Listeners(spawn, 1)
+    (proc,) = supervised.procs
     assert proc.stdout.readline() == b"ready\n"
-    proc.parent_pipe = os.pipe()[1]
     started = time.monotonic()
-    listeners.stop_dimse([proc], grace=0)
+    listeners.stop_dimse(supervised, grace=0)
     assert proc.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 5
     proc.stdout.close()
