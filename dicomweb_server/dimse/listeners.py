@@ -171,6 +171,10 @@ class Listeners:
             with self._lock:
                 if self._stopping.is_set():
                     return None
+                old = self.procs[place]
+                if old.parent_pipe >= 0:  # its write end: the dead listener no longer reads it
+                    os.close(old.parent_pipe)
+                    old.parent_pipe = -1  # (stop() closes only the current ones' pipes)
                 try:
                     self.procs[place] = self._spawn()
                     return self.procs[place]
@@ -187,8 +191,10 @@ class Listeners:
             procs = list(self.procs)
         for proc in procs:
             proc.terminate()  # nothing if it has ended (reaped)
-            with contextlib.suppress(OSError):
-                os.close(proc.parent_pipe)
+            if proc.parent_pipe >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(proc.parent_pipe)
+                proc.parent_pipe = -1
         deadline = time.monotonic() + grace + DIMSE_KILL_AFTER
         for t in self._threads:  # each ends once its listener has ended (reaped by it)
             t.join(max(0.0, deadline - time.monotonic()))

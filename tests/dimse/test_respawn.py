@@ -75,6 +75,17 @@ def _serve(tmp_path, **popen):
         proc.wait(10)
 
 
+def _descriptors(pid: int) -> dict[str, int]:
+    """How many of each kind of descriptor (pipe, socket, memfd, file...) ``pid`` holds."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            kind = target.split(":", 1)[0] if ":[" in target else target.split(" ", 1)[0]
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def _slot_rows(serve_pid: int) -> dict[int, int]:
     """Which row of serve's association slot table each live listener holds: the byte
     (1 + row) of the memfd it keeps an fcntl lock on (dimse/slots.py), from /proc/locks."""
@@ -127,6 +138,7 @@ def test_a_killed_listener_is_replaced_and_both_serve_many_associations(tmp_path
     with _serve(tmp_path) as (proc, port, dport, pids, log):
         rows = _slot_rows(proc.pid)
         assert sorted(rows[p] for p in pids) == [0, 1], rows
+        fds = _descriptors(proc.pid)
         victim, survivor, new, took = _kill_one(proc, dport, pids, log)
         print(f"a new listener listened {took:.1f} s after the SIGKILL")
         # the dead one is reaped (no zombie child of serve), the new one is serve's child
@@ -136,6 +148,8 @@ def test_a_killed_listener_is_replaced_and_both_serve_many_associations(tmp_path
             in log.read_text()
         # the new one holds the dead one's row of the slot table, the survivor keeps its own
         assert _slot_rows(proc.pid) == {survivor: rows[survivor], new: rows[victim]}
+        # the dead one's parent pipe is closed, the new one's opened: serve holds as many as before
+        assert _descriptors(proc.pid) == fds
 
         # 16 associations at once: the kernel spreads them over both (all on one: 2 in 65,536)
         assocs = []
