@@ -78,7 +78,8 @@ def test_worklist_name_outside_latin1_is_utf8(dimse, requested):
     assert answer.SpecificCharacterSet == "ISO_IR 192"
     assert _raw(answer, PN) == GREEK_KANJI.encode("utf-8")
     assert str(answer.PatientName) == GREEK_KANJI
-    assert answer.ScheduledProcedureStepSequence[0].ScheduledProcedureStepDescription == "Θώρακας"  # in the item too
+    # in the item too
+    assert answer.ScheduledProcedureStepSequence[0].ScheduledProcedureStepDescription == "Θώρακας"
 
 
 def test_worklist_requested_greek_holds_greek(dimse):
@@ -118,7 +119,8 @@ def test_worklist_entry_with_a_character_set_that_cannot_hold_it(dimse):
 def test_findscu_worklist_latin1(dimse, tmp_path, requested, charset, raw):
     """The integrator's repro with DCMTK's findscu -W: the answer file's bytes."""
     _add(dimse, _entry(LATIN1, "P2", "CT2", "SPS2"))
-    keys = ["-k", "PatientName", "-k", "PatientID", "-k", "ScheduledProcedureStepSequence[0].ScheduledStationAETitle=CT2"]
+    keys = ["-k", "PatientName", "-k", "PatientID",
+            "-k", "ScheduledProcedureStepSequence[0].ScheduledStationAETitle=CT2"]
     if requested:
         keys += ["-k", f"SpecificCharacterSet={requested}"]
     run("findscu", "-W", "-X", "-aet", "CT2", "-aec", "DICOMWEB", *keys, "127.0.0.1", str(dimse.port), cwd=tmp_path)
