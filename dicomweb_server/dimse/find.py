@@ -150,7 +150,8 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
         if level == "PATIENT":  # patients are kept at the study level: one answer per patient
             result = {k: v for k, v in result.items()
                       if k == SPECIFIC_CHARACTER_SET or BY_TAG.get(k) is None or BY_TAG[k].keyword in PATIENT_KEYS}
-            key = tuple(str(result.get(t, "")) for t in sorted(result))
+            # the same patient whatever character set each study came in (its values are Unicode)
+            key = tuple(str(result.get(t, "")) for t in sorted(result) if t != SPECIFIC_CHARACTER_SET)
             if key in seen:
                 continue
             seen.add(key)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import pydicom
 import pytest
 from pydicom.dataset import Dataset
-from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelFind
+from pynetdicom.sop_class import (
+    PatientRootQueryRetrieveInformationModelFind,
+    StudyRootQueryRetrieveInformationModelFind,
+)
 
 from dicomweb_server.dimse import status as S
 from tests.helpers import make_dataset
@@ -184,3 +187,18 @@ def test_worklist_non_ascii_matching_key(dimse, requested):
     ds.PatientID = ""
     answers = worklist_find(dimse, ds)
     assert [(a.PatientID, str(a.PatientName), a.SpecificCharacterSet) for a in answers] == [("P2", LATIN1, requested)]
+
+
+def test_patient_level_one_answer_whatever_the_studies_were_stored_in(dimse):
+    """Two studies of one patient, received in ISO_IR 100 and in ISO_IR 192: the same
+    patient (the same Unicode name), one PATIENT level answer (PS3.4 C.6.1.1.2), in the
+    character set the SCU asked for."""
+    first = make_dataset(study="1.2.826.0.1.3680043.8.498.81", PatientID="Q8", PatientName=LATIN1)
+    first.SpecificCharacterSet = "ISO_IR 100"
+    second = make_dataset(study="1.2.826.0.1.3680043.8.498.82", PatientID="Q8", PatientName=LATIN1)
+    second.SpecificCharacterSet = "ISO_IR 192"
+    assert dimse.store([first, second]) == [S.SUCCESS] * 2
+    [patient] = qr_find(dimse, PatientRootQueryRetrieveInformationModelFind,
+                        {"SpecificCharacterSet": "ISO_IR 100", "QueryRetrieveLevel": "PATIENT",
+                         "PatientID": "Q8", "PatientName": ""})
+    assert (patient.SpecificCharacterSet, _raw(patient, PN)) == ("ISO_IR 100", LATIN1.encode("latin-1"))
