@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from pydicom.charset import custom_encoders, default_encoding, python_encoding
+from pydicom.charset import STAND_ALONE_ENCODINGS, custom_encoders, default_encoding, python_encoding
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
@@ -49,8 +49,9 @@ TEXT_VRS = frozenset({"SH", "LO", "ST", "LT", "UC", "UT", "PN"})
 
 def terms(value: object) -> tuple[str, ...] | None:
     """The Defined Terms of a Specific Character Set value (a str, a multi-value, a DICOM JSON
-    element's ``Value`` list), stripped; None when it names nothing (absent, empty) or a term
-    pydicom cannot encode (it cannot be honoured: C.4.1.1.3.2 allows another)."""
+    element's ``Value`` list), stripped; None when it names nothing (absent, empty), a term
+    pydicom cannot encode or an invalid combination (it cannot be honoured: C.4.1.1.3.2
+    allows another)."""
     if value is None:
         return None
     if isinstance(value, (str, bytes)):
@@ -61,6 +62,8 @@ def terms(value: object) -> tuple[str, ...] | None:
         return None
     if any(t not in python_encoding for t in found) or any(t == "" for t in found[1:]):
         return None
+    if len(found) > 1 and any(t in STAND_ALONE_ENCODINGS for t in found):
+        return None  # UTF-8, GB18030, GBK take no code extensions (PS3.3 C.12.1.1.2): pydicom drops the rest
     return found
 
 

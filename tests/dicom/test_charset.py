@@ -32,6 +32,7 @@ def _answer(name: str, description: str = "") -> Dataset:
     (None, None), ("", None), (["", ""], None), ("ISO_IR 100", ("ISO_IR 100",)), (" ISO_IR 192 ", ("ISO_IR 192",)),
     (["", "ISO 2022 IR 87"], ("", "ISO 2022 IR 87")), (b"ISO_IR 100", ("ISO_IR 100",)),
     ("ISO-IR 100", None), ("KLINGON", None), (["ISO 2022 IR 100", ""], None),
+    (["", "ISO_IR 192"], None), (["ISO_IR 192", "ISO 2022 IR 87"], None),  # UTF-8 takes no code extensions
 ])
 def test_terms(value, expected):
     assert terms(value) == expected
