@@ -15,7 +15,9 @@ the character set from the values themselves:
 - else the first of the ``preferred`` character sets that holds every text value exactly:
   the one the SCU's request named (C.4.1.1.3.2: the SCP answers in it when it can, and "may
   return responses with a different Specific Character Set" when it cannot), then the one
-  the data came with (a stored instance's, a worklist entry's own);
+  the data came with (a stored instance's, a worklist entry's own), then the archive's
+  ``dimse_character_set`` (default ISO_IR 100: what most modalities read, and the bytes
+  they had before (0008,0005) was sent; Orthanc's ``DefaultEncoding`` is Latin-1 too);
 - else ISO_IR 192 (UTF-8, PS3.3 C.12.1.1.2, Table C.12-5), which holds every character.
   Never replacement characters.
 
@@ -65,6 +67,12 @@ def terms(value: object) -> tuple[str, ...] | None:
     if len(found) > 1 and any(t in STAND_ALONE_ENCODINGS for t in found):
         return None  # UTF-8, GB18030, GBK take no code extensions (PS3.3 C.12.1.1.2): pydicom drops the rest
     return found
+
+
+def configured(value: str) -> tuple[str, ...] | None:
+    """The Defined Terms of the ``dimse_character_set`` setting (values separated by
+    backslashes, as in a data set): :func:`terms`; None when empty or not valid."""
+    return terms(value.split("\\")) if value.strip() else None
 
 
 def text_values(ds: Dataset) -> Iterator[str]:
@@ -142,4 +150,4 @@ def set_character_set(ds: Dataset, *preferred: Sequence[str] | None) -> Dataset:
     return ds
 
 
-__all__ = ["TAG", "UTF8", "TEXT_VRS", "terms", "text_values", "holds", "choose", "set_character_set"]
+__all__ = ["TAG", "UTF8", "TEXT_VRS", "terms", "configured", "text_values", "holds", "choose", "set_character_set"]

@@ -267,13 +267,14 @@ def prefilter(keys: list[Key]) -> dict[str, tuple]:
     return out
 
 
-def response(entry: dict, identifier: Dataset) -> Dataset:
+def response(entry: dict, identifier: Dataset, default_charset: tuple[str, ...] | None = None) -> Dataset:
     """The C-FIND response identifier of a matching entry (PS3.4 K.4.1.3.2 and C.4.1.1.3.2):
     every key of the request, with the entry's value or zero length; a sequence key with
     an item returns each stored item with the item's keys (all its attributes when the
     request's sequence is empty). Its Specific Character Set: the one the request names
-    when it holds every value, else the entry's own, else ISO_IR 192; none when every
-    value is ASCII (dicom/charset.py)."""
+    when it holds every value, else the entry's own, else ``default_charset`` (the
+    ``dimse_character_set`` setting), else ISO_IR 192; none when every value is ASCII
+    (dicom/charset.py)."""
     out = Dataset()
     for elem in identifier:
         tag = f"{int(elem.tag):08X}"
@@ -297,4 +298,4 @@ def response(entry: dict, identifier: Dataset) -> Dataset:
         else:
             out.add_new(elem.tag, elem.VR, None)
     return set_character_set(out, terms(identifier.get("SpecificCharacterSet")),
-                             terms((entry.get(SPECIFIC_CHARACTER_SET) or {}).get("Value")))
+                             terms((entry.get(SPECIFIC_CHARACTER_SET) or {}).get("Value")), default_charset)

@@ -123,10 +123,11 @@ def search_all(index: Index, identifier: Dataset, level: str, max_results: int,
         offset += len(hits)
 
 
-def _response(result: dict, wanted: list[int], level: str, requested: tuple[str, ...] | None) -> Dataset:
+def _response(result: dict, wanted: list[int], level: str, *charsets: tuple[str, ...] | None) -> Dataset:
     """The response identifier (PS3.4 C.4.1.1.3.2): the requested keys, Query/Retrieve Level
-    and the Specific Character Set dicom/charset.py chooses: the request's (``requested``)
-    when it holds every value, else the stored one, else ISO_IR 192; none for ASCII."""
+    and the Specific Character Set dicom/charset.py chooses: the request's when it holds
+    every value, else the stored one, else the archive's preferred one, else ISO_IR 192
+    (``charsets``: the request's and the archive's); none for ASCII."""
     result.pop("00081190", None)  # RetrieveURL is QIDO-RS only
     stored = terms((result.get(SPECIFIC_CHARACTER_SET) or {}).get("Value"))
     ds = Dataset.from_json({k: v for k, v in result.items() if int(k, 16) in wanted})
@@ -134,13 +135,15 @@ def _response(result: dict, wanted: list[int], level: str, requested: tuple[str,
         if tag not in ds:
             ds.add_new(tag, vr_of(f"{tag:08X}"), None)
     ds.QueryRetrieveLevel = level
-    return set_character_set(ds, requested, stored)
+    requested, default = charsets
+    return set_character_set(ds, requested, stored, default)
 
 
 def find(index: Index, identifier: Dataset, model: str, max_results: int,
-         allowed: Filter = UNRESTRICTED) -> Iterator[Dataset]:
+         allowed: Filter = UNRESTRICTED, default_charset: tuple[str, ...] | None = None) -> Iterator[Dataset]:
     """The C-FIND response identifiers of ``identifier`` (Patient or Study Root), of the
-    studies ``allowed`` lets through."""
+    studies ``allowed`` lets through; ``default_charset``: the archive's preferred Specific
+    Character Set (the ``dimse_character_set`` setting, dicom/charset.py)."""
     level = query_level(identifier, model)
     _, wanted = build_query(identifier, level, max_results)
     requested = terms(identifier.get("SpecificCharacterSet"))
@@ -155,4 +158,4 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
             if key in seen:
                 continue
             seen.add(key)
-        yield _response(result, wanted, level, requested)
+        yield _response(result, wanted, level, requested, default_charset)

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import pytest
 from pydicom.dataset import Dataset
+from pynetdicom import AE, evt
 from pynetdicom.dsutils import decode, encode
+from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelFind
 
-from dicomweb_server.dicom.charset import choose, holds, set_character_set, terms
+from dicomweb_server.dicom.charset import choose, configured, holds, set_character_set, terms
+from dicomweb_server.dimse.peers import Peer
+from dicomweb_server.dimse.pull import find_studies
 
 
 def _wire(ds: Dataset) -> tuple[bytes, Dataset]:
@@ -59,6 +64,8 @@ def test_choice_order():
     assert choose(["Müller"], ("ISO_IR 100",), ("ISO_IR 192",)) == ("ISO_IR 100",)
     assert choose(["Müller"], None, ("ISO_IR 100",)) == ("ISO_IR 100",)  # no request: the data's own
     assert choose(["Müller", "山田"], ("ISO_IR 100",), ("ISO_IR 100",)) == ("ISO_IR 192",)
+    assert configured("") is None and configured("ISO_IR 100") == ("ISO_IR 100",)
+    assert configured("\\ISO 2022 IR 87") == ("", "ISO 2022 IR 87") and configured("ISO-IR 100") is None
 
 
 @pytest.mark.parametrize("name, description, preferred, charset, raw", [
@@ -95,15 +102,7 @@ def test_ascii_answer_loses_its_character_set_and_items_theirs():
 
 def test_pull_c_find_identifier_names_its_character_set():
     """The archive as C-FIND SCU (dimse/pull.py): a non-ASCII key from a pull's query goes out
-    with (0008,0005) and its UTF-8 bytes (PS3.4 C.4.1.1.3.1), read by a real pynetdicom SCP."""
-    from types import SimpleNamespace
-
-    from pynetdicom import AE, evt
-    from pynetdicom.sop_class import StudyRootQueryRetrieveInformationModelFind
-
-    from dicomweb_server.dimse.peers import Peer
-    from dicomweb_server.dimse.pull import find_studies
-
+    with (0008,0005) and its bytes in it (PS3.4 C.4.1.1.3.1), read by a real pynetdicom SCP."""
     seen: list[Dataset] = []
 
     def on_find(event):
@@ -116,12 +115,16 @@ def test_pull_c_find_identifier_names_its_character_set():
     try:
         port = server.socket.getsockname()[1]
         settings = SimpleNamespace(ae_title="DICOMWEB", dimse_acse_timeout=10, dimse_timeout=10,
-                                   dimse_network_timeout=10)
+                                   dimse_network_timeout=10, dimse_character_set="ISO_IR 100")
         assert find_studies(Peer("REMOTE", "127.0.0.1", port), settings, {"PatientName": "Ωmega^山田*"}, [],
-                            False) == []
+                            False) == []  # not in the archive's ISO_IR 100: UTF-8
+        assert find_studies(Peer("REMOTE", "127.0.0.1", port), settings, {"PatientName": "Müller*"}, [],
+                            False) == []  # in it
     finally:
         server.shutdown()
-    [ident] = seen
-    assert ident.SpecificCharacterSet == "ISO_IR 192"
-    assert ident.get_item(0x00100010).value.rstrip(b" ") == "Ωmega^山田*".encode()  # raw: not read yet
-    assert str(ident.PatientName) == "Ωmega^山田*"
+    kanji, latin = seen
+    assert kanji.SpecificCharacterSet == "ISO_IR 192"
+    assert kanji.get_item(0x00100010).value.rstrip(b" ") == "Ωmega^山田*".encode()  # raw: not read yet
+    assert str(kanji.PatientName) == "Ωmega^山田*"
+    assert latin.SpecificCharacterSet == "ISO_IR 100"
+    assert latin.get_item(0x00100010).value.rstrip(b" ") == "Müller*".encode("latin-1")

@@ -2,11 +2,13 @@
 (dicom/charset.py; PS3.4 C.4.1.1.3.2, K.4.1.1.3.2; PS3.5 §6.1.2.3): the modality worklist
 (entries POSTed as DICOM JSON) and the stored-image C-FIND. A non-ASCII value comes with
 the character set that holds it, its bytes in it, never replacement characters: the SCU's
-requested one when it holds every value, else the data's own, else ISO_IR 192; an ASCII
-answer without (0008,0005). Checked with pynetdicom and DCMTK's findscu, on the bytes."""
+requested one when it holds every value, else the data's own, else the archive's
+``dimse_character_set`` (default ISO_IR 100), else ISO_IR 192; an ASCII answer without
+(0008,0005). Checked with pynetdicom and DCMTK's findscu, on the bytes."""
 
 from __future__ import annotations
 
+import httpx
 import pydicom
 import pytest
 from pydicom.dataset import Dataset
@@ -16,8 +18,9 @@ from pynetdicom.sop_class import (
 )
 
 from dicomweb_server.dimse import status as S
-from tests.helpers import make_dataset
+from tests.helpers import LiveServer, free_port, make_dataset
 
+from .conftest import Dimse
 from .test_dcmtk import run
 from .test_query_retrieve import _find as qr_find
 from .test_worklist import _find as worklist_find
@@ -60,9 +63,10 @@ def _raw(ds: Dataset, tag: int) -> bytes:
 
 
 @pytest.mark.parametrize("requested, charset, raw", [
-    (None, "ISO_IR 192", LATIN1.encode("utf-8")),  # no request: UTF-8 holds it
+    (None, "ISO_IR 100", LATIN1.encode("latin-1")),  # no request: the archive's dimse_character_set holds it
     ("ISO_IR 100", "ISO_IR 100", LATIN1.encode("latin-1")),  # the SCU's, which holds it
     ("ISO_IR 192", "ISO_IR 192", LATIN1.encode("utf-8")),
+    ("ISO_IR 126", "ISO_IR 100", LATIN1.encode("latin-1")),  # Greek cannot hold it: the archive's
 ])
 def test_worklist_latin1_name(dimse, requested, charset, raw):
     _add(dimse, _entry(LATIN1, "P2", "CT2", "SPS2"))
@@ -116,8 +120,8 @@ def test_worklist_entry_with_a_character_set_that_cannot_hold_it(dimse):
 
 
 @pytest.mark.parametrize("requested, charset, raw", [
-    (None, "ISO_IR 192", LATIN1.encode("utf-8")),
-    ("ISO_IR 100", "ISO_IR 100", LATIN1.encode("latin-1")),
+    (None, "ISO_IR 100", LATIN1.encode("latin-1")),
+    ("ISO_IR 192", "ISO_IR 192", LATIN1.encode("utf-8")),
 ])
 def test_findscu_worklist_latin1(dimse, tmp_path, requested, charset, raw):
     """The integrator's repro with DCMTK's findscu -W: the answer file's bytes."""
@@ -168,7 +172,7 @@ def test_study_find_same_rule(dimse):
     [a] = _study_find(dimse, "ISO_IR 100", PatientID="Q1")
     assert (a.SpecificCharacterSet, _raw(a, PN)) == ("ISO_IR 100", LATIN1.encode("latin-1"))
     assert (str(a.PatientName), a.StudyDescription) == (LATIN1, "Schädel")
-    [a] = _study_find(dimse, None, PatientID="Q1")
+    [a] = _study_find(dimse, None, PatientID="Q1")  # the study's own before the archive's ISO_IR 100
     assert (a.SpecificCharacterSet, _raw(a, PN)) == ("ISO_IR 192", LATIN1.encode("utf-8"))
     [a] = _study_find(dimse, "ISO_IR 100", PatientID="Q2")
     assert (a.SpecificCharacterSet, str(a.PatientName)) == ("ISO_IR 192", GREEK_KANJI)
@@ -202,3 +206,21 @@ def test_patient_level_one_answer_whatever_the_studies_were_stored_in(dimse):
                         {"SpecificCharacterSet": "ISO_IR 100", "QueryRetrieveLevel": "PATIENT",
                          "PatientID": "Q8", "PatientName": ""})
     assert (patient.SpecificCharacterSet, _raw(patient, PN)) == ("ISO_IR 100", LATIN1.encode("latin-1"))
+
+
+def test_archive_preferring_utf8(tmp_path):
+    """``dimse_character_set`` empty: a Latin-1 name the SCU named no set for goes out in UTF-8;
+    a set the SCU names still comes first."""
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True, dimse_peers_file=None,
+                     dimse_character_set="").start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as client:
+            dimse = Dimse(srv, port, client)
+            _add(dimse, _entry(LATIN1, "P2", "CT2", "SPS2"))
+            [answer] = _mwl_find(dimse, "CT2")
+            assert (answer.SpecificCharacterSet, _raw(answer, PN)) == ("ISO_IR 192", LATIN1.encode("utf-8"))
+            [answer] = _mwl_find(dimse, "CT2", "ISO_IR 100")
+            assert (answer.SpecificCharacterSet, _raw(answer, PN)) == ("ISO_IR 100", LATIN1.encode("latin-1"))
+    finally:
+        srv.stop()
