@@ -606,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "doubled each attempt)")
     serve.add_argument("--dimse-commitment-max-attempts", dest="dimse_commitment_max_attempts", type=int,
                        help="storage commitment: attempts before a report is a dead letter (default 20)")
+    serve.add_argument("--dimse-character-set", dest="dimse_character_set",
+                       help="Specific Character Set preferred for non-ASCII text sent over DIMSE when the SCU asks "
+                            "for none it can use (default ISO_IR 100; else ISO_IR 192; empty: UTF-8)")
     serve.add_argument("--hl7-port", dest="hl7_port", type=int,
                        help="MLLP port for HL7 v2 ORM^O01 orders into the worklist (default 0 = off)")
     serve.add_argument("--hl7-max-message", dest="hl7_max_message", type=int,

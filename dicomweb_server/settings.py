@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .config_values import Bound, ae_title_problem, host_problem
+from .dicom.charset import configured
 
 
 #: ``dimse_max_pdu``: 0 (no limit) or 4096 bytes up to the 32 bits of PS3.8 §D.1
@@ -177,6 +178,11 @@ class Settings(BaseSettings):
                                           "attempt, at most 60 times this)")
     dimse_commitment_max_attempts: int = Field(20, ge=1, le=10000, description="storage commitment: attempts to "
                                                "send a report before it is a dead letter of the outbox")
+    dimse_character_set: str = Field("ISO_IR 100", description="Specific Character Set (0008,0005) of non-ASCII "
+                                     "text the archive sends over DIMSE (C-FIND answers, the pull's C-FIND) when "
+                                     "neither the SCU's requested one nor the data's own holds every value: used "
+                                     "when it does, else ISO_IR 192 (UTF-8); code extensions separated by "
+                                     "backslashes (`\\ISO 2022 IR 87`); empty: straight to UTF-8")
     hl7_port: int = Field(0, ge=0, le=65535, description="MLLP port of HL7 v2 ORM^O01 orders into the modality "
                           "worklist, served by the DIMSE listener (0 = off)")
     hl7_max_message: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="the longest HL7 message "
@@ -229,6 +235,15 @@ class Settings(BaseSettings):
             if problem := ae_title_problem(title):
                 raise ValueError(problem)
         return v
+
+    @field_validator("dimse_character_set")
+    @classmethod
+    def _character_set(cls, v: str) -> str:
+        """PS3.3 C.12.1.1.2 Defined Terms pydicom can encode (dicom/charset.py)."""
+        if v.strip() and configured(v) is None:
+            raise ValueError(f"{v!r} is not a Specific Character Set this archive can encode (e.g. ISO_IR 100, "
+                             "ISO_IR 192, \\ISO 2022 IR 87)")
+        return v.strip()
 
     @field_validator("dimse_max_pdu")
     @classmethod

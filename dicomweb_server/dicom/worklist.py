@@ -34,6 +34,7 @@ from pydicom.multival import MultiValue
 from pydicom.uid import generate_uid
 
 from .attributes import Attribute, Kind
+from .charset import set_character_set, terms
 from .matching import Match, QueryError, match_value, normalize_stored, parse_match
 
 SPS_SEQUENCE = "00400100"  # Scheduled Procedure Step Sequence
@@ -266,11 +267,14 @@ def prefilter(keys: list[Key]) -> dict[str, tuple]:
     return out
 
 
-def response(entry: dict, identifier: Dataset) -> Dataset:
+def response(entry: dict, identifier: Dataset, default_charset: tuple[str, ...] | None = None) -> Dataset:
     """The C-FIND response identifier of a matching entry (PS3.4 K.4.1.3.2 and C.4.1.1.3.2):
     every key of the request, with the entry's value or zero length; a sequence key with
     an item returns each stored item with the item's keys (all its attributes when the
-    request's sequence is empty)."""
+    request's sequence is empty). Its Specific Character Set: the one the request names
+    when it holds every value, else the entry's own, else ``default_charset`` (the
+    ``dimse_character_set`` setting), else ISO_IR 192; none when every value is ASCII
+    (dicom/charset.py)."""
     out = Dataset()
     for elem in identifier:
         tag = f"{int(elem.tag):08X}"
@@ -293,6 +297,5 @@ def response(entry: dict, identifier: Dataset) -> Dataset:
             out.update(Dataset.from_json({tag: stored}))
         else:
             out.add_new(elem.tag, elem.VR, None)
-    if SPECIFIC_CHARACTER_SET in entry:
-        out.update(Dataset.from_json({SPECIFIC_CHARACTER_SET: entry[SPECIFIC_CHARACTER_SET]}))
-    return out
+    return set_character_set(out, terms(identifier.get("SpecificCharacterSet")),
+                             terms((entry.get(SPECIFIC_CHARACTER_SET) or {}).get("Value")), default_charset)

@@ -5,7 +5,8 @@ rules: wildcards, ranges, UID lists, PN case), answered by the same index.
 References
 ----------
 PS3.4 C.4.1 (C-FIND SCP: the response identifier holds the requested keys, with
-values or zero length, plus Query/Retrieve Level and Specific Character Set),
+values or zero length, plus Query/Retrieve Level and, when a value is not ASCII,
+Specific Character Set: C.4.1.1.3.2; its choice: dicom/charset.py),
 C.2.2.2 (matching), C.6.1 (Patient Root: PATIENT, STUDY, SERIES, IMAGE levels),
 C.6.2 (Study Root: STUDY, SERIES, IMAGE).
 """
@@ -20,6 +21,7 @@ from pydicom.multival import MultiValue
 
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Kind, Level, vr_of
+from ..dicom.charset import set_character_set, terms
 from ..dicom.matching import TIMEZONE_OFFSET, Query, QueryError, parse_query
 from ..dicom.search_results import build_result
 from ..store.base import Index, SearchHit
@@ -121,30 +123,39 @@ def search_all(index: Index, identifier: Dataset, level: str, max_results: int,
         offset += len(hits)
 
 
-def _response(result: dict, wanted: list[int], level: str) -> Dataset:
+def _response(result: dict, wanted: list[int], level: str, *charsets: tuple[str, ...] | None) -> Dataset:
+    """The response identifier (PS3.4 C.4.1.1.3.2): the requested keys, Query/Retrieve Level
+    and the Specific Character Set dicom/charset.py chooses: the request's when it holds
+    every value, else the stored one, else the archive's preferred one, else ISO_IR 192
+    (``charsets``: the request's and the archive's); none for ASCII."""
     result.pop("00081190", None)  # RetrieveURL is QIDO-RS only
-    ds = Dataset.from_json({k: v for k, v in result.items() if int(k, 16) in wanted or k == SPECIFIC_CHARACTER_SET})
+    stored = terms((result.get(SPECIFIC_CHARACTER_SET) or {}).get("Value"))
+    ds = Dataset.from_json({k: v for k, v in result.items() if int(k, 16) in wanted})
     for tag in wanted:  # requested keys without a value are returned with zero length (PS3.4 C.4.1.1.3.2)
         if tag not in ds:
             ds.add_new(tag, vr_of(f"{tag:08X}"), None)
     ds.QueryRetrieveLevel = level
-    return ds
+    requested, default = charsets
+    return set_character_set(ds, requested, stored, default)
 
 
 def find(index: Index, identifier: Dataset, model: str, max_results: int,
-         allowed: Filter = UNRESTRICTED) -> Iterator[Dataset]:
+         allowed: Filter = UNRESTRICTED, default_charset: tuple[str, ...] | None = None) -> Iterator[Dataset]:
     """The C-FIND response identifiers of ``identifier`` (Patient or Study Root), of the
-    studies ``allowed`` lets through."""
+    studies ``allowed`` lets through; ``default_charset``: the archive's preferred Specific
+    Character Set (the ``dimse_character_set`` setting, dicom/charset.py)."""
     level = query_level(identifier, model)
     _, wanted = build_query(identifier, level, max_results)
+    requested = terms(identifier.get("SpecificCharacterSet"))
     seen: set[tuple] = set()
     for query, hit in search_all(index, identifier, level, max_results, allowed):
         result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
         if level == "PATIENT":  # patients are kept at the study level: one answer per patient
             result = {k: v for k, v in result.items()
                       if k == SPECIFIC_CHARACTER_SET or BY_TAG.get(k) is None or BY_TAG[k].keyword in PATIENT_KEYS}
-            key = tuple(str(result.get(t, "")) for t in sorted(result))
+            # the same patient whatever character set each study came in (its values are Unicode)
+            key = tuple(str(result.get(t, "")) for t in sorted(result) if t != SPECIFIC_CHARACTER_SET)
             if key in seen:
                 continue
             seen.add(key)
-        yield _response(result, wanted, level)
+        yield _response(result, wanted, level, requested, default_charset)

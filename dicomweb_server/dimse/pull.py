@@ -64,6 +64,7 @@ from pynetdicom.sop_class import (
 )
 
 from ..access.rules import FULL
+from ..dicom.charset import configured, set_character_set
 from ..jobs import Context, JobError
 from . import status as S
 from . import tls
@@ -218,6 +219,8 @@ def find_studies(peer: Peer, settings, query: dict[str, str], studies: list[str]
     ident.NumberOfStudyRelatedInstances = ""
     if with_classes:
         ident.SOPClassesInStudy = ""
+    # a non-ASCII key: the archive's preferred set when it holds it, else ISO_IR 192 (PS3.4 C.4.1.1.3.1)
+    set_character_set(ident, configured(settings.dimse_character_set))
     assoc = associate(peer, settings, [build_context(FIND)])
     found: dict[str, dict] = {}
     final = None

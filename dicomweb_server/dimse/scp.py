@@ -56,6 +56,7 @@ from pynetdicom.sop_class import (
 
 from ..access.rules import Access, AccessRules
 from ..archive import Archive, source_of_dimse
+from ..dicom.charset import configured
 from ..dicom.lean import Decline
 from ..dicom.lean import _explicit_header as explicit_header
 from ..dicom.multipart import MEMORY_PART_BYTES, SpooledPart
@@ -673,7 +674,7 @@ class DimseServer(RetrieveSCP):
             return
         try:
             for ds in find(self.archive.index, identifier, model, self.settings.max_results,
-                           self._access(event).filter):
+                           self._access(event).filter, configured(self.settings.dimse_character_set)):
                 if event.is_cancelled:
                     yield S.CANCEL, None
                     return
@@ -685,7 +686,8 @@ class DimseServer(RetrieveSCP):
             yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
 
     def _on_worklist_find(self, event):
-        yield from worklist.on_find(self.archive.index, event, self._identifier(event))
+        yield from worklist.on_find(self.archive.index, event, self._identifier(event),
+                                    configured(self.settings.dimse_character_set))
 
 
 def _server_bind_reuseport(self) -> None:

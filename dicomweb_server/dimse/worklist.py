@@ -23,27 +23,29 @@ from . import status as S
 log = logging.getLogger("dicomweb_server.dimse")
 
 
-def find(index: Index, identifier: Dataset, max_results: int) -> Iterator[Dataset]:
+def find(index: Index, identifier: Dataset, max_results: int,
+         default_charset: tuple[str, ...] | None = None) -> Iterator[Dataset]:
     """The response identifiers of ``identifier`` (at most ``max_results``; 0: all), in
-    the order the entries were added. Raises :class:`WorklistError` for a bad identifier."""
+    the order the entries were added; ``default_charset``: the archive's preferred Specific
+    Character Set (dicom/charset.py). Raises :class:`WorklistError` for a bad identifier."""
     keys = parse_identifier(identifier)
     n = 0
     for entry in index.worklist(prefilter(keys)):
         if matches(keys, entry):
-            yield response(entry, identifier)
+            yield response(entry, identifier, default_charset)
             n += 1
             if max_results and n >= max_results:
                 return
 
 
-def on_find(index: Index, event, identifier: Dataset | None):
+def on_find(index: Index, event, identifier: Dataset | None, default_charset: tuple[str, ...] | None = None):
     """The listener's ``EVT_C_FIND`` handler for this model (``identifier``: None when it
     does not decode): pending responses, then the final status."""
     if identifier is None:
         yield S.dataset(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
         return
     try:
-        for ds in find(index, identifier, 0):
+        for ds in find(index, identifier, 0, default_charset):
             if event.is_cancelled:
                 yield S.CANCEL, None
                 return
