@@ -29,6 +29,13 @@ The rule here, after pynetdicom's negotiation (abstract syntax, roles, rejection
   sub-operation of every other instance, which the requestor's uncompressed fallback now
   carries. Such a first choice is passed over; proposed alone (or with others like it), it is
   accepted (pynetdicom's choice) and only the instances stored in it are sent.
+
+Among the plain encodings (Explicit VR Little Endian, Implicit VR Little Endian, Explicit VR
+Big Endian) the archive's preference stays: a first choice among them gives the first of them,
+in that order, that the requestor proposed (pynetdicom's choice, as before). They carry the same values; the explicit VRs
+are kept (a private element received Implicit VR is stored without its VR), and pynetdicom's
+default contexts (Implicit VR Little Endian first) keep being stored as Explicit VR Little
+Endian, as before. Deflated and the compressed syntaxes are a requestor's choice to honour.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from pynetdicom import acse, presentation
 from ..policy import transcode
 
 _negotiate_as_acceptor = presentation.negotiate_as_acceptor
+#: the plain encodings, among which Explicit VR Little Endian is preferred
+_PLAIN = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.ExplicitVRBigEndian})
 
 
 @functools.cache
@@ -54,7 +63,8 @@ def sendable_anything() -> frozenset[str]:
 def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):
     """``presentation.negotiate_as_acceptor``, then each accepted context's transfer syntax
     is the first the requestor proposed among those ``ac_contexts`` hold for its abstract
-    syntax (and, on a context the archive sends on, among :func:`sendable_anything`)."""
+    syntax (and, on a context the archive sends on, among :func:`sendable_anything`);
+    for a plain first choice, the first plain one in the archive's order."""
     result, ac_roles = _negotiate_as_acceptor(rq_contexts, ac_contexts, roles)
     proposed = {(cx.context_id, cx.abstract_syntax): cx.transfer_syntax
                 for cx in rq_contexts or () if len(cx.transfer_syntax) > 1}
@@ -66,9 +76,10 @@ def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):
     for cx in chosen:
         held = supported.get(cx.abstract_syntax, ())
         sendable = sendable_anything() if cx.as_scu else None
-        first = next((ts for ts in proposed[(cx.context_id, cx.abstract_syntax)]
-                      if ts in held and (sendable is None or ts in sendable)), None)
-        if first is not None and first != cx.transfer_syntax[0]:
+        offered = proposed[(cx.context_id, cx.abstract_syntax)]
+        first = next((ts for ts in offered if ts in held and (sendable is None or ts in sendable)), None)
+        # a plain first choice: pynetdicom's, by the table's order (Explicit VR LE, Implicit, Big Endian)
+        if first is not None and first not in _PLAIN and first != cx.transfer_syntax[0]:
             cx.transfer_syntax = [first]
     return result, ac_roles
 

@@ -248,8 +248,12 @@ def _negotiate(syntaxes: list[str], scp_role: bool) -> str:
     # C-STORE (the archive receives): the first the archive holds
     ([U.JPEG2000Lossless, U.ExplicitVRLittleEndian], False, U.JPEG2000Lossless),
     ([U.JPEGBaseline8Bit, U.ExplicitVRLittleEndian], False, U.JPEGBaseline8Bit),
-    ([U.ExplicitVRBigEndian, U.ExplicitVRLittleEndian], False, U.ExplicitVRBigEndian),
-    (["1.2.3.4", U.ImplicitVRLittleEndian, U.ExplicitVRLittleEndian], False, U.ImplicitVRLittleEndian),
+    ([U.ExplicitVRBigEndian, U.ExplicitVRLittleEndian], False, U.ExplicitVRLittleEndian),  # plain: ELE preferred
+    ([U.ImplicitVRLittleEndian, U.ExplicitVRLittleEndian], False, U.ExplicitVRLittleEndian),  # pynetdicom's default
+    ([U.ExplicitVRBigEndian, U.ImplicitVRLittleEndian], False, U.ImplicitVRLittleEndian),
+    ([U.ExplicitVRBigEndian], False, U.ExplicitVRBigEndian),
+    ([U.DeflatedExplicitVRLittleEndian, U.ExplicitVRLittleEndian], False, U.DeflatedExplicitVRLittleEndian),
+    (["1.2.3.4", U.ImplicitVRLittleEndian, U.JPEG2000Lossless], False, U.ImplicitVRLittleEndian),
     # C-GET's storage contexts (the archive sends): the first it can send any instance in
     ([U.JPEG2000Lossless, U.ExplicitVRLittleEndian], True, U.JPEG2000Lossless),
     ([U.JPEGLSLossless, U.ExplicitVRLittleEndian], True, U.JPEGLSLossless),
@@ -257,6 +261,7 @@ def _negotiate(syntaxes: list[str], scp_role: bool) -> str:
     ([U.JPEGBaseline8Bit, U.ExplicitVRLittleEndian], True, U.ExplicitVRLittleEndian),
     ([U.ExplicitVRBigEndian, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian], True, U.ExplicitVRLittleEndian),
     ([U.JPEGLosslessSV1, U.ImplicitVRLittleEndian], True, U.ImplicitVRLittleEndian),
+    ([U.ImplicitVRLittleEndian, U.ExplicitVRLittleEndian], True, U.ExplicitVRLittleEndian),
     ([U.JPEGBaseline8Bit], True, U.JPEGBaseline8Bit),  # alone: accepted, only JPEG instances go
 ])
 def test_the_requestors_order_decides(syntaxes, scp_role, accepted):
