@@ -59,3 +59,19 @@ def sendable_syntax(stored_ts: str, accepted: Callable[[str], bool]) -> str | No
         if accepted(ts) and (ts == stored_ts or transcode.can_transcode(stored_ts, ts)):
             return ts
     return None
+
+
+def sub_operation_syntax(stored_ts: str, accepted: list[str]) -> str | None:
+    """The syntax to produce an instance stored in ``stored_ts`` in for a C-STORE
+    sub-operation, its SOP class accepted with the syntaxes ``accepted`` (one per
+    presentation context): :func:`sendable_syntax` (as stored, else decoded, else
+    re-encoded losslessly); else, Deflated Explicit VR Little Endian accepted, Explicit
+    VR Little Endian (pynetdicom deflates it as it sends it). Never a lossy syntax the
+    instance is not stored in (policy/transcode.py). None: nothing accepted can be
+    produced; that sub-operation fails (PS3.4 C.4.2.3.1, C.4.3.3.1)."""
+    target = sendable_syntax(stored_ts, accepted.__contains__)
+    if target is not None:
+        return target
+    if U.DeflatedExplicitVRLittleEndian in accepted and transcode.can_transcode(stored_ts, U.ExplicitVRLittleEndian):
+        return U.ExplicitVRLittleEndian
+    return None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydicom import dcmread
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import UID
 from pynetdicom import build_context, evt
 from pynetdicom.association import Association
 from pynetdicom.sop_class import (
@@ -38,7 +39,7 @@ from ..store.base import IndexUnavailable
 from . import status as S
 from . import tls
 from .find import IdentifierError
-from .retrieve import matching_instances, proposed_syntaxes, sendable_syntax
+from .retrieve import matching_instances, proposed_syntaxes, sub_operation_syntax
 
 log = logging.getLogger("dicomweb_server.dimse")
 
@@ -79,9 +80,10 @@ class StoredInstance(Dataset):
 
 
 def _send_c_store_from_file(self, dataset, *args, **kwargs):
-    """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file when the
-    peer accepted its stored transfer syntax; otherwise (e.g. stored Explicit VR LE, accepted
-    Implicit VR LE only) it is read and pynetdicom converts it, as before.
+    """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file, its
+    stored bytes, when the peer accepted its stored transfer syntax (in a C-GET: the
+    requestor proposed it first, :mod:`.negotiation`); otherwise it is read and decoded or
+    re-encoded into a syntax the peer accepted (:func:`_transcoded_for`).
 
     PS3.7 9.1.1.1: the Move Originator Application Entity Title of a C-MOVE's sub-operation is
     the AE that invoked the C-MOVE; pynetdicom's Move SCP passes its own AE title
@@ -93,36 +95,35 @@ def _send_c_store_from_file(self, dataset, *args, **kwargs):
             kwargs["originator_aet"] = dataset.move_originator
         if dataset.stored_path is None:  # a failed sub-operation, counted with its UID (_send)
             raise FileNotFoundError(f"{missing_data.MESSAGE}: instance {dataset.SOPInstanceUID} cannot be read")
-        if not any(cx.abstract_syntax == dataset.SOPClassUID for cx in self.accepted_contexts):
+        accepted = [cx.transfer_syntax[0] for cx in self.accepted_contexts
+                    if cx.abstract_syntax == dataset.SOPClassUID and cx.as_scu]
+        if not accepted:  # (a C-GET requestor that took no SCP role for it: PS3.7 D.3.3.4)
             raise ValueError(f"the peer accepted no presentation context for SOP Class {dataset.SOPClassUID} "
-                             f"of instance {dataset.SOPInstanceUID}")
-        try:
-            self._get_valid_context(dataset.SOPClassUID, dataset.file_meta.TransferSyntaxUID, "scu",
-                                    allow_conversion=False)
-        except ValueError:
-            dataset = _transcoded_for(self, dataset)
-        else:
+                             f"of instance {dataset.SOPInstanceUID} with this archive sending")
+        if dataset.file_meta.TransferSyntaxUID in accepted:
             dataset = dataset.stored_path  # STORE_SEND_CHUNKED_DATASET: read per fragment
+        else:
+            dataset = _transcoded_for(dataset, accepted)
     return _send_c_store(self, dataset, *args, **kwargs)
 
 
-def _transcoded_for(assoc: Association, stored: StoredInstance) -> Dataset:
+def _transcoded_for(stored: StoredInstance, accepted: list[str]) -> Dataset:
     """The stored instance in a transfer syntax the peer accepted for its SOP class
-    (PS3.4 C.4.2.3.1, C.4.3.3.1): decoded (and re-encoded losslessly) by
-    policy/transcode.py, e.g. JPEG-LS stored, Explicit VR Little Endian accepted only.
-    When none can be produced the file as stored goes to pynetdicom, whose refusal
-    fails that sub-operation as before."""
-    def accepted(ts: str) -> bool:
-        try:
-            assoc._get_valid_context(stored.SOPClassUID, ts, "scu", allow_conversion=False)
-        except ValueError:
-            return False
-        return True
-
-    stored_ts = stored.file_meta.TransferSyntaxUID
+    (``accepted``: one per presentation context it can be sent on)
+    (PS3.4 C.4.2.3.1, C.4.3.3.1; :func:`.retrieve.sub_operation_syntax`): decoded (and
+    re-encoded) by policy/transcode.py, e.g. JPEG-LS stored, Explicit VR Little Endian
+    accepted only; a lossy stored instance decoded keeps Lossy Image Compression "01"
+    (PS3.3 C.7.6.1.1.5). ValueError, before the file is read, when nothing accepted can
+    be produced from it (e.g. a JPEG 2000 Lossless instance, JPEG Extended accepted
+    only): that sub-operation fails, the others go on."""
+    stored_ts = str(stored.file_meta.TransferSyntaxUID)
+    target = sub_operation_syntax(stored_ts, accepted)
+    if target is None:
+        raise ValueError(f"instance {stored.SOPInstanceUID} is stored in {UID(stored_ts).name}; the peer accepted "
+                         f"SOP Class {stored.SOPClassUID} in {', '.join(UID(ts).name for ts in accepted)} only, "
+                         "which cannot be produced from it")
     dataset = dcmread(stored.stored_path)
-    target = sendable_syntax(stored_ts, accepted)
-    if target is None or target == stored_ts:
+    if target == stored_ts:
         return dataset
     return transcode.transcode(dataset, target)
 

@@ -63,7 +63,7 @@ from ..dicom.multipart import MEMORY_PART_BYTES, SpooledPart
 from ..settings import Settings
 from ..routing import open_outbox
 from ..routing.rules import Arrival
-from . import access, mpps, pdata, pins, reactor, slots, store_rsp, tls, worklist
+from . import access, mpps, negotiation, pdata, pins, reactor, slots, store_rsp, tls, worklist
 from .commitment import Reporter
 from .file_meta import _AE_SLOT_BYTES, _EncodedFileMeta, _encoded_file_meta  # noqa: F401  (pull.py, tests)
 from .file_meta import _file_meta_with_ae_slot  # noqa: F401  (tests)
@@ -197,6 +197,7 @@ def _unpatch() -> None:
     store_rsp.uninstall()
     pdata.uninstall()
     access.uninstall()
+    negotiation.uninstall()
 
 
 #: listeners started in this process: a stop that outlasts the start of the next listener
@@ -213,7 +214,9 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     as announced) and no slower than ``PDU_MIN_RATE`` past the network timeout; C-GET/C-MOVE
     sub-operations sent from the stored file (:mod:`.retrieve_scp`) in PDUs of at most ``SEND_PDU_MAX``;
     blocking reactors instead of pynetdicom's polling ones (:mod:`.reactor`); the
-    C-STORE-RSP encoded by hand (:mod:`.store_rsp`), without pynetdicom's debug handlers."""
+    C-STORE-RSP encoded by hand (:mod:`.store_rsp`), without pynetdicom's debug handlers;
+    each presentation context accepted with the requestor's first proposed transfer syntax
+    the listener supports (:mod:`.negotiation`)."""
     global _pdu_limit, _generation
     _generation += 1
     _pdu_limit = max(max_pdu, _PDU_FLOOR) if max_pdu else 1 << 32  # of the PDU's variable field
@@ -238,6 +241,7 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
     pdata.install()  # P-DATA-TF as views of one buffer, PDV by PDV, message assembly checked (pdata.py)
     access.install()  # every DIMSE request checked against the listener's AccessPolicy (access.py)
+    negotiation.install()  # each context accepted with the requestor's first supported syntax (negotiation.py)
 
 
 #: bytes read from the head of a received file: its file meta and first elements

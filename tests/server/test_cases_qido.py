@@ -306,3 +306,24 @@ def test_timezone_offset_in_the_query(http):
     r = http.get("/studies", params={"PatientID": "TZQ", "StudyDate": "20200101-20200102", "StudyTime": "2300-0100"})
     assert study_uids(r) == {a.StudyInstanceUID, b.StudyInstanceUID}  # across midnight (PS3.4 C.2.2.2.5.1)
     assert http.get("/studies", params={"TimezoneOffsetFromUTC": "+25"}).status_code == 400
+
+
+@pytest.mark.parametrize("params, found", [
+    ({"PatientName": "Yamada*"}, True),
+    ({"PatientName": "yamada", "fuzzymatching": "true"}, True),
+    ({"PatientName": "山田*"}, False),  # the ideographic group is returned, not searched
+    ({"PatientName": "やまだ*"}, False),  # nor the phonetic one
+    ({"PatientName": "山田", "fuzzymatching": "true"}, False),
+    ({"PatientName": "Yamada^Tarou=山田^太郎=やまだ^たろう"}, False),  # compared with the Alphabetic group
+])
+def test_person_names_match_on_their_alphabetic_group(http, params, found):
+    """docs/dicomweb.md: PN matching (exact, wildcard, fuzzy) uses the Alphabetic component
+    group only (PS3.4 C.2.2.2.1 leaves multi-group matching open); every index agrees."""
+    ds = make_dataset(PatientName="Yamada^Tarou=山田^太郎=やまだ^たろう", SpecificCharacterSet="ISO_IR 192")
+    store(http, [ds])
+    r = http.get("/studies", params=params)
+    assert r.status_code == 200, r.text
+    assert study_uids(r) == ({ds.StudyInstanceUID} if found else set())
+    if found:
+        assert r.json()[0]["00100010"]["Value"][0] == {
+            "Alphabetic": "Yamada^Tarou", "Ideographic": "山田^太郎", "Phonetic": "やまだ^たろう"}

@@ -1,0 +1,93 @@
+"""Presentation context negotiation as the association acceptor: the requestor's order of
+preference decides the transfer syntax (docs/conformance.md, "SOP classes and presentation
+contexts").
+
+PS3.7 D.3.2 and PS3.8 §9.3.2.2 / §9.3.3.2: a requestor may offer several transfer syntaxes
+in one presentation context, in the order it prefers them, and the acceptor accepts exactly
+one; the standard leaves the choice to the acceptor. pynetdicom chooses by the acceptor's
+own order (``presentation.negotiate_as_acceptor`` walks the supported context's list,
+:data:`.scp.TRANSFER_SYNTAXES`, Explicit VR Little Endian first): a C-GET requestor proposing
+JPEG 2000 Lossless first, then the uncompressed syntaxes, for the storage contexts it takes
+the SCP role on (PS3.7 D.3.3.4; DCMTK's ``getscu +xv``) got Explicit VR Little Endian, and
+every instance stored as JPEG 2000 was decoded before it was sent; a C-STORE requestor
+offering [JPEG 2000 Lossless, Explicit VR Little Endian] in one context had to send
+uncompressed.
+
+The rule here, after pynetdicom's negotiation (abstract syntax, roles, rejections: kept):
+
+- a context the archive only receives on (C-STORE, C-FIND...): the requestor's first
+  proposed syntax that the listener supports for its abstract syntax;
+- a context the archive sends C-STOREs on (``as_scu``: C-GET's storage contexts, the
+  requestor taking the SCP role): the requestor's first proposed syntax that the archive can
+  send *any* stored instance in (:func:`sendable_anything`): Explicit or Implicit VR Little
+  Endian, Deflated, or a lossless compressed syntax it encodes (JPEG-LS Lossless, JPEG 2000
+  Lossless, HTJ2K Lossless, RLE Lossless). An instance stored in the accepted syntax is sent
+  as stored, any other is decoded or re-encoded into it (:mod:`.retrieve_scp`). One context
+  carries every instance of its SOP class, and which instances a C-GET asks for is known
+  only after negotiation: a first choice the archive produces only from instances stored so
+  (a lossy syntax, JPEG Lossless Process 14, Explicit VR Big Endian) would fail the
+  sub-operation of every other instance, which the requestor's uncompressed fallback now
+  carries. Such a first choice is passed over; proposed alone (or with others like it), it is
+  accepted (pynetdicom's choice) and only the instances stored in it are sent.
+
+Among the plain encodings (Explicit VR Little Endian, Implicit VR Little Endian, Explicit VR
+Big Endian) the archive's preference stays: a first choice among them gives the first of them,
+in that order, that the requestor proposed (pynetdicom's choice, as before). They carry the same values; the explicit VRs
+are kept (a private element received Implicit VR is stored without its VR), and pynetdicom's
+default contexts (Implicit VR Little Endian first) keep being stored as Explicit VR Little
+Endian, as before. Deflated and the compressed syntaxes are a requestor's choice to honour.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pydicom import uid as U
+from pynetdicom import acse, presentation
+
+from ..policy import transcode
+
+_negotiate_as_acceptor = presentation.negotiate_as_acceptor
+#: the plain encodings, among which Explicit VR Little Endian is preferred
+_PLAIN = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.ExplicitVRBigEndian})
+
+
+@functools.cache
+def sendable_anything() -> frozenset[str]:
+    """The transfer syntaxes the archive can send an instance stored in any syntax it decodes
+    in: native little endian (pynetdicom deflates) and the lossless ones it encodes."""
+    lossless = frozenset(transcode.LOSSLESS_TARGETS) & transcode.encodable()
+    return frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.DeflatedExplicitVRLittleEndian}) | lossless
+
+
+def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):
+    """``presentation.negotiate_as_acceptor``, then each accepted context's transfer syntax
+    is the first the requestor proposed among those ``ac_contexts`` hold for its abstract
+    syntax (and, on a context the archive sends on, among :func:`sendable_anything`);
+    for a plain first choice, the first plain one in the archive's order."""
+    result, ac_roles = _negotiate_as_acceptor(rq_contexts, ac_contexts, roles)
+    proposed = {(cx.context_id, cx.abstract_syntax): cx.transfer_syntax
+                for cx in rq_contexts or () if len(cx.transfer_syntax) > 1}
+    chosen = [cx for cx in result if cx.result == 0x00 and (cx.context_id, cx.abstract_syntax) in proposed]
+    if not chosen:
+        return result, ac_roles
+    needed = {cx.abstract_syntax for cx in chosen}
+    supported = {c.abstract_syntax: c.transfer_syntax for c in ac_contexts if c.abstract_syntax in needed}
+    for cx in chosen:
+        held = supported.get(cx.abstract_syntax, ())
+        sendable = sendable_anything() if cx.as_scu else None
+        offered = proposed[(cx.context_id, cx.abstract_syntax)]
+        first = next((ts for ts in offered if ts in held and (sendable is None or ts in sendable)), None)
+        # a plain first choice: pynetdicom's, by the table's order (Explicit VR LE, Implicit, Big Endian)
+        if first is not None and first not in _PLAIN and first != cx.transfer_syntax[0]:
+            cx.transfer_syntax = [first]
+    return result, ac_roles
+
+
+def install() -> None:
+    """Process-wide while a listener runs (``acse`` calls the name it imported)."""
+    acse.negotiate_as_acceptor = negotiate_as_acceptor  # type: ignore[attr-defined]
+
+
+def uninstall() -> None:
+    acse.negotiate_as_acceptor = _negotiate_as_acceptor  # type: ignore[attr-defined]
