@@ -16,7 +16,11 @@ uncompressed.
 The rule here, after pynetdicom's negotiation (abstract syntax, roles, rejections: kept):
 
 - a context the archive only receives on (C-STORE, C-FIND...): the requestor's first
-  proposed syntax that the listener supports for its abstract syntax;
+  proposed syntax that the listener supports for its abstract syntax, except that a lossy
+  one (JPEG Baseline, JPEG 2000, HTJ2K, JPEG-LS near-lossless: PS3.5 §8.2) is passed over
+  when the requestor proposed a lossless one in the same context: the archive then receives
+  the images losslessly, as it did before it honoured the requestor's order (a modality
+  proposing only lossy syntaxes still gets one);
 - a context the archive sends C-STOREs on (``as_scu``: C-GET's storage contexts, the
   requestor taking the SCP role): the requestor's first proposed syntax that the archive can
   send *any* stored instance in (:func:`sendable_anything`): Explicit or Implicit VR Little
@@ -45,6 +49,7 @@ import functools
 from pydicom import uid as U
 from pynetdicom import acse, presentation
 
+from ..dicom.compressed import LOSSY
 from ..policy import transcode
 
 _negotiate_as_acceptor = presentation.negotiate_as_acceptor
@@ -77,7 +82,10 @@ def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):
         held = supported.get(cx.abstract_syntax, ())
         sendable = sendable_anything() if cx.as_scu else None
         offered = proposed[(cx.context_id, cx.abstract_syntax)]
-        first = next((ts for ts in offered if ts in held and (sendable is None or ts in sendable)), None)
+        candidates = [ts for ts in offered if ts in held and (sendable is None or ts in sendable)]
+        # a lossy first choice is passed over for a lossless one proposed with it (receiving)
+        lossless = [ts for ts in candidates if ts not in LOSSY]
+        first = (lossless or candidates or [None])[0]
         # a plain first choice: pynetdicom's, by the table's order (Explicit VR LE, Implicit, Big Endian)
         if first is not None and first not in _PLAIN and first != cx.transfer_syntax[0]:
             cx.transfer_syntax = [first]

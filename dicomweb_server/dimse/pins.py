@@ -89,6 +89,11 @@ transport.AssociationSocket.send                   cstore_rx.py sends the C-STOR
 fsm.DT_1                                           cstore_rx.py what it does for that P-DATA (Sta6 -> Sta6)
                                                                 is done without the state machine
 sop_class.uid_to_service_class                     cstore_rx.py only storage SOP classes take the path
+presentation.negotiate_as_acceptor
+                                                   negotiation.py its answer amended: the requestor's
+                                                                order of transfer syntaxes (dimse.md)
+acse.ACSE._negotiate_as_acceptor                   negotiation.py calls the name negotiation.install()
+                                                                rebinds in acse
 *module attributes rebound* (:data:`REBOUND`)
 dimse_messages.NamedTemporaryFile                  scp.py       the received file in the spool folder
 dimse_messages.create_file_meta                    scp.py       file meta encoded by hand, Source AE slot
@@ -99,6 +104,8 @@ _config.STORE_SEND_CHUNKED_DATASET                 scp.py       sub-operations r
 _config.LOG_HANDLER_LEVEL                          scp.py       pynetdicom's per-PDU debug handlers off
 transport.ThreadedAssociationServer                scp.py       request_queue_size and server_bind set
                                                                 while a server starts
+acse.negotiate_as_acceptor                         negotiation.py the requestor's order of transfer
+                                                                syntaxes
 ================================================== ============ ==========================================
 """
 
@@ -193,6 +200,11 @@ PINNED: dict[tuple[str, str], tuple[str, str]] = {
         ("cstore_rx.py", "ed12799eee42eb246b842f6c6cf7901bc596855afb0654597206ad4384ce6404"),
     ("pynetdicom.sop_class", "uid_to_service_class"):
         ("cstore_rx.py", "169c65884d822fa045759403a1411ea574adc187e3f3bfd3098aeb783278b688"),
+    # relied on: negotiation.py amends the first's answer; the second calls the name it rebinds
+    ("pynetdicom.presentation", "negotiate_as_acceptor"):
+        ("negotiation.py", "9e34a18626d6488d8e3605c6b111da204fc85bf9708c446579b3118b6e9bd135"),
+    ("pynetdicom.acse", "ACSE._negotiate_as_acceptor"):
+        ("negotiation.py", "390acb76f521e611d23e44af30581299c9510fb4ea5444d19b5acf0b15eb4d60"),
 }
 
 #: methods our patches add where pynetdicom defines none (slots.install: Association.run, a
@@ -203,7 +215,7 @@ ABSENT: dict[tuple[str, str], str] = {
     ("pynetdicom.transport", "AssociationServer.verify_request"): "slots.py",
 }
 
-#: module attributes rebound or set by scp.install(): they must still exist there. Value: our module.
+#: module attributes rebound or set by scp.install() (and negotiation.install()): they must still exist there. Value: our module.
 REBOUND: dict[tuple[str, str], str] = {
     ("pynetdicom.dimse_messages", "NamedTemporaryFile"): "scp.py",
     ("pynetdicom.dimse_messages", "create_file_meta"): "scp.py",
@@ -213,6 +225,7 @@ REBOUND: dict[tuple[str, str], str] = {
     ("pynetdicom._config", "STORE_SEND_CHUNKED_DATASET"): "scp.py",
     ("pynetdicom._config", "LOG_HANDLER_LEVEL"): "scp.py",
     ("pynetdicom.transport", "ThreadedAssociationServer"): "scp.py",
+    ("pynetdicom.acse", "negotiate_as_acceptor"): "negotiation.py",
 }
 
 

@@ -247,7 +247,11 @@ def _negotiate(syntaxes: list[str], scp_role: bool) -> str:
 @pytest.mark.parametrize(("syntaxes", "scp_role", "accepted"), [
     # C-STORE (the archive receives): the first the archive holds
     ([U.JPEG2000Lossless, U.ExplicitVRLittleEndian], False, U.JPEG2000Lossless),
-    ([U.JPEGBaseline8Bit, U.ExplicitVRLittleEndian], False, U.JPEGBaseline8Bit),
+    # a lossy first choice is passed over for a lossless one proposed with it; alone it is accepted
+    ([U.JPEGBaseline8Bit, U.ExplicitVRLittleEndian], False, U.ExplicitVRLittleEndian),
+    ([U.JPEG2000, U.JPEG2000Lossless, U.ExplicitVRLittleEndian], False, U.JPEG2000Lossless),
+    ([U.JPEGBaseline8Bit, U.JPEG2000], False, U.JPEGBaseline8Bit),
+    ([U.JPEGBaseline8Bit], False, U.JPEGBaseline8Bit),
     ([U.ExplicitVRBigEndian, U.ExplicitVRLittleEndian], False, U.ExplicitVRLittleEndian),  # plain: ELE preferred
     ([U.ImplicitVRLittleEndian, U.ExplicitVRLittleEndian], False, U.ExplicitVRLittleEndian),  # pynetdicom's default
     ([U.ExplicitVRBigEndian, U.ImplicitVRLittleEndian], False, U.ImplicitVRLittleEndian),
