@@ -47,6 +47,9 @@ TAG = 0x00080005
 UTF8 = "ISO_IR 192"
 #: the VRs whose values are in the Specific Character Set (PS3.5 §6.1.2.3)
 TEXT_VRS = frozenset({"SH", "LO", "ST", "LT", "UC", "UT", "PN"})
+#: GB 2312 (PS3.3 Table C.12-4): pydicom encodes it as a handled encoding, without its
+#: ``ESC $ ) A`` designation, so a reader decodes other characters: never chosen
+_NO_ESCAPES = "ISO 2022 IR 58"
 
 
 def terms(value: object) -> tuple[str, ...] | None:
@@ -66,6 +69,8 @@ def terms(value: object) -> tuple[str, ...] | None:
         return None
     if len(found) > 1 and any(t in STAND_ALONE_ENCODINGS for t in found):
         return None  # UTF-8, GB18030, GBK take no code extensions (PS3.3 C.12.1.1.2): pydicom drops the rest
+    if _NO_ESCAPES in found:
+        return None  # pydicom writes GB 2312 without the escape sequence PS3.5 Annex K requires (review)
     return found
 
 

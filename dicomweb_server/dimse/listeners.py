@@ -178,7 +178,7 @@ class Listeners:
                 try:
                     self.procs[place] = self._spawn()
                     return self.procs[place]
-                except OSError as e:  # fork refused (memory, process limit)
+                except Exception as e:  # noqa: BLE001 - fork refused (memory, process limit), exec failed: try again later
                     delay = min(BACKOFF_MAX, max(BACKOFF_FIRST, 2 * delay))
                     _say(f"DIMSE listener could not start ({e}); next attempt in {delay:g} s")
         return None

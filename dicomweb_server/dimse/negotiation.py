@@ -23,16 +23,15 @@ The rule here, after pynetdicom's negotiation (abstract syntax, roles, rejection
   proposing only lossy syntaxes still gets one);
 - a context the archive sends C-STOREs on (``as_scu``: C-GET's storage contexts, the
   requestor taking the SCP role): the requestor's first proposed syntax that the archive can
-  send *any* stored instance in (:func:`sendable_anything`): Explicit or Implicit VR Little
-  Endian, Deflated, or a lossless compressed syntax it encodes (JPEG-LS Lossless, JPEG 2000
-  Lossless, HTJ2K Lossless, RLE Lossless). An instance stored in the accepted syntax is sent
-  as stored, any other is decoded or re-encoded into it (:mod:`.retrieve_scp`). One context
-  carries every instance of its SOP class, and which instances a C-GET asks for is known
-  only after negotiation: a first choice the archive produces only from instances stored so
-  (a lossy syntax, JPEG Lossless Process 14, Explicit VR Big Endian) would fail the
-  sub-operation of every other instance, which the requestor's uncompressed fallback now
-  carries. Such a first choice is passed over; proposed alone (or with others like it), it is
-  accepted (pynetdicom's choice) and only the instances stored in it are sent.
+  send *every* stored instance in (:func:`sendable_anything`): Explicit or Implicit VR Little
+  Endian, or Deflated Explicit VR Little Endian. One context carries every instance of its SOP
+  class, and which instances a C-GET asks for is known only after negotiation: a compressed
+  first choice would fail the sub-operation of every instance that cannot be encoded in it
+  (the lossless encoders refuse 1-bit Segmentations and 32-bit pixels; a lossy syntax, JPEG
+  Lossless Process 14 and Big Endian are produced only from instances stored in them), which
+  the requestor's uncompressed fallback carries. Such a first choice is passed over; proposed
+  alone (or only with others like it), it is accepted (pynetdicom's choice): the instances
+  stored in it are sent as stored, the others re-encoded when they can be, else failed.
 
 Among the plain encodings (Explicit VR Little Endian, Implicit VR Little Endian, Explicit VR
 Big Endian) the archive's preference stays: a first choice among them gives the first of them,
@@ -44,25 +43,23 @@ Endian, as before. Deflated and the compressed syntaxes are a requestor's choice
 
 from __future__ import annotations
 
-import functools
-
 from pydicom import uid as U
 from pynetdicom import acse, presentation
 
 from ..dicom.compressed import LOSSY
-from ..policy import transcode
 
 _negotiate_as_acceptor = presentation.negotiate_as_acceptor
 #: the plain encodings, among which Explicit VR Little Endian is preferred
 _PLAIN = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.ExplicitVRBigEndian})
+_SENDABLE = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.DeflatedExplicitVRLittleEndian})
 
 
-@functools.cache
 def sendable_anything() -> frozenset[str]:
-    """The transfer syntaxes the archive can send an instance stored in any syntax it decodes
-    in: native little endian (pynetdicom deflates) and the lossless ones it encodes."""
-    lossless = frozenset(transcode.LOSSLESS_TARGETS) & transcode.encodable()
-    return frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.DeflatedExplicitVRLittleEndian}) | lossless
+    """The transfer syntaxes the archive can send every stored instance it decodes in: native
+    little endian (pynetdicom deflates Deflated Explicit VR Little Endian). Not the lossless
+    compressed ones: their encoders refuse some pixel data (1-bit, 32-bit; review of issue 33's
+    round: a 1-bit Segmentation's C-GET failed where it had succeeded uncompressed)."""
+    return _SENDABLE
 
 
 def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):

@@ -38,6 +38,7 @@ def _answer(name: str, description: str = "") -> Dataset:
     (["", "ISO 2022 IR 87"], ("", "ISO 2022 IR 87")), (b"ISO_IR 100", ("ISO_IR 100",)),
     ("ISO-IR 100", None), ("KLINGON", None), (["ISO 2022 IR 100", ""], None),
     (["", "ISO_IR 192"], None), (["ISO_IR 192", "ISO 2022 IR 87"], None),  # UTF-8 takes no code extensions
+    (["", "ISO 2022 IR 58"], None),  # review: pydicom writes GB 2312 without its escape sequence
 ])
 def test_terms(value, expected):
     assert terms(value) == expected
@@ -128,3 +129,14 @@ def test_pull_c_find_identifier_names_its_character_set():
     assert str(kanji.PatientName) == "Ωmega^山田*"
     assert latin.SpecificCharacterSet == "ISO_IR 100"
     assert latin.get_item(0x00100010).value.rstrip(b" ") == "Müller*".encode("latin-1")
+
+
+def test_gb2312_requested_is_not_written_without_its_escape_sequence():
+    """Found in review: an SCU asking ``\\ISO 2022 IR 58`` got a Chinese name as GB 2312 bytes
+    without ``ESC $ ) A`` (PS3.5 Annex K), which a reader decodes as Latin-1 garbage. The
+    answer is in UTF-8 instead, and reads back as the name."""
+    ds = _answer("Zhang^XiaoDong=张^小东")
+    set_character_set(ds, terms(["", "ISO 2022 IR 58"]), None, None)
+    assert ds.SpecificCharacterSet == "ISO_IR 192"
+    back = decode(io.BytesIO(encode(ds, False, True)), False, True)  # as pynetdicom sends and reads it
+    assert str(back.PatientName) == "Zhang^XiaoDong=张^小东"

@@ -1,8 +1,11 @@
 """The transfer syntax of C-GET's storage contexts (PS3.7 D.3.3.4: the requestor takes the
-SCP role) and of C-STORE's: each context is accepted with the requestor's first proposed
-syntax the archive holds (dimse/negotiation.py), and a C-GET sub-operation sends the stored
-bytes when that is the stored syntax (PS3.4 C.4.3). pynetdicom alone accepts by the
-acceptor's order: ``getscu +xv`` got every JPEG 2000 instance decoded to Explicit VR LE.
+SCP role) and of C-STORE's (dimse/negotiation.py). C-STORE: each context is accepted with the
+requestor's first proposed syntax the archive holds (a lossy one passed over for a lossless one
+proposed with it). C-GET: the requestor's first plain or Deflated choice (every instance can be
+sent in it); a compressed first choice with an uncompressed one after it is passed over (one
+context carries every instance of its SOP class, and the encoders refuse some: a 1-bit
+Segmentation's C-GET failed when J2K Lossless was accepted); a compressed syntax proposed alone
+is accepted, and the instances stored in it go byte for byte (PS3.4 C.4.3).
 
 DCMTK's getscu (Debian package ``dcmtk``) and pynetdicom as the C-GET requestor."""
 
@@ -19,13 +22,18 @@ from pydicom import uid as U
 from pydicom.dataset import Dataset
 from pynetdicom import AE, build_context, build_role, evt
 from pynetdicom.presentation import PresentationContext
-from pynetdicom.sop_class import MRImageStorage, StudyRootQueryRetrieveInformationModelGet
+from pydicom.pixels import pack_bits
+from pynetdicom.sop_class import (
+    MRImageStorage,
+    SegmentationStorage,
+    StudyRootQueryRetrieveInformationModelGet,
+)
 
 from dicomweb_server.dimse import negotiation
 from dicomweb_server.dimse import status as S
 from dicomweb_server.dimse.scp import TRANSFER_SYNTAXES
 from dicomweb_server.policy import transcode
-from tests.helpers import LiveServer, free_port, multipart, to_bytes
+from tests.helpers import LiveServer, free_port, make_dataset, multipart, to_bytes
 from tests.policy.test_transcode import _synthetic
 
 from .test_dcmtk import dcmtk
@@ -72,9 +80,9 @@ def _data_set(file: bytes) -> bytes:
     return file[end:]
 
 
-def _get(srv: LiveServer, syntaxes: list[str], ident_study: str = STUDY):
-    """C-GET of the study by pynetdicom proposing MR Image Storage with ``syntaxes`` (SCP
-    role); (final response, [(transfer syntax, raw data set bytes, decoded data set)])."""
+def _get(srv: LiveServer, syntaxes: list[str], ident_study: str = STUDY, sop_class: str = MRImageStorage):
+    """C-GET of the study by pynetdicom proposing ``sop_class`` (MR Image Storage) with
+    ``syntaxes`` (SCP role); (final response, [(transfer syntax, raw data set bytes, decoded data set)])."""
     got = []
 
     def on_store(event):
@@ -88,9 +96,9 @@ def _get(srv: LiveServer, syntaxes: list[str], ident_study: str = STUDY):
     ae = AE(ae_title="MODA")
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 30
     ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
-    ae.add_requested_context(MRImageStorage, syntaxes)
+    ae.add_requested_context(sop_class, syntaxes)
     assoc = ae.associate("127.0.0.1", srv.dimse_port, ae_title="DICOMWEB",
-                         ext_neg=[build_role(MRImageStorage, scp_role=True)],
+                         ext_neg=[build_role(sop_class, scp_role=True)],
                          evt_handlers=[(evt.EVT_C_STORE, on_store)])
     assert assoc.is_established
     ident = Dataset()
@@ -103,10 +111,10 @@ def _get(srv: LiveServer, syntaxes: list[str], ident_study: str = STUDY):
 
 
 @pytest.mark.parametrize("ts", [U.JPEG2000Lossless, U.JPEGLSLossless, U.RLELossless])
-def test_get_proposing_the_stored_syntax_first_gets_the_stored_bytes(archive, ts):
+def test_get_proposing_the_stored_syntax_alone_gets_the_stored_bytes(archive, ts):
     ds = _mr(12, ts)
     _stow(archive, [ds])
-    final, got = _get(archive, [ts, *UNCOMPRESSED])
+    final, got = _get(archive, [ts])
     assert final.Status == S.SUCCESS and final.NumberOfCompletedSuboperations == 1
     [(accepted, raw, received)] = got
     assert accepted == ts and received.file_meta.TransferSyntaxUID == ts
@@ -116,11 +124,13 @@ def test_get_proposing_the_stored_syntax_first_gets_the_stored_bytes(archive, ts
 
 @pytest.mark.parametrize(("proposed", "accepted"), [
     (UNCOMPRESSED, U.ExplicitVRLittleEndian),  # decoded
-    ([U.JPEGLSLossless, *UNCOMPRESSED], U.JPEGLSLossless),  # re-encoded losslessly
+    ([U.JPEG2000Lossless, *UNCOMPRESSED], U.ExplicitVRLittleEndian),  # compressed first: passed over
+    ([U.JPEGLSLossless, *UNCOMPRESSED], U.ExplicitVRLittleEndian),
     ([U.DeflatedExplicitVRLittleEndian, *UNCOMPRESSED], U.DeflatedExplicitVRLittleEndian),  # decoded, deflated
+    ([U.JPEGLSLossless], U.JPEGLSLossless),  # alone: re-encoded losslessly
 ])
-def test_get_proposing_another_syntax_first_gets_the_same_pixels_in_it(archive, proposed, accepted):
-    """Stored JPEG 2000 Lossless; the requestor's first choice is another syntax."""
+def test_get_gets_the_same_pixels_in_the_accepted_syntax(archive, proposed, accepted):
+    """Stored JPEG 2000 Lossless; what the requestor proposed decides the syntax it gets."""
     ds = _mr(12, U.JPEG2000Lossless)
     _stow(archive, [ds])
     final, got = _get(archive, proposed)
@@ -128,6 +138,38 @@ def test_get_proposing_another_syntax_first_gets_the_same_pixels_in_it(archive, 
     [(ts, _raw, received)] = got
     assert ts == accepted and received.file_meta.TransferSyntaxUID == accepted
     assert np.array_equal(received.pixel_array, ds.pixel_array)
+
+
+def _segmentation() -> Dataset:
+    """A binary Segmentation (1-bit pixels, PS3.3 C.8.20.2), which no lossless encoder here takes."""
+    ds = make_dataset(PatientID="SEG")
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = SegmentationStorage
+    ds.StudyInstanceUID = STUDY
+    ds.Modality = "SEG"
+    ds.Rows = ds.Columns = 16
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.NumberOfFrames = 1, "MONOCHROME2", 1
+    ds.BitsAllocated = ds.BitsStored = 1
+    ds.HighBit = ds.PixelRepresentation = 0
+    for keyword in ("RescaleIntercept", "RescaleSlope", "WindowCenter", "WindowWidth"):
+        if keyword in ds:
+            delattr(ds, keyword)
+    ds.PixelData = pack_bits(np.eye(16, dtype=np.uint8))
+    return ds
+
+
+def test_get_of_a_segmentation_proposing_jpeg_2000_first_is_sent_uncompressed(archive):
+    """Found in review: with [J2K Lossless, Explicit VR LE, Implicit VR LE] (getscu +xv) J2K
+    was accepted and the 1-bit Segmentation's sub-operation failed (0xA702); it succeeds in
+    Explicit VR LE, its bytes as stored."""
+    seg = _segmentation()
+    _stow(archive, [seg])
+    final, got = _get(archive, [U.JPEG2000Lossless, *UNCOMPRESSED], sop_class=SegmentationStorage)
+    assert final.Status == S.SUCCESS, hex(final.Status)
+    assert (final.NumberOfCompletedSuboperations, final.NumberOfFailedSuboperations) == (1, 0)
+    [(accepted, raw, received)] = got
+    assert accepted == U.ExplicitVRLittleEndian
+    assert raw == _data_set(_stored_file(archive, seg.SOPInstanceUID))
+    assert received.PixelData == seg.PixelData
 
 
 def test_lossy_stored_instance_requested_uncompressed_keeps_lossy_image_compression(archive):
@@ -203,16 +245,17 @@ def _getscu(srv: LiveServer, out: Path, *flags: str) -> subprocess.CompletedProc
 
 
 @pytest.mark.parametrize(("flag", "ts"), [("+xv", U.JPEG2000Lossless), ("+xt", U.JPEGLSLossless)])
-def test_getscu_proposing_the_stored_syntax_first_gets_the_stored_data_set(archive, tmp_path, flag, ts):
+def test_getscu_proposing_a_compressed_syntax_first_gets_explicit_vr_le(archive, tmp_path, flag, ts):
+    """getscu proposes the compressed syntax first, then the uncompressed ones, in one context
+    per SOP class: Explicit VR LE accepted (every instance of the class can be sent in it),
+    the instance decoded, the same pixels."""
     ds = _mr(12, ts)
     _stow(archive, [ds])
     _getscu(archive, tmp_path / "out", flag)
     [file] = (tmp_path / "out").iterdir()
     received = pydicom.dcmread(file)
-    assert received.file_meta.TransferSyntaxUID == ts
-    stored = _stored_file(archive, ds.SOPInstanceUID)
-    assert received.PixelData == pydicom.dcmread(_stored_file_path(archive, ds.SOPInstanceUID)).PixelData
-    assert _data_set(file.read_bytes()) == _data_set(stored)  # getscu writes what it received
+    assert received.file_meta.TransferSyntaxUID == U.ExplicitVRLittleEndian
+    assert np.array_equal(received.pixel_array, ds.pixel_array)
 
 
 def test_getscu_proposing_uncompressed_gets_it_decoded(archive, tmp_path):
@@ -258,9 +301,11 @@ def _negotiate(syntaxes: list[str], scp_role: bool) -> str:
     ([U.ExplicitVRBigEndian], False, U.ExplicitVRBigEndian),
     ([U.DeflatedExplicitVRLittleEndian, U.ExplicitVRLittleEndian], False, U.DeflatedExplicitVRLittleEndian),
     (["1.2.3.4", U.ImplicitVRLittleEndian, U.JPEG2000Lossless], False, U.ImplicitVRLittleEndian),
-    # C-GET's storage contexts (the archive sends): the first it can send any instance in
-    ([U.JPEG2000Lossless, U.ExplicitVRLittleEndian], True, U.JPEG2000Lossless),
-    ([U.JPEGLSLossless, U.ExplicitVRLittleEndian], True, U.JPEGLSLossless),
+    # C-GET's storage contexts (the archive sends): the first it can send every instance in
+    ([U.JPEG2000Lossless, U.ExplicitVRLittleEndian], True, U.ExplicitVRLittleEndian),  # 1-bit: no encoder
+    ([U.JPEGLSLossless, U.ImplicitVRLittleEndian], True, U.ImplicitVRLittleEndian),
+    ([U.JPEG2000Lossless, U.DeflatedExplicitVRLittleEndian, U.ExplicitVRLittleEndian], True,
+     U.DeflatedExplicitVRLittleEndian),
     ([U.DeflatedExplicitVRLittleEndian, U.ExplicitVRLittleEndian], True, U.DeflatedExplicitVRLittleEndian),
     ([U.JPEGBaseline8Bit, U.ExplicitVRLittleEndian], True, U.ExplicitVRLittleEndian),
     ([U.ExplicitVRBigEndian, U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian], True, U.ExplicitVRLittleEndian),
