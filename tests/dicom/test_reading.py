@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pydicom.data
 import pytest
-from pydicom.data import get_testdata_files
 from pydicom.uid import ExplicitVRBigEndian, ImplicitVRLittleEndian
 
 from dicomweb_server.dicom import reading
@@ -19,8 +19,11 @@ from ..helpers import make_dataset, to_bytes
 
 
 def _corpus() -> list[Path]:
+    """pydicom's bundled test files, never a download: ``get_testdata_files`` also tries to
+    fetch pydicom-data's files from GitHub (79 of them), which without a network cost every
+    pytest process that collected this module 10-15 s of connection failures."""
     out = []
-    for name in sorted(get_testdata_files("*.dcm")):
+    for name in sorted((Path(pydicom.data.__file__).parent / "test_files").glob("*.dcm")):
         with open(name, "rb") as f:
             head = f.read(132)
         if len(head) == 132 and head[128:132] == b"DICM":  # PS3.10 files only

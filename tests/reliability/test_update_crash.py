@@ -68,18 +68,21 @@ def test_sigkill_during_an_update(tmp_path, index, request, monkeypatch):
     index = _database(request, monkeypatch, index)  # (PostgreSQL, S3: set in the environment)
     data = tmp_path / "data"
     st, se = generate_uid(), generate_uid()
-    srv = Server(data, index)
-    try:
-        body, ctype = multipart([to_bytes(make_dataset(study=st, series=se, PatientID="OLD", InstanceNumber=i))
-                                 for i in range(N)])
-        assert httpx.post(srv.url + "/studies", content=body, headers={"Content-Type": ctype},
-                          timeout=120).status_code == 200
-    finally:
-        srv.kill()
+    body, ctype = multipart([to_bytes(make_dataset(study=st, series=se, PatientID="OLD", InstanceNumber=i))
+                             for i in range(N)])
     new = {"00100020": {"vr": "LO", "Value": ["NEW"]}}
+    # 7 server starts, not 11: a fault fires at its update step only (dicomweb_server/faults.py),
+    # so the server that is killed in an update first does what needs no kill: the study's store
+    # (the first one), the check of the state ``check --repair`` left (the others)
+    after_check = None  # the state expected after the previous kill's check --repair
     for fault, expected in ((f"update-written:{WRITTEN}", "old"), ("update-switch", "old"), ("update-switched", "new")):
         srv = Server(data, index, fault)
         try:
+            if after_check is None:
+                assert httpx.post(srv.url + "/studies", content=body, headers={"Content-Type": ctype},
+                                  timeout=120).status_code == 200
+            else:  # check indexed none of the previous update's files
+                assert _state(srv.url, st) == after_check, fault
             with pytest.raises(httpx.HTTPError):
                 r = httpx.post(f"{srv.url}/studies/{st}/$update", json=new, timeout=300)
                 pytest.fail(f"{fault}: the update was answered (not killed): {r.status_code} {r.text[:500]}")
@@ -93,14 +96,11 @@ def test_sigkill_during_an_update(tmp_path, index, request, monkeypatch):
             srv.kill()
         report = _check(data, index)
         assert "0 problem(s)" in report and "version(s) of updated instances kept" in report, report
-        srv = Server(data, index)
-        try:
-            assert _state(srv.url, st) == expected, fault  # check indexed none of the update's files
-        finally:
-            srv.kill()
-    # a full update to the end (the old patient again), timed
+        after_check = expected
+    # the last kill's check, then a full update to the end (the old patient again), timed
     srv = Server(data, index)
     try:
+        assert _state(srv.url, st) == after_check  # check indexed none of the update's files
         t0 = time.monotonic()
         r = httpx.post(f"{srv.url}/studies/{st}/$update", json={"00100020": {"vr": "LO", "Value": ["OLD"]}},
                        timeout=300)

@@ -17,7 +17,7 @@ import uvicorn
 from dicomweb_server.app import create_app
 from dicomweb_server.dicom.media_types import parse_media_type
 from dicomweb_server.settings import Settings
-from tests.helpers import free_port
+from tests.helpers import PromptServer, free_port
 
 
 def sops_in(body: bytes, content_type: str) -> list[str]:
@@ -91,7 +91,7 @@ class Sink:
     def start(self) -> "Sink":
         config = uvicorn.Config(self.recorder, host="127.0.0.1", port=self.settings.port, log_level="warning",
                                 access_log=False, lifespan="on")
-        self._server = uvicorn.Server(config)
+        self._server = PromptServer(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 20
@@ -103,5 +103,6 @@ class Sink:
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
+            self._server.wake()
             self._thread.join(timeout=20)
             self._server = None
