@@ -102,8 +102,7 @@ transport.deepcopy                                 scp.py       presentation con
 _config.STORE_RECV_CHUNKED_DATASET                 scp.py       C-STORE data sets streamed to a file
 _config.STORE_SEND_CHUNKED_DATASET                 scp.py       sub-operations read per fragment
 _config.LOG_HANDLER_LEVEL                          scp.py       pynetdicom's per-PDU debug handlers off
-transport.ThreadedAssociationServer                scp.py       request_queue_size, server_bind and
-                                                                serve_forever (a 0.1 s poll) set
+transport.ThreadedAssociationServer                scp.py       request_queue_size and server_bind set
                                                                 while a server starts
 acse.negotiate_as_acceptor                         negotiation.py the requestor's order of transfer
                                                                 syntaxes

@@ -26,7 +26,6 @@ import gc
 import logging
 import os
 import socket
-import socketserver
 import struct
 import tempfile
 import threading
@@ -522,12 +521,10 @@ class DimseServer(RetrieveSCP):
         transport.ThreadedAssociationServer.request_queue_size = max(128, 2 * self.settings.dimse_max_associations)
         if self.settings.dimse_processes != 1:  # `serve` may start several listeners on this port
             transport.ThreadedAssociationServer.server_bind = _server_bind_reuseport  # type: ignore[method-assign]
-        transport.ThreadedAssociationServer.serve_forever = _serve_forever  # type: ignore[method-assign]
         try:
             server = self.ae.start_server(address, block=False, evt_handlers=handlers, ssl_context=ssl_context)
         finally:
             del transport.ThreadedAssociationServer.request_queue_size  # socketserver's 5 again
-            del transport.ThreadedAssociationServer.serve_forever
             if "server_bind" in vars(transport.ThreadedAssociationServer):
                 del transport.ThreadedAssociationServer.server_bind
         accept = server.socket.accept
@@ -705,17 +702,6 @@ def _server_bind_reuseport(self) -> None:
     ignores socketserver's ``allow_reuse_port``."""
     self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     transport.AssociationServer.server_bind(self)
-
-
-#: seconds between two looks of a listening server's accept loop at its stop flag
-#: (socketserver's default, 0.5 s, was what every ``stop`` waited: ~0.45 s per listening port)
-ACCEPT_POLL = 0.1
-
-
-def _serve_forever(self, poll_interval: float = ACCEPT_POLL) -> None:
-    """socketserver's accept loop (what pynetdicom's ``start_server`` runs in its thread),
-    looking at the stop flag every ``ACCEPT_POLL`` s: ``shutdown`` waits for that look."""
-    socketserver.BaseServer.serve_forever(self, poll_interval)
 
 
 def quiet_pynetdicom(log_level: str) -> None:
