@@ -4,6 +4,7 @@ worker, sharing the archive, as with --index memory), and pynetdicom as the SCU.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 from dataclasses import dataclass
 
 import httpx
@@ -74,3 +75,14 @@ def archive_moving_to(tmp_path, dest_port: int, ae_title: str = "MOVEDEST"):
             yield Dimse(srv, port, client)
     finally:
         srv.stop()
+
+
+@pytest.fixture
+def stacks_if_stuck():
+    """Every thread's stack on stderr (shown with a failure) when the test still runs after
+    20 s: a C-STORE-RSP that once did not arrive within the SCU's 30 s DIMSE timeout, in a CI
+    run under load (test_bad_input.py, test_command_mismatch.py), could not be reproduced in
+    ~80 runs here; the next one says where each thread was."""
+    faulthandler.dump_traceback_later(20, exit=False)
+    yield
+    faulthandler.cancel_dump_traceback_later()

@@ -14,6 +14,9 @@ from pynetdicom.sop_class import CTImageStorage
 from dicomweb_server.dimse import status as S
 from tests.helpers import make_dataset, spool_files, to_bytes
 
+#: a refused C-STORE's response once lost under load in CI: stacks if a test hangs (conftest.py)
+pytestmark = pytest.mark.usefixtures("stacks_if_stuck")
+
 
 def _spool(dimse) -> list[str]:
     """Files left in the spool (data/tmp, the listener's dimse/ folder included; not the

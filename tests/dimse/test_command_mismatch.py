@@ -12,6 +12,9 @@ from pydicom.uid import generate_uid
 from dicomweb_server.dimse import status as S
 from tests.helpers import make_dataset
 
+#: a refused C-STORE's response once lost under load in CI: stacks if a test hangs (conftest.py)
+pytestmark = pytest.mark.usefixtures("stacks_if_stuck")
+
 
 def _file(tmp_path, ds, **meta):
     path = tmp_path / f"{ds.SOPInstanceUID}.dcm"
