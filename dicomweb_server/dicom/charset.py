@@ -74,6 +74,12 @@ def terms(value: object) -> tuple[str, ...] | None:
     return found
 
 
+def of_json(obj: dict) -> tuple[str, ...] | None:
+    """The Defined Terms (:func:`terms`) of the (0008,0005) of a DICOM JSON object (PS3.18 F.2):
+    a stored study's, a worklist entry's."""
+    return terms((obj.get("00080005") or {}).get("Value"))
+
+
 def configured(value: str) -> tuple[str, ...] | None:
     """The Defined Terms of the ``dimse_character_set`` setting (values separated by
     backslashes, as in a data set): :func:`terms`; None when empty or not valid."""
@@ -155,4 +161,4 @@ def set_character_set(ds: Dataset, *preferred: Sequence[str] | None) -> Dataset:
     return ds
 
 
-__all__ = ["TAG", "UTF8", "TEXT_VRS", "terms", "configured", "text_values", "holds", "choose", "set_character_set"]
+__all__ = ["TAG", "UTF8", "TEXT_VRS", "terms", "of_json", "configured", "text_values", "holds", "choose", "set_character_set"]

@@ -34,7 +34,7 @@ from pydicom.multival import MultiValue
 from pydicom.uid import generate_uid
 
 from .attributes import Attribute, Kind
-from .charset import set_character_set, terms
+from .charset import of_json, set_character_set, terms
 from .matching import Match, QueryError, match_value, normalize_stored, parse_match
 
 SPS_SEQUENCE = "00400100"  # Scheduled Procedure Step Sequence
@@ -298,4 +298,4 @@ def response(entry: dict, identifier: Dataset, default_charset: tuple[str, ...] 
         else:
             out.add_new(elem.tag, elem.VR, None)
     return set_character_set(out, terms(identifier.get("SpecificCharacterSet")),
-                             terms((entry.get(SPECIFIC_CHARACTER_SET) or {}).get("Value")), default_charset)
+                             of_json(entry), default_charset)

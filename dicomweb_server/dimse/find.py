@@ -21,7 +21,7 @@ from pydicom.multival import MultiValue
 
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Kind, Level, vr_of
-from ..dicom.charset import set_character_set, terms
+from ..dicom.charset import of_json, set_character_set, terms
 from ..dicom.matching import TIMEZONE_OFFSET, Query, QueryError, parse_query
 from ..dicom.search_results import build_result
 from ..store.base import Index, SearchHit
@@ -129,7 +129,7 @@ def _response(result: dict, wanted: list[int], level: str, *charsets: tuple[str,
     every value, else the stored one, else the archive's preferred one, else ISO_IR 192
     (``charsets``: the request's and the archive's); none for ASCII."""
     result.pop("00081190", None)  # RetrieveURL is QIDO-RS only
-    stored = terms((result.get(SPECIFIC_CHARACTER_SET) or {}).get("Value"))
+    stored = of_json(result)
     ds = Dataset.from_json({k: v for k, v in result.items() if int(k, 16) in wanted})
     for tag in wanted:  # requested keys without a value are returned with zero length (PS3.4 C.4.1.1.3.2)
         if tag not in ds:

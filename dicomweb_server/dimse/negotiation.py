@@ -23,7 +23,7 @@ The rule here, after pynetdicom's negotiation (abstract syntax, roles, rejection
   proposing only lossy syntaxes still gets one);
 - a context the archive sends C-STOREs on (``as_scu``: C-GET's storage contexts, the
   requestor taking the SCP role): the requestor's first proposed syntax that the archive can
-  send *every* stored instance in (:func:`sendable_anything`): Explicit or Implicit VR Little
+  send *every* stored instance in (:data:`SENDABLE_EVERY`): Explicit or Implicit VR Little
   Endian, or Deflated Explicit VR Little Endian. One context carries every instance of its SOP
   class, and which instances a C-GET asks for is known only after negotiation: a compressed
   first choice would fail the sub-operation of every instance that cannot be encoded in it
@@ -51,21 +51,17 @@ from ..dicom.compressed import LOSSY
 _negotiate_as_acceptor = presentation.negotiate_as_acceptor
 #: the plain encodings, among which Explicit VR Little Endian is preferred
 _PLAIN = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.ExplicitVRBigEndian})
-_SENDABLE = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.DeflatedExplicitVRLittleEndian})
-
-
-def sendable_anything() -> frozenset[str]:
-    """The transfer syntaxes the archive can send every stored instance it decodes in: native
-    little endian (pynetdicom deflates Deflated Explicit VR Little Endian). Not the lossless
-    compressed ones: their encoders refuse some pixel data (1-bit, 32-bit; review of issue 33's
-    round: a 1-bit Segmentation's C-GET failed where it had succeeded uncompressed)."""
-    return _SENDABLE
+#: what the archive can send every stored instance it decodes in, on a context it sends on
+#: (C-GET's storage contexts): native little endian (pynetdicom deflates Deflated Explicit VR
+#: Little Endian). Not the lossless compressed syntaxes: their encoders refuse some pixel data
+#: (1-bit, 32-bit: a 1-bit Segmentation's C-GET failed with J2K Lossless accepted, review)
+SENDABLE_EVERY = frozenset({U.ExplicitVRLittleEndian, U.ImplicitVRLittleEndian, U.DeflatedExplicitVRLittleEndian})
 
 
 def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):
     """``presentation.negotiate_as_acceptor``, then each accepted context's transfer syntax
     is the first the requestor proposed among those ``ac_contexts`` hold for its abstract
-    syntax (and, on a context the archive sends on, among :func:`sendable_anything`);
+    syntax (and, on a context the archive sends on, among :data:`SENDABLE_EVERY`);
     for a plain first choice, the first plain one in the archive's order."""
     result, ac_roles = _negotiate_as_acceptor(rq_contexts, ac_contexts, roles)
     proposed = {(cx.context_id, cx.abstract_syntax): cx.transfer_syntax
@@ -77,7 +73,7 @@ def negotiate_as_acceptor(rq_contexts, ac_contexts, roles=None):
     supported = {c.abstract_syntax: c.transfer_syntax for c in ac_contexts if c.abstract_syntax in needed}
     for cx in chosen:
         held = supported.get(cx.abstract_syntax, ())
-        sendable = sendable_anything() if cx.as_scu else None
+        sendable = SENDABLE_EVERY if cx.as_scu else None
         offered = proposed[(cx.context_id, cx.abstract_syntax)]
         candidates = [ts for ts in offered if ts in held and (sendable is None or ts in sendable)]
         # a lossy first choice is passed over for a lossless one proposed with it (receiving)
