@@ -550,6 +550,10 @@ class DimseServer(RetrieveSCP):
                 ACSE timeout); a plain DICOM client, a client without a certificate where
                 one is required, or a silent one: logged, its connection closed."""
                 why = tls.handshake(request, acse_timeout)
+                if why == tls.CLOSED_SILENTLY:  # a port probe: nothing to act on (docs/dimse.md, Logging)
+                    log.debug("DICOM TLS connection from %s:%s %s", *client_address[:2], why)
+                    server.shutdown_request(request)
+                    return
                 if why is not None:
                     log.warning("DICOM TLS handshake with %s:%s failed: %s", *client_address[:2], why)
                     server.shutdown_request(request)

@@ -123,13 +123,36 @@ def tls_args(client: TlsClient | None, host: str) -> tuple[ssl.SSLContext, str] 
     return None if client is None else (client_context(client), host)
 
 
+#: :func:`handshake`'s answer for a connection closed before it sent a byte: a port probe
+#: (a load balancer's health check, ``serve``'s own check that the port listens), not a client
+#: that failed TLS
+CLOSED_SILENTLY = "closed before sending anything"
+
+
 def handshake(sock: socket.socket, timeout: float) -> str | None:
     """Complete the server side of the TLS handshake of an accepted connection within
     ``timeout`` s, in the connection's own thread (pynetdicom's ``get_request`` does it in the
     accept loop: one client that connects and sends nothing, or plain DICOM, held the port
-    for every other). None when done, else why it failed (the caller closes the socket)."""
+    for every other). None when done, else why it failed (the caller closes the socket):
+    :data:`CLOSED_SILENTLY` for a connection closed before its first byte."""
     if not isinstance(sock, ssl.SSLSocket):
         return None
+    before = sock.gettimeout()
+    try:
+        sock.settimeout(timeout)
+        # peek at the plain socket (SSLSocket.recv refuses flags): nothing at all before the
+        # end of the stream is a probe, not a handshake that failed
+        if socket.socket.recv(sock, 1, socket.MSG_PEEK) == b"":
+            return CLOSED_SILENTLY
+        sock.do_handshake()
+    except (OSError, ValueError) as e:  # ssl.SSLError, a timeout, a reset
+        return f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            sock.settimeout(before)
+        except OSError:
+            pass
+    return None
     before = sock.gettimeout()
     try:
         sock.settimeout(timeout)
