@@ -377,35 +377,49 @@ def test_c_move_to_a_tls_destination(tmp_path, pki, tls_storage_scp):
         ds.SOPInstanceUID: _digest(_data_set_bytes(to_bytes(ds)))}
 
 
-def test_a_port_probe_is_not_a_failed_handshake(listener, pki, caplog):
+def test_a_port_probe_is_not_a_failed_handshake(listener, pki):
     """A connection closed before its first byte (a load balancer's health check, serve's own
     check that the port listens) is not a WARNING "handshake failed" (docs/dimse.md: a WARNING
     is something to act on); a plain DICOM client on the TLS port still is. An integrator saw
     the warning at every start of a TLS listener."""
     import logging
 
-    srv = listener()
-    caplog.set_level(logging.DEBUG)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    # a handler of its own on the listener's logger: an earlier test of this process may have
+    # configured logging (levels, propagation) in a way pytest's caplog does not see through
+    logger = logging.getLogger("dicomweb_server.dimse")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
 
-    def warnings() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "TLS" in r.getMessage()]
+    def messages(at_least: int) -> list[str]:
+        return [r.getMessage() for r in list(records) if r.levelno >= at_least and "TLS" in r.getMessage()]
 
     def settled(condition) -> None:
         deadline = time.monotonic() + 10
         while not condition():
-            assert time.monotonic() < deadline, caplog.text
+            assert time.monotonic() < deadline, messages(logging.DEBUG)
             time.sleep(0.02)
 
-    socket.create_connection(("127.0.0.1", srv.tls_port)).close()  # the probe
-    settled(lambda: any("closed before sending anything" in r.getMessage() for r in caplog.records))
-    assert warnings() == []
-    assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB")  # plain DICOM: fails TLS
-    assert not assoc.is_established
-    settled(lambda: warnings() != [])
-    assert len(warnings()) == 1 and "DICOM TLS handshake with 127.0.0.1:" in warnings()[0]
-    secure = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB", tls_args=_client_args(pki, False))
-    assert secure.is_established and secure.send_c_echo().Status == S.SUCCESS
-    secure.release()
+    try:
+        srv = listener()
+        socket.create_connection(("127.0.0.1", srv.tls_port)).close()  # the probe
+        settled(lambda: any("closed before sending anything" in m for m in messages(logging.DEBUG)))
+        assert messages(logging.WARNING) == []
+        assoc = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB")  # plain DICOM: fails TLS
+        assert not assoc.is_established
+        settled(lambda: messages(logging.WARNING) != [])
+        warned = messages(logging.WARNING)
+        assert len(warned) == 1 and "DICOM TLS handshake with 127.0.0.1:" in warned[0], warned
+        secure = _ae().associate("127.0.0.1", srv.tls_port, ae_title="DICOMWEB",
+                                 tls_args=_client_args(pki, False))
+        assert secure.is_established and secure.send_c_echo().Status == S.SUCCESS
+        secure.release()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def test_serve_tls_only_with_listener_processes(tmp_path, pki):
