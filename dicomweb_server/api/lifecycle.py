@@ -4,7 +4,8 @@ transaction: the routes mirror FHIR-style operations (``$update``, ``$merge``,
 
 - ``POST /studies/{study}/$update``: a DICOM JSON object of Patient/Study attributes;
 - ``POST /studies/{study}/series/{series}/$update``: of Series attributes;
-- ``POST /patients/{PatientID}/$merge``: the target patient's attributes (PatientID...);
+- ``POST /patients/{PatientID}/$merge[?IssuerOfPatientID=]``: the target patient's attributes (PatientID...);
+  the path and the issuer name one patient exactly, never a pattern (lifecycle/update.py ``merge``);
 - ``GET .../instances/{sop}/versions``, ``POST .../instances/{sop}/$restore?version=N``.
 """
 

@@ -580,6 +580,18 @@ def parse_query(
     )
 
 
+def exact_study_query(values: dict[str, str], *, offset: int = 0, limit: int = 1000) -> Query:
+    """A study search where each keyword's value is matched as written: single value
+    matching only (PS3.4 C.2.2.2.1), never wildcard, range or list matching, whatever
+    characters the value holds (``$merge`` names one patient: lifecycle/update.py).
+    The values are compared with the indexes' normalised values: give them as
+    :func:`normalize_stored` keeps them (a text stripped of its padding)."""
+    matches = tuple(Match(BY_KEYWORD[k], "single", (v,)) for k, v in values.items())
+    assert all(m.attribute.level == "study" and m.attribute.kind is Kind.TEXT for m in matches), values
+    return Query(level="study", study_uid=None, series_uid=None, matches=matches, includefields=(),
+                 include_all=False, fuzzy=False, limit=limit, offset=offset, limited=False)
+
+
 # --- evaluation (in-memory index) --------------------------------------------------------
 
 

@@ -358,24 +358,47 @@ def merge(archive, patient_id: str, target: Dataset, issuer: str | None = None,
     ``allowed`` lets the caller see under the identity ``target`` names: a study update of
     each (each study atomic on its own, one after another: a crash between two studies
     leaves those done merged, the others not; sending the merge again finishes it). The
-    studies the caller may not see are not touched: none visible answers as none at all."""
+    studies the caller may not see are not touched: none visible answers as none at all.
+
+    ``patient_id`` names one Patient ID exactly as written, never a pattern: Patient ID
+    is an LO, whose values may hold ``*``, ``?``, ``-``, ``,`` (PS3.5 §6.2, Table 6.2-1)
+    and, written in a path, a backslash; the query model's wildcard, range and list matching
+    (PS3.4 C.2.2.2.2-C.2.2.2.5) are for C-FIND and QIDO-RS keys, not for naming a patient.
+    The index matches it exactly (single value matching, PS3.4 C.2.2.2.1), with the
+    access filter, in one query. Leading and trailing spaces are LO padding (PS3.5 Table
+    6.2-1), as the index keeps the value; an empty ID is refused (400).
+
+    ``issuer`` (``?IssuerOfPatientID=``): only the studies whose record names that Issuer
+    of Patient ID, exactly (padding aside; ``""``: the studies without an issuer, an empty
+    and an absent one being the same). It is read from each study's record as the
+    one-patient-per-study rule reads it (dicom/patient.py ``patient_identity``, the same
+    for every index kind): no index keeps the issuer as a matching column. Without it,
+    every study of that Patient ID moves, whatever its issuer."""
     if "PatientID" not in target:
         raise UpdateError(400, "the target patient needs its PatientID (00100020)")
     for elem in target:
         if f"{elem.tag:08X}" not in MERGE_TAGS:
             raise UpdateError(400, f"{elem.keyword} ({elem.tag:08X}) is not a Patient module attribute a merge sets")
-    from ..dicom.matching import parse_query
+    from ..dicom.matching import exact_study_query
+    from ..dicom.patient import patient_identity
 
-    params = [("PatientID", patient_id)] + ([("IssuerOfPatientID", issuer)] if issuer is not None else [])
+    wanted = patient_id.strip()  # as the index keeps it (matching.normalize_stored)
+    if not wanted:
+        raise UpdateError(400, "the patient ID to merge is empty")
+    issuer_wanted = None if issuer is None else issuer.strip(" \x00")
     studies: list[str] = []
+    seen = 0
     while True:
-        q = parse_query("study", params + [("offset", str(len(studies)))], max_results=1000)
+        q = exact_study_query({"PatientID": wanted}, offset=seen, limit=1000)
         hits = archive.index.search(q, allowed)
-        studies += [h.study_uid for h in hits]
+        seen += len(hits)
+        studies += [h.study_uid for h in hits
+                    if issuer_wanted is None or patient_identity(orjson.loads(h.study_json)).issuer == issuer_wanted]
         if len(hits) < q.limit:
             break
     if not studies:
-        raise UpdateError(404, f"no study of patient {patient_id}")
+        raise UpdateError(404, f"no study of patient {patient_id}"
+                          + (f" (issuer {issuer_wanted!r})" if issuer_wanted is not None else ""))
     return [update(archive, study, None, target) for study in studies]
 
 

@@ -152,6 +152,85 @@ def test_merge(server):
     assert httpx.post(f"{url}/patients/NOBODY/$merge", json={"00100020": {"vr": "LO", "Value": ["B"]}}).status_code == 404
 
 
+def _patient_of(url: str, study: str) -> tuple[str, str | None]:
+    """(PatientID, IssuerOfPatientID or None) of a study, as QIDO-RS returns it."""
+    r = httpx.get(f"{url}/studies", params={"StudyInstanceUID": study, "includefield": "IssuerOfPatientID"})
+    assert r.status_code == 200, r.text
+    (found,) = r.json()
+    issuer = found.get("00100021", {}).get("Value")
+    return found["00100020"]["Value"][0], issuer[0] if issuer else None
+
+
+def _study_of(url: str, patient_id: str, issuer: str | None = None) -> str:
+    st = generate_uid()
+    extra = {"IssuerOfPatientID": issuer} if issuer is not None else {}
+    stow(url, [make_dataset(study=st, PatientID=patient_id, PatientName="P^Q", **extra)])
+    return st
+
+
+_TARGET = {"00100020": {"vr": "LO", "Value": ["W-TARGET"]}}
+
+
+@pytest.mark.parametrize("path_id, literal", [
+    ("W-%2A", "W-*"),      # a wildcard (PS3.4 C.2.2.2.4) is a character of the ID (LO, PS3.5 §6.2)
+    ("W-%3F", "W-?"),
+    ("W-", "W-"),          # not a range "from W-"
+    ("-W", "-W"),          # nor "up to W"
+    ("W-1%5CW-2", "W-1\\W-2"),  # nor a list of values (PS3.4 C.2.2.2.2)
+    ("W-1,W-2", "W-1,W-2"),
+])
+def test_merge_names_one_patient_id_as_written(server, path_id, literal):
+    """An integrator's report: ``$merge`` of ``W-*`` merged W-1, W-2 and W-3 (the path went
+    through the QIDO-RS query parser, wildcards and all). The path names one Patient ID,
+    matched exactly: only the patient whose ID is literally ``W-*`` moves."""
+    url = server.url
+    others = {pid: _study_of(url, pid) for pid in ("W-1", "W-2", "W-3", "-W-1", "W-")
+              if pid != literal}
+    r = httpx.post(f"{url}/patients/{path_id}/$merge", json=_TARGET)
+    assert r.status_code == 404, r.text  # no patient is literally that ID
+    assert {pid: _patient_of(url, st)[0] for pid, st in others.items()} == {pid: pid for pid in others}
+    mine = _study_of(url, literal)
+    r = httpx.post(f"{url}/patients/{path_id}/$merge", json=_TARGET)
+    assert r.status_code == 200, r.text
+    assert [s["StudyInstanceUID"] for s in r.json()["studies"]] == [mine]
+    assert _patient_of(url, mine)[0] == "W-TARGET"
+    assert {pid: _patient_of(url, st)[0] for pid, st in others.items()} == {pid: pid for pid in others}
+
+
+def test_merge_of_an_empty_patient_id_is_refused(server):
+    url = server.url
+    st = _study_of(url, "E-1")
+    r = httpx.post(f"{url}/patients/%20/$merge", json=_TARGET)
+    assert r.status_code == 400 and "the patient ID to merge is empty" in r.text
+    assert _patient_of(url, st)[0] == "E-1"
+
+
+def test_merge_with_an_issuer_moves_that_patient_only(server):
+    """``?IssuerOfPatientID=`` was refused ("not supported as a matching key"), so a merge
+    could not tell patient I-1 of HOSP1 from I-1 of HOSP2 (two patients: PS3.3 C.7.1.1).
+    With it, only the studies of the ID within that issuer move; an empty value names the
+    studies without an issuer; without it, every study of the ID."""
+    url = server.url
+    hosp1, hosp2, none = _study_of(url, "I-1", "HOSP1"), _study_of(url, "I-1", "HOSP2"), _study_of(url, "I-1")
+    r = httpx.post(f"{url}/patients/I-1/$merge", params={"IssuerOfPatientID": "HOSP3"}, json=_TARGET)
+    assert r.status_code == 404 and "issuer 'HOSP3'" in r.text
+    r = httpx.post(f"{url}/patients/I-1/$merge", params={"IssuerOfPatientID": "HOSP*"}, json=_TARGET)
+    assert r.status_code == 404, r.text  # the issuer too is matched as written
+    r = httpx.post(f"{url}/patients/I-1/$merge", params={"IssuerOfPatientID": "HOSP2"}, json=_TARGET)
+    assert r.status_code == 200, r.text
+    assert [s["StudyInstanceUID"] for s in r.json()["studies"]] == [hosp2]
+    assert _patient_of(url, hosp2) == ("W-TARGET", "HOSP2")  # the body names no issuer: it is kept
+    assert _patient_of(url, hosp1) == ("I-1", "HOSP1")
+    assert _patient_of(url, none) == ("I-1", None)
+    r = httpx.post(f"{url}/patients/I-1/$merge", params={"IssuerOfPatientID": ""}, json=_TARGET)
+    assert r.status_code == 200, r.text
+    assert [s["StudyInstanceUID"] for s in r.json()["studies"]] == [none]
+    assert _patient_of(url, hosp1) == ("I-1", "HOSP1")
+    r = httpx.post(f"{url}/patients/I-1/$merge", json=_TARGET)  # no issuer given: every study of I-1
+    assert r.status_code == 200, r.text
+    assert [s["StudyInstanceUID"] for s in r.json()["studies"]] == [hosp1]
+
+
 @pytest.mark.parametrize("body, reason", [
     ({"0020000D": {"vr": "UI", "Value": ["1.2.3"]}}, "cannot be changed"),
     ({"00080016": {"vr": "UI", "Value": ["1.2.3"]}}, "cannot be changed"),
