@@ -45,15 +45,25 @@ async def reject_series(archive: ArchiveDep, study: VisibleStudyUID, series: Ser
 
 
 async def _restore(archive, study: str, series: str | None) -> Response:
-    n = await run_in_threadpool(lifecycle.restore, archive, study, series)
-    if n == 0:
+    """200 ``{"count": n}`` (with ``"refused"`` when some stay rejected); 409 when nothing
+    came back because every one was refused (the reasons in the message: their rejections
+    are kept as they were); 404 when nothing of it is rejected and stored."""
+    done = await run_in_threadpool(lifecycle.restore, archive, study, series)
+    if done.count == 0 and done.refused:
+        raise DICOMwebHTTPError(409, "no rejected instance could be restored, they stay rejected: "
+                                + "; ".join(f"{sop}: {why}" for sop, why in done.refused))
+    if done.count == 0:
         raise DICOMwebHTTPError(404, "no rejected instances stored in this " + ("series" if series else "study"))
-    return _json({"count": n})
+    doc: dict = {"count": done.count}
+    if done.refused:
+        doc["refused"] = [{"SOPInstanceUID": sop, "Reason": why} for sop, why in done.refused]
+    return _json(doc)
 
 
 @router.post("/studies/{study}/$restore-rejected", summary="Restore the rejected instances of a study")
 async def restore_study(archive: ArchiveDep, study: VisibleStudyUID) -> Response:
-    """Shows the study's rejected instances again (kept ``keep_rejected`` days). 200 ``{"count": n}``, 404."""
+    """Shows the study's rejected instances again (kept ``keep_rejected`` days). 200 ``{"count": n}``
+    (``"refused"``: those that stay rejected, and why), 409 (none could come back), 404."""
     return await _restore(archive, study, None)
 
 

@@ -14,15 +14,18 @@ of who rejected what; a DELETE of it does not restore anything).
 
 The rejected instances' files are kept ``keep_rejected`` days: listable
 (``GET /admin/rejected``), restorable (``POST /studies/{study}/$restore-rejected``:
-re-indexed from their files, a ``restore`` change-log row each), then purged
+re-indexed from their files, a ``restore`` change-log row each; a rejection note among
+them is not applied again; one that cannot come back stays rejected as it was), then purged
 (:func:`purge`: the change log says ``delete``, the files are removed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -58,6 +61,11 @@ _REF_SOP = "00081199"
 _REF_SOP_UID = "00081155"
 _STUDY = "0020000D"
 _SERIES = "0020000E"
+
+
+#: set while :func:`restore` indexes rejected instances again (in its thread): the note
+#: hook then applies no rejection note (a restore gives back what was rejected)
+_RESTORING: contextvars.ContextVar[bool] = contextvars.ContextVar("restoring_rejected", default=False)
 
 
 class BadReason(ValueError):
@@ -113,9 +121,17 @@ def note_hook(index: Index) -> WriteHook:
     own change-log row (MemoryIndex.reject_in), and re-adds every file at start-up: there
     a note whose create is already in the change log was applied when it was stored (and
     what it hid may have been restored since): it is not applied again; a note whose file
-    a crash left unlogged is applied then."""
+    a crash left unlogged is applied then.
+
+    A note indexed again by :func:`restore` (its study or series rejected, then
+    restored) is not applied again either: it took effect when it was stored (the
+    rejection rows of what it hid); an instance it hid that the operator restored since
+    stays shown, one still rejected stays so (not in the restore's scope) or comes back
+    with the restore (in it), and the restore's count is what became visible."""
 
     def apply(con: object, records: list[InstanceRecord], added: list) -> None:
+        if _RESTORING.get():
+            return
         now = time.time()
         for rec, new in zip(records, added):
             if new is not True or rec.sop_class_uid != KOS_SOP_CLASS:
@@ -153,43 +169,67 @@ def reject_stored(archive: Archive, study_uid: str, series_uid: str | None, code
     return reject(archive, refs, code, now) if refs else 0
 
 
-def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> int:
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What :func:`restore` did: the instances shown again (``count``), and those that
+    stay rejected, each with why (``refused``: SOP Instance UID, reason), their rejection
+    rows untouched."""
+
+    count: int
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+def restore(archive: Archive, study_uid: str, series_uid: str | None = None) -> Restored:
     """Show again the rejected instances of a study or series: each is described again
-    from its file and indexed (a ``restore`` change-log row); a rejection of an instance
-    not stored is just forgotten. Returns the instances shown again."""
+    from its file and indexed (a ``restore`` change-log row) and its rejection row
+    forgotten, in one index commit (Index.add with ``action="restore"``); a rejection of
+    an instance not stored is just forgotten.
+
+    One that cannot be shown again stays rejected **exactly as it was** (its row, with its
+    file's path, reason and time, untouched: listed, restorable later, purged in its
+    time): its file unreadable, or it no longer fits its study (store/base.py
+    hierarchy_conflict: the study is another patient's now, after an ``$update`` of it or
+    a store of another patient's instances under its Study Instance UID).
+
+    A rejection note shown again is **not applied again** (:func:`note_hook`): what it
+    hid was rejected when it was stored, and those of its instances that are still
+    rejected still are (their rows); one the operator restored since stays shown."""
     rows = archive.index.rejections(study_uid, series_uid)
     records: list[InstanceRecord] = []
-    restored: list[Rejection] = []
+    forget: list[Rejection] = []
+    refused: list[tuple[str, str]] = []
     for row in rows:
-        if row.path is not None:
-            try:
-                with archive.blobs.local_copy(row.path) as local:
-                    rec = describe_instance(local, bulk_threshold=archive.settings.bulk_threshold)
-                rec.path = row.path  # the version it had when rejected ({sop}.vN.dcm after an update)
-                records.append(rec)
-            except Exception as e:  # noqa: BLE001 - a file gone or unreadable stays rejected
-                log.error("cannot restore %s: %s", row.path, e)
-                continue
-        restored.append(row)
+        if row.path is None:
+            forget.append(row)
+            continue
+        try:
+            with archive.blobs.local_copy(row.path) as local:
+                rec = describe_instance(local, bulk_threshold=archive.settings.bulk_threshold)
+            rec.path = row.path  # the version it had when rejected ({sop}.vN.dcm after an update)
+            records.append(rec)
+        except Exception as e:  # noqa: BLE001 - a file gone or unreadable stays rejected
+            log.error("cannot restore %s: %s", row.path, e)
+            refused.append((row.sop_uid, f"its file {row.path} cannot be read: {e}"))
     if archive.routing is not None:  # shown again: no rule owes it a forward (routing/__init__.py)
         archive.routing.owe_nothing(records)
+    added: list = []
     with archive._tracked(), archive.committer.writer():
-        archive.index.unreject(restored)
+        if forget:
+            archive.index.unreject(forget)
+        token = _RESTORING.set(True)
         try:
             added = archive.index.add(records, action="restore") if records else []
         finally:
+            _RESTORING.reset(token)
             if archive.routing is not None:
                 archive.routing.forget(records)
-        # one that no longer fits its study (another patient's instances came meanwhile,
-        # store/base.py hierarchy_conflict) stays rejected, as it was
-        again = {rec.sop_uid for rec, a in zip(records, added) if isinstance(a, Refused)}
-        for row in restored:
-            if row.sop_uid in again:
-                log.error("cannot restore %s: it contradicts what is stored now", row.sop_uid)
-                archive.index.reject([(row.study_uid, row.series_uid, row.sop_uid)], row.code, row.timestamp)
+    for rec, a in zip(records, added):
+        if isinstance(a, Refused):  # its rejection row stays as it was (Index.add)
+            log.error("cannot restore %s: %s", rec.sop_uid, a.message)
+            refused.append((rec.sop_uid, a.message))
     if archive.routing is not None:
         archive.routing.committed()
-    return sum(a is True for a in added)
+    return Restored(sum(a is True for a in added), refused)
 
 
 def purge(archive: Archive, now: float | None = None) -> int:

@@ -137,7 +137,12 @@ class Index(ABC):
         the same series (the existing row is kept unchanged), and :class:`Refused`
         when the record contradicts the hierarchy, its study's patient included
         (:func:`hierarchy_conflict`, checked inside the commit, against the records
-        before it too)."""
+        before it too).
+
+        ``action="restore"`` (lifecycle/reject.py: rejected instances shown again)
+        indexes a rejected instance (a ``create`` files it under its rejection) and
+        forgets its rejection row in the same commit, unless it is refused: a refused
+        one keeps its row exactly as it was (its file's path, reason, time)."""
 
     @abstractmethod
     def locate(self, sop_uid: str, allowed: Filter = UNRESTRICTED) -> InstanceLocation | None:
@@ -265,8 +270,9 @@ class Index(ABC):
         raise NotImplementedError
 
     def unreject(self, rows: list[Rejection]) -> None:
-        """Forget these rejections (restore or purge): the caller re-adds (:meth:`add`
-        with ``action="restore"``) or removes their files."""
+        """Forget these rejections (of instances never stored: a restore has nothing to
+        show again). A stored one is shown again by :meth:`add` with ``action="restore"``,
+        which forgets its row in its own commit."""
         raise NotImplementedError
 
     def purge(self, rows: list[Rejection]) -> list[Rejection]:

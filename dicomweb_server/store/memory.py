@@ -300,10 +300,20 @@ class MemoryIndex(Index):
                 sources = [(r.sop_uid, r.source) for r, new in zip(records, out) if new is True and r.source]
                 labelled = sorted({(r.study_uid, label) for r, new in zip(records, out) if new is True
                                    for label in r.labels})  # labels on arrival: in the same transaction
+                # a restore: the rejection rows of those shown again go in the same transaction (a
+                # refused one keeps its row as it was: Index.add)
+                shown = [r.sop_uid for r, new in zip(records, out)
+                         if action == "restore" and not isinstance(new, Refused) and r.sop_uid in self._rejected]
+
+                def also(x) -> None:
+                    if sources:
+                        arrivals_table.keep_sources(x, sources)
+                    rejections.forget(x, shown)
+
                 hide = self._log_add(action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, out)
                                               if new is True], self._rejecting,
-                                     (lambda x: arrivals_table.keep_sources(x, sources)) if sources else None,
-                                     labelled)
+                                     also if sources or shown else None, labelled)
+                self._rejected.difference_update(shown)
             except BaseException:
                 for r, new in zip(records, out):
                     if new is True:

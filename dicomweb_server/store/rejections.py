@@ -115,5 +115,12 @@ def drop(x: Execute, rows: list[Rejection]) -> None:
         x("DELETE FROM rejection WHERE SOPInstanceUID = ?", (r.sop_uid,))
 
 
+def forget(x: Execute, sops: list[str]) -> None:
+    """Drop the rows of these SOP Instance UIDs (none: nothing): the instances a restore
+    indexed again, in the transaction that indexes them (store/sql.py, store/memory.py)."""
+    for sop in sops:
+        x("DELETE FROM rejection WHERE SOPInstanceUID = ?", (sop,))
+
+
 def paths(x: Execute) -> list[tuple[str, str]]:
     return [tuple(r) for r in x("SELECT SOPInstanceUID, _path FROM rejection WHERE _path IS NOT NULL", ()).fetchall()]

@@ -472,6 +472,9 @@ class SQLIndex(Index):
                   "NumberOfStudyRelatedSeries = NumberOfStudyRelatedSeries + ?, ModalitiesInStudy = ?, "
                   "SOPClassesInStudy = ? WHERE pk = ?",
                   (study.instances, study.series, join_multi(study.modalities), join_multi(study.classes), study.pk))
+        if action == "restore":  # shown again: its rejection row goes in this transaction; a refused
+            # one keeps its row as it was (path, reason, time: still listed, restorable later)
+            rejections.forget(rx, [r.sop_uid for r, new in zip(records, added) if not isinstance(new, Refused)])
         if log:
             self._log(con, action, [(r.study_uid, r.series_uid, r.sop_uid) for r, new in zip(records, added)
                                     if new is True])

@@ -167,11 +167,64 @@ def test_a_restore_that_no_longer_fits_its_study_stays_rejected(http, study):
     st = str(a.StudyInstanceUID)
     assert http.post(f"/studies/{st}/reject/113038%5EDCM").json() == {"count": 3}
     stow(http, [make_dataset(study=st, PatientID="OTHER")])
-    assert http.post(f"/studies/{st}/$restore-rejected").status_code == 404
+    r = http.post(f"/studies/{st}/$restore-rejected")
+    assert r.status_code == 409 and "belongs to patient" in r.text, r.text
     listed = http.get("/admin/rejected", params={"study": st}).json()
     assert sorted(x["SOPInstanceUID"] for x in listed) == sorted(str(d.SOPInstanceUID) for d in study)
     assert {x["Reason"] for x in listed} == {"113038^DCM"}
+    assert {x["Stored"] for x in listed} == {True}  # their files still theirs
     assert len(uids(http, f"/studies/{st}/instances", "00080018")) == 1
+
+
+def test_a_refused_restore_leaves_the_rejection_as_it_was(http, server):
+    """A series rejected, then its study's PatientID changed by $update: its instance no
+    longer fits the study (hierarchy_conflict), the restore is refused (409 naming the
+    conflict) and the rejection stays exactly as it was: listed, stored (its file's path
+    kept: not an orphan), in includerejected=true; once the patient is set back, it comes back."""
+    st, se, se2 = generate_uid(), generate_uid(), generate_uid()
+    a = make_dataset(study=st, series=se, PatientID="LP1")
+    b = make_dataset(study=st, series=se2, PatientID="LP1")
+    stow(http, [a, b])
+    assert http.post(f"/studies/{st}/series/{se2}/reject/113001%5EDCM").json() == {"count": 1}
+    before = http.get("/admin/rejected", params={"study": st}).json()
+    assert [(x["SOPInstanceUID"], x["Stored"]) for x in before] == [(b.SOPInstanceUID, True)]
+    r = http.post(f"/studies/{st}/$update", json={"00100020": {"vr": "LO", "Value": ["LP2"]}})
+    assert r.status_code == 200, r.text
+    for _ in range(2):  # refused twice: nothing changes
+        r = http.post(f"/studies/{st}/$restore-rejected")
+        assert r.status_code == 409, r.text
+        assert b.SOPInstanceUID in r.text and "belongs to patient" in r.text
+        assert http.get("/admin/rejected", params={"study": st}).json() == before
+    assert server.archive.index.rejections(st)[0].path is not None
+    assert uids(http, f"/studies/{st}/instances", "00080018", includerejected="true") == [
+        a.SOPInstanceUID, b.SOPInstanceUID]
+    assert b.SOPInstanceUID in {sop for sop, _ in server.archive.index.paths()}  # check: not an orphan
+    r = http.post(f"/studies/{st}/$update", json={"00100020": {"vr": "LO", "Value": ["LP1"]}})
+    assert r.status_code == 200, r.text
+    assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 1}
+    assert http.get("/admin/rejected", params={"study": st}).json() == []
+    assert http.get(url(b)).status_code == 200
+
+
+def test_a_restore_of_a_study_does_not_apply_its_rejection_note_again(http):
+    """A note rejects X; the operator restores X; the whole study (X, its sibling, the note)
+    is rejected; restoring it gives back the three, and the note is not applied again
+    (lifecycle/reject.py note_hook): X stays shown, the count is what became visible."""
+    st, se = generate_uid(), generate_uid()
+    x, y = (make_dataset(study=st, series=se, PatientID="KR1") for _ in range(2))
+    stow(http, [x, y])
+    note = rejection_note([x])
+    stow(http, [note])
+    visible = lambda: sorted(uids(http, f"/studies/{st}/instances", "00080018"))  # noqa: E731
+    assert visible() == sorted([y.SOPInstanceUID, note.SOPInstanceUID])
+    assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 1}
+    assert visible() == sorted([x.SOPInstanceUID, y.SOPInstanceUID, note.SOPInstanceUID])
+    assert http.post(f"/studies/{st}/reject/113001%5EDCM").json() == {"count": 3}
+    assert visible() == []
+    assert http.post(f"/studies/{st}/$restore-rejected").json() == {"count": 3}
+    assert visible() == sorted([x.SOPInstanceUID, y.SOPInstanceUID, note.SOPInstanceUID])
+    assert http.get("/admin/rejected", params={"study": st}).json() == []
+    assert http.get(url(x)).status_code == 200
 
 
 def test_the_server_purges_at_start(tmp_path, index_kind, request):

@@ -97,3 +97,26 @@ def test_a_reference_under_the_wrong_study_still_hides_the_instance(index, tmp_p
     assert index.reject([("1.2.3", "1.2.3.4", a.sop_uid)], "113001^DCM", 1.0) == 1
     assert index.locate(a.sop_uid) is None and _search(index, "study") == []
     assert [(r.study_uid, r.series_uid) for r in index.rejections()] == [(a.study_uid, a.series_uid)]
+
+
+def test_a_refused_restore_keeps_the_rejection_as_it_was(index, tmp_path):
+    """Index.add(action="restore") forgets the rejection row of what it shows again, in its
+    commit; one it refuses (store/base.py hierarchy_conflict: its study is another
+    patient's now) keeps its row exactly as it was: its file's path, reason, time."""
+    st = generate_uid()
+    a = record(tmp_path, study=st, PatientID="P1")
+    assert index.add([a]) == [True]
+    assert index.reject([(st, a.series_uid, a.sop_uid)], "113038^DCM", 1000.0) == 1
+    other = record(tmp_path, study=st, PatientID="P2")  # the study is P2's now
+    assert index.add([other]) == [True]
+    (refused,) = index.add([a], action="restore")
+    assert type(refused).__name__ == "Refused" and "belongs to patient" in refused.message
+    assert [(r.sop_uid, r.study_uid, r.series_uid, r.code, r.timestamp, r.path) for r in index.rejections(st)] == [
+        (a.sop_uid, st, a.series_uid, "113038^DCM", 1000.0, a.path)]
+    assert sorted(p for _, p in index.paths()) == sorted([a.path, other.path])  # not an orphan
+    assert [x.sop_uid for x in index.instances(st)] == [other.sop_uid]
+    # once it fits again, it comes back and its row goes, in that commit
+    index.delete(st)
+    assert index.add([a], action="restore") == [True]
+    assert index.rejections() == [] and [x.sop_uid for x in index.instances(st)] == [a.sop_uid]
+    assert summary(index.changes(limit=100))[-1] == ("restore", "current", a.sop_uid, 1)
