@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +40,8 @@ import orjson
 from pydicom import config as pydicom_config
 from pydicom import dcmread
 from pydicom.dataset import Dataset
-from pydicom.datadict import dictionary_VR, keyword_for_tag
-from pydicom.valuerep import validate_value
+from pydicom.datadict import dictionary_VM, dictionary_VR, keyword_for_tag
+from pydicom.valuerep import DA, DT, TM, validate_value
 
 from .. import faults
 from ..access.filter import UNRESTRICTED, Filter
@@ -113,6 +114,7 @@ def parse_changes(body: bytes, level: str) -> Dataset:
         if vr == "PN" and not all(v is None or isinstance(v, dict) for v in elem.get("Value", [])):
             # PS3.18 F.2.2: each PN value is an object of its component groups
             raise UpdateError(400, f'{kw} ({tag}): a PN value is an object, e.g. {{"Alphabetic": "Doe^Jane"}}')
+        _check_json_values(kw, tag, vr, elem)
     try:
         ds = Dataset.from_json(doc)
     except Exception as e:  # noqa: BLE001 - pydicom raises many types on bad values
@@ -126,9 +128,81 @@ def parse_changes(body: bytes, level: str) -> Dataset:
                     if elem.VR in ("IS", "DS", "PN"):
                         value = str(value)
                     validate_value(elem.VR, value, pydicom_config.RAISE)
+                    if elem.VR in _ONE_DATE_TIME:
+                        _one_date_time(elem.VR, str(value))
         except ValueError as e:
             raise UpdateError(400, f"{elem.keyword} ({elem.tag:08X}): {e}") from None
     return ds
+
+
+#: VRs whose one value may contain a backslash (PS3.5 §6.2 Table 6.2-1: LT, ST, UT, UR are
+#: single-valued, a backslash is an ordinary character in them); in every other string VR it is the
+#: value delimiter (PS3.5 §6.4), never part of a value
+_BACKSLASH_ALLOWED = frozenset({"LT", "ST", "UT", "UR"})
+
+# One DT value, PS3.5 §6.2 Table 6.2-1: YYYY[MM[DD[HH[MM[SS[.F{1-6}]]]]]][&ZZXX], the offset
+# from UTC -1200..+1400 (hours 00-14, minutes 00-59). Hand-written: pydicom's regex for DT
+# (valuerep.VR_REGEXES) also admits the query's ranges (PS3.4 C.2.2.2.5: "-A", "A-", "A-B"),
+# and its DT class parses only a prefix of the text ("20240101-20240201" is taken).
+_ONE_DT = re.compile(r"\d{4}((0[1-9]|1[0-2])(([0-2]\d|3[01])(([01]\d|2[0-3])"
+                     r"([0-5]\d((60|[0-5]\d)(\.\d{1,6})?)?)?)?)?)?([+-](0\d|1[0-4])[0-5]\d)?")
+_ONE_DATE_TIME = {"DA": "YYYYMMDD", "TM": "HH[MM[SS[.F{1-6}]]]", "DT": "YYYY[MM[DD[HH[MM[SS[.F{1-6}]]]]]][&ZZXX]"}
+
+
+def _one_date_time(vr: str, value: str) -> None:
+    """``value`` is ONE date/time of its VR (PS3.5 §6.2), not a range: pydicom's
+    ``validate_value`` admits ranges (query syntax, PS3.4 C.2.2.2.5), which a stored value
+    cannot be. pydicom's DA and TM classes parse exactly one value (and check the calendar:
+    no 30 February); for DT the hand-written ``_ONE_DT``, then pydicom's DT for the calendar.
+    Raises ValueError naming the rule."""
+    try:
+        if vr == "DT" and not _ONE_DT.fullmatch(value):
+            raise ValueError("not one value")
+        {"DA": DA, "TM": TM, "DT": DT}[vr](value)
+    except ValueError as e:
+        raise ValueError(f"{value!r} is not one {vr} value: {_ONE_DATE_TIME[vr]} (PS3.5 §6.2; a range "
+                         f"such as A-B is query syntax, PS3.4 C.2.2.2.5, not a stored value; {e})") from None
+
+
+def _vm_allows(vm: str, n: int) -> bool:
+    """``n`` values within a data dictionary VM (PS3.5 §6.4, PS3.6): "1", "1-3", "1-n",
+    "2-2n" (a multiple of 2)... pydicom gives the VM (``dictionary_VM``) but checks no count."""
+    if n == 0:
+        return True  # an empty value (zero length) is no value count
+    low, dash, high = vm.partition("-")
+    if not dash:
+        return n == int(low)
+    if high.endswith("n"):
+        return n >= int(low) and n % int(high[:-1] or 1) == 0
+    return int(low) <= n <= int(high)
+
+
+def _check_json_values(kw: str, tag: str, vr: str, elem: dict) -> None:
+    """The DICOM JSON ``Value`` array of one element, before pydicom reads it (its
+    ``from_json`` splits a string on backslashes, silently making several values):
+    each value a separate item of the array (PS3.18 F.2.3), so no backslash inside a string
+    value except in LT, ST, UT, UR (PS3.5 §6.2, §6.4); the number of values within the
+    attribute's VM (PS3.6 data dictionary). A sequence (SQ) is one value of any items."""
+    values = elem.get("Value")
+    if values is None:
+        return
+    if not isinstance(values, list):
+        raise UpdateError(400, f"{kw} ({tag}): \"Value\" is an array of the values (PS3.18 F.2.3)")
+    if vr == "SQ":
+        return
+    vm = dictionary_VM(int(tag, 16))
+    if not _vm_allows(vm, len(values)):
+        raise UpdateError(400, f"{kw} ({tag}): {len(values)} values, its VM is {vm} "
+                               f"(PS3.6 data dictionary, PS3.5 §6.4)")
+    if vr in _BACKSLASH_ALLOWED:
+        return
+    for value in values:
+        texts = value.values() if isinstance(value, dict) else [value]  # PN: its component groups
+        for text in texts:
+            if isinstance(text, str) and "\\" in text:
+                raise UpdateError(400, f"{kw} ({tag}): {text!r} contains a backslash, the {vr} value "
+                                       f"delimiter (PS3.5 §6.2, §6.4); several values are separate items "
+                                       f"of \"Value\" (PS3.18 F.2.3)")
 
 
 def changes_from_keywords(pairs: list[str], level: str) -> Dataset:
