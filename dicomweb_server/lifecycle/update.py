@@ -47,6 +47,7 @@ from .. import faults
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS
 from ..dicom.instance import InstanceRecord, describe_instance
+from ..dicom.json_model import level_attributes
 from ..dicom.status import InstanceError
 from ..store.base import ReplaceRefused
 from ..store.blobs import Placed, fsync_dir
@@ -400,7 +401,14 @@ def replace_version(archive, rec: InstanceRecord, spooled: Path) -> None:
 def restore_study(archive, study_uid: str) -> Updated:
     """Make the previous version of every instance of a study current again, as new
     versions, in one switch (undoes a study update, patient included: a single instance
-    cannot go back to another patient than its study's)."""
+    cannot go back to another patient than its study's).
+
+    Refused (409, nothing changed) when the instances agree on every study-level
+    attribute now and their previous versions would not: after a study update and then
+    an update of one series, the previous version of that series' instances still holds
+    the study update, the others' not (an integrator found a study left with two
+    accession numbers). A study whose instances disagree already (as received) is not held
+    to it."""
     started = time.monotonic()
     locs = archive.index.instances(study_uid)
     if not locs:
@@ -416,9 +424,28 @@ def restore_study(archive, study_uid: str) -> Updated:
             if not earlier:
                 raise UpdateError(409, f"instance {loc.sop_uid} has no earlier version kept")
             work.append((loc, base, None, earlier[-1].path))
+        now_study = [level_attributes(orjson.loads(m), STUDY_LEVEL_TAGS) for m in archive.index.metadata(study_uid)]
         records = _write_all(archive, work)
+        differ = _disagree([orjson.loads(r.study_json) for r in records]) if not _disagree(now_study) else []
+        if differ:
+            for rec in records:  # never current: leave nothing behind
+                archive.blobs.remove(rec.path)
+            raise UpdateError(409, f"the previous versions of the study's instances disagree on "
+                                   f"{', '.join(differ)} (an update of a series or an instance came after "
+                                   f"the study's): nothing restored; restore instances one by one "
+                                   f"(.../instances/{{sop}}/$restore?version=N)")
         _switch(archive, records, study_uid, None, None, "restore")
     return Updated(study_uid, len(records), time.monotonic() - started, [{"restored": "previous"}])
+
+
+def _disagree(studies: list[dict]) -> list[str]:
+    """The study-level attributes (keywords, or tags) whose values differ between the
+    instances' ``studies`` (each its study-level DICOM JSON attributes)."""
+    values: dict[str, set[bytes]] = {t: set() for s in studies for t in s}
+    for s in studies:
+        for t, seen in values.items():
+            seen.add(orjson.dumps(s.get(t)))
+    return [keyword_for_tag(int(t, 16)) or t for t, seen in sorted(values.items()) if len(seen) > 1]
 
 
 #: the Patient module attributes a merge may set (PS3.3 C.7.1.1)

@@ -137,6 +137,42 @@ def test_series_update(server):
     assert r.status_code == 400 and "series-level" in r.text
 
 
+def test_a_study_restore_never_leaves_the_study_disagreeing(server):
+    """A study update, then an update of one of its two series, then ``$restore`` of the
+    study: the previous versions would give the study two accession numbers (one series back
+    before the study update, the other still after it). 409, nothing changed (an integrator's
+    case); the instances restored one by one, as the answer says, agree again."""
+    url = server.url
+    st, s1, s2 = generate_uid(), generate_uid(), generate_uid()
+    dss = [make_dataset(study=st, series=se, PatientID="RS-1", AccessionNumber="ACC1", StudyDescription="Study A")
+           for se in (s1, s2)]
+    stow(url, dss)
+    r = httpx.post(f"{url}/studies/{st}/$update", json={"00081030": {"vr": "LO", "Value": ["Corrected"]},
+                                                        "00080050": {"vr": "SH", "Value": ["ACC-NEW"]}})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{url}/studies/{st}/series/{s1}/$update", json={"0008103E": {"vr": "LO", "Value": ["S1-fixed"]}})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{url}/studies/{st}/$restore")
+    assert r.status_code == 409, r.text
+    assert "AccessionNumber" in r.text and "StudyDescription" in r.text
+    for ds in dss:  # nothing changed: both still after the study update, S1 after its own
+        got = retrieved(url, st, ds.SeriesInstanceUID, ds.SOPInstanceUID)
+        assert (got.AccessionNumber, got.StudyDescription) == ("ACC-NEW", "Corrected")
+    assert retrieved(url, st, s1, dss[0].SOPInstanceUID).SeriesDescription == "S1-fixed"
+    assert len(httpx.get(f"{url}/studies", params={"AccessionNumber": "ACC-NEW"}).json()) == 1
+    versions = httpx.get(f"{url}/studies/{st}/series/{s1}/instances/{dss[0].SOPInstanceUID}/versions").json()
+    assert len(versions) == 3  # no version made by the refused restore
+    # what the answer advises: each instance back to its version 1, one by one
+    for ds in dss:
+        r = httpx.post(f"{url}/studies/{st}/series/{ds.SeriesInstanceUID}/instances/{ds.SOPInstanceUID}/$restore",
+                       params={"version": 1})
+        assert r.status_code == 200, r.text
+    for ds in dss:
+        got = retrieved(url, st, ds.SeriesInstanceUID, ds.SOPInstanceUID)
+        assert (got.AccessionNumber, got.StudyDescription) == ("ACC1", "Study A")
+    assert len(httpx.get(f"{url}/studies", params={"AccessionNumber": "ACC1"}).json()) == 1
+
+
 def test_merge(server):
     url = server.url
     a1, _, _ = _study(url, "A", "Patient^A", 2)
