@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pydicom import uid as U
 from pydicom.dataset import Dataset
 
+from ..dicom.media_types import UNENCAPSULATED
 from ..policy import transcode
 from ..access.filter import UNRESTRICTED, Filter
 from ..store.base import Index, InstanceLocation
@@ -47,6 +48,41 @@ def proposed_syntaxes(stored_ts: str) -> list[str]:
     if transcode.can_decode(stored_ts):
         out += [ts for ts in transcode.LOSSLESS_TARGETS if transcode.can_transcode(stored_ts, ts)]
     return list(dict.fromkeys(out))
+
+
+def sending_contexts(pairs, room: int) -> list[tuple[str, list[str]]]:
+    """The presentation contexts (abstract syntax, transfer syntaxes) the archive proposes to
+    send stored instances of the (SOP class, stored transfer syntax) ``pairs`` (a C-MOVE's
+    storage sub-operations, PS3.4 C.4.2.3.1), at most ``room`` of them.
+
+    An instance stored in an encapsulated (compressed) syntax gets that syntax in a context
+    of its own, plus a fallback context of its class with :func:`proposed_syntaxes` without
+    it (Explicit, Implicit VR LE...): PS3.8 9.3.2.2 lets a requestor propose several
+    contexts for one abstract syntax, and the acceptor answers each. One context
+    [stored, Explicit VR LE, ...] lets the acceptor pick one syntax of the list, and an
+    acceptor preferring lossless (this archive's own rule, dimse/negotiation.py, passes over
+    a lossy first choice for a lossless one) took Explicit VR LE: a lossy JPEG or JPEG 2000
+    instance was decoded to be sent. The fallback carries, decoded, the instances whose
+    own context was rejected (:func:`sub_operation_syntax`). An uncompressed stored syntax:
+    one context, :func:`proposed_syntaxes`, as before.
+
+    Room: the pairs are first counted one context each (as before, the first ``room`` pairs
+    kept); a compressed pair is split into its own context and the fallback only while that
+    leaves room for one context for every pair after it; the pairs it does not leave room
+    for keep the single context [stored, Explicit VR LE, ...] (pynetdicom proposes at most
+    128 contexts, PS3.8 9.3.2.2: odd presentation context IDs 1-255)."""
+    pairs = list(dict.fromkeys(pairs))[:room]
+    out: dict[tuple[str, tuple[str, ...]], None] = {}
+    for i, (sop_class, ts) in enumerate(pairs):
+        syntaxes = tuple(proposed_syntaxes(ts))
+        later = len(pairs) - i - 1  # one context each at most
+        split = [(sop_class, (ts,)), (sop_class, syntaxes[1:])]
+        new = [cx for cx in dict.fromkeys(split) if cx not in out]
+        if ts not in UNENCAPSULATED and len(syntaxes) > 1 and len(out) + len(new) + later <= room:
+            out.update(dict.fromkeys(new))
+        else:
+            out.setdefault((sop_class, syntaxes), None)
+    return [(sop_class, list(syntaxes)) for sop_class, syntaxes in out]
 
 
 def sendable_syntax(stored_ts: str, accepted: Callable[[str], bool]) -> str | None:

@@ -39,7 +39,7 @@ from ..store.base import IndexUnavailable
 from . import status as S
 from . import tls
 from .find import IdentifierError
-from .retrieve import matching_instances, proposed_syntaxes, sub_operation_syntax
+from .retrieve import matching_instances, sending_contexts, sub_operation_syntax
 
 log = logging.getLogger("dicomweb_server.dimse")
 
@@ -48,6 +48,9 @@ MOVE_MODELS = {PatientRootQueryRetrieveInformationModelMove: "patient",
                StudyRootQueryRetrieveInformationModelMove: "study"}
 
 _status = S.dataset
+
+#: pynetdicom's limit of requested presentation contexts (PS3.8 9.3.2.2: odd IDs 1-255)
+MAX_CONTEXTS = 128
 
 # --- C-GET / C-MOVE sub-operations sent from the stored file -------------------------------
 #
@@ -81,8 +84,10 @@ class StoredInstance(Dataset):
 
 def _send_c_store_from_file(self, dataset, *args, **kwargs):
     """``Association.send_c_store``: a :class:`StoredInstance` is sent from its file, its
-    stored bytes, when the peer accepted its stored transfer syntax (in a C-GET: the
-    requestor proposed it first, :mod:`.negotiation`); otherwise it is read and decoded or
+    stored bytes, when the peer accepted its stored transfer syntax on a context of its SOP
+    class (in a C-GET: the requestor proposed it first, :mod:`.negotiation`; in a C-MOVE: the
+    destination accepted the context proposing a compressed stored syntax alone,
+    :func:`.retrieve.sending_contexts`); otherwise it is read and decoded or
     re-encoded into a syntax the peer accepted (:func:`_transcoded_for`).
 
     PS3.7 9.1.1.1: the Move Originator Application Entity Title of a C-MOVE's sub-operation is
@@ -206,12 +211,13 @@ class RetrieveSCP:
             yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
             return
         locations, failure = self._matches(event, MOVE_MODELS)
-        # propose what will be sent: the stored SOP classes and transfer syntaxes (<= 127 contexts)
-        pairs = dict.fromkeys((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
+        # propose what will be sent: the stored SOP classes and transfer syntaxes, a compressed
+        # one in a context of its own (sending_contexts; <= 127 contexts)
+        pairs = ((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
         # and Verification: a destination that accepts none of the stored SOP classes still
         # associates, and each sub-operation fails on its own (0xA702, each instance listed),
         # where pynetdicom answered the association's refusal 0xA801 (destination unknown)
-        contexts = [build_context(cls, proposed_syntaxes(ts)) for cls, ts in list(pairs)[:127]]
+        contexts = [build_context(cls, syntaxes) for cls, syntaxes in sending_contexts(pairs, MAX_CONTEXTS - 1)]
         contexts.append(build_context(Verification))
         yield peer.host, peer.port, {"contexts": contexts, "ae_title": peer.ae_title,
                                      "tls_args": tls.tls_args(peer.tls, peer.host),  # PS3.15 Annex B
