@@ -269,7 +269,8 @@ class Outbox(ABC):
         now = self._now(con)
         con.execute(self._sql(
             "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
-            "_rule, _enqueued, _due, _payload, _lease_owner, _lease_until) VALUES (?, '', '', ?, '', ?, ?, ?, ?, ?, ?)"),
+            "_rule, _enqueued, _due, _payload, _lease_owner, _lease_until) "
+            "VALUES (?, '', '', ?, '', ?, ?, ?, ?, ?, ?)"),
             (destination, key, kind, now, now + delay, payload, owner, None if owner is None else now + lease))
 
     def insert_missing(self, entries: Iterable[Entry]) -> int:

@@ -7,6 +7,7 @@ driven with a fake association (only the process that received the N-ACTION hold
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def box(tmp_path):
     b.close()
 
 
-def _reporter(box, monkeypatch=None) -> commitment.Reporter:
+def _reporter(box) -> commitment.Reporter:
     # no peers: a report can only go on the request's association (the integrator's modality)
     settings = SimpleNamespace(dimse_commitment_retry=0.2, dimse_commitment_max_attempts=20, dimse_timeout=5.0,
                                dimse_network_timeout=5.0)
@@ -173,3 +174,74 @@ def test_stopped_process_releases_the_reports_it_holds(box, monkeypatch):
     time.sleep(0.2)
     rows, _ = box.claim(commitment.DESTINATION, 8, "other:1", 60, 4)
     assert [r.sop_uid for r in rows] == [tuid]
+
+
+def test_served_with_two_listener_processes_every_report_on_its_association(tmp_path):
+    """``serve --dimse-processes 2``, a requester not in the peers file (none configured):
+    eight N-ACTIONs on eight associations held open, the kernel spreading them over both
+    listener processes; each gets its report on its own association (it used to go to the
+    other process's Reporter now and then, which could only try a new association)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pynetdicom import AE, build_context, evt
+    from pynetdicom.sop_class import StorageCommitmentPushModel, StorageCommitmentPushModelInstance
+
+    from tests.helpers import free_port
+
+    port, dport = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
+         "--port", str(port), "--dimse-port", str(dport), "--workers", "1", "--dimse-processes", "2"],
+        env={**os.environ, "DICOMWEB_LOG_LEVEL": "warning"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def request(sop: str):
+        reports = []
+        arrived = threading.Event()
+
+        def on_report(event):
+            reports.append((event.event_type, event.event_information))
+            arrived.set()
+            return 0x0000, None
+
+        ae = AE(ae_title="MODALITY")
+        assoc = ae.associate("127.0.0.1", dport, ae_title="DICOMWEB",
+                             contexts=[build_context(StorageCommitmentPushModel)], evt_handlers=[(evt.EVT_N_EVENT_REPORT, on_report)])
+        assert assoc.is_established
+        tuid = str(generate_uid())
+        info = Dataset()
+        info.TransactionUID = tuid
+        item = Dataset()
+        item.ReferencedSOPClassUID = CT
+        item.ReferencedSOPInstanceUID = sop
+        info.ReferencedSOPSequence = [item]
+        try:
+            status, _ = assoc.send_n_action(info, 1, StorageCommitmentPushModel, StorageCommitmentPushModelInstance)
+            assert status.Status == 0x0000
+            arrived.wait(8)  # the association held open: 1 s after the N-ACTION-RSP it is still there
+        finally:
+            assoc.release()
+        return tuid, reports
+
+    try:
+        ae = AE(ae_title="MODALITY")
+        ae.add_requested_context(StorageCommitmentPushModel)
+        deadline = time.monotonic() + 30
+        while True:
+            assoc = ae.associate("127.0.0.1", dport, ae_title="DICOMWEB")
+            if assoc.is_established:
+                assoc.release()
+                break
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1)  # both listener processes up
+        sops = [str(generate_uid()) for _ in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(request, sops))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    for sop, (tuid, reports) in zip(sops, results):
+        # not stored here: Failures Exist, No such object instance (PS3.4 J.3.3.1)
+        assert [(t, i.TransactionUID) for t, i in reports] == [(commitment.EVENT_FAILURES_EXIST, tuid)], sop
+        [failed] = reports[0][1].FailedSOPSequence
+        assert (failed.ReferencedSOPInstanceUID, failed.FailureReason) == (sop, commitment.NO_SUCH_OBJECT_INSTANCE)
