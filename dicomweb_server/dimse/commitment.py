@@ -57,7 +57,7 @@ from pydicom.dataset import Dataset
 from pynetdicom import AE, build_role, evt
 from pynetdicom.sop_class import StorageCommitmentPushModel, StorageCommitmentPushModelInstance
 
-from ..routing.outbox import Outbox, Row, Settlement
+from ..routing.outbox import HELD, Outbox, Row, Settlement
 from ..store.base import Index
 from . import status as S
 from . import tls
@@ -178,7 +178,7 @@ class Reporter:
     @property
     def held_owner(self) -> str:
         """The lease owner of the reports this process received (:meth:`on_n_action`)."""
-        return f"{self.owner}:held"
+        return f"{self.owner}{HELD}"
 
     # --- the N-ACTION (the association's thread) -----------------------------------------
 

@@ -137,6 +137,8 @@ _INSERT_MISSING = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesIns
                    "WHERE SOPInstanceUID = ? AND destination = ?)")
 _PENDING = ("FROM outbox WHERE destination = ? AND _state = 'pending' AND "
             "(_lease_until IS NULL OR _lease_until < ?)")
+#: the suffix of the owner of jobs born leased (:meth:`Outbox.insert_job` with ``owner``)
+HELD = ":held"
 _ROWS = ("id", "destination", "SOPInstanceUID", "state", "attempts", "enqueued", "delivered", "last_error")
 
 
@@ -259,7 +261,7 @@ class Outbox(ABC):
         ``key`` in ``SOPInstanceUID``, what to do in ``_payload``; a storage commitment report,
         dimse/commitment.py; a background job, jobs/runner.py), due ``delay`` seconds from now,
         in a durable transaction of its own, or in ``con``'s (the caller's, which it commits).
-        With ``owner``, the job is born leased to it for ``lease`` seconds: no other worker
+        With ``owner`` (ending in :data:`HELD`), the job is born leased to it for ``lease`` seconds: no other worker
         claims it meanwhile; the owner takes it with :meth:`claim_held`, and it is claimable by
         all once the owner settles or releases it, the lease expires or :meth:`reap` frees it."""
         if con is None:
@@ -327,7 +329,8 @@ class Outbox(ABC):
         earliest time another row of the destination becomes due (None if none).
 
         Nothing is claimed while ``concurrency`` leases of the destination are live
-        (across all workers and nodes). A row whose instance another live lease of
+        (across all workers and nodes; jobs born leased, owners ending in :data:`HELD`,
+        are not counted: they wait for their owner, not for a send). A row whose instance another live lease of
         the same destination holds is skipped. A row marked solo is claimed alone.
         """
         sql = self._sql
@@ -343,7 +346,7 @@ class Outbox(ABC):
             skew = now - time.time()
             live = con.execute(sql(
                 "SELECT count(DISTINCT _lease_owner) FROM outbox WHERE destination = ? AND _state = 'pending' "
-                "AND _lease_until >= ?"), (destination, now)).fetchone()[0]
+                "AND _lease_until >= ? AND _lease_owner NOT LIKE ?"), (destination, now, f"%{HELD}")).fetchone()[0]
             if live >= concurrency:
                 return [], first - skew
             rows = con.execute(sql(

@@ -245,3 +245,16 @@ def test_served_with_two_listener_processes_every_report_on_its_association(tmp_
         assert [(t, i.TransactionUID) for t, i in reports] == [(commitment.EVENT_FAILURES_EXIST, tuid)], sop
         [failed] = reports[0][1].FailedSOPSequence
         assert (failed.ReferencedSOPInstanceUID, failed.FailureReason) == (sop, commitment.NO_SUCH_OBJECT_INSTANCE)
+
+
+def test_held_reports_do_not_count_against_the_claim_concurrency(box, monkeypatch):
+    """Reports waiting for the listener process holding their association (one per process,
+    up to 8 processes) do not stop the retries of other reports from being claimed: the
+    destination's concurrency (4 live leases) counts sends, not waits."""
+    monkeypatch.setattr(commitment, "REPORT_DELAY", 30.0)
+    for _ in range(5):  # five listener processes, each holding a report not due yet
+        assert _n_action(_reporter(box), _Assoc(), str(generate_uid()), str(generate_uid())) == 0x0000
+    retry = str(generate_uid())
+    box.insert_job(commitment.DESTINATION, commitment.KIND, retry, "{}", 0.0)
+    rows, _ = box.claim(commitment.DESTINATION, 8, "other:1", 60, 4)
+    assert [r.sop_uid for r in rows] == [retry]
