@@ -21,8 +21,12 @@ index (:meth:`store.base.Index.locate`) when the report is made, with its SOP Cl
 
 The report is a job of the durable outbox (routing/outbox.py, destination
 :data:`DESTINATION`, the request in ``_payload``), written before the N-ACTION-RSP:
-acknowledged means owed, whatever happens next (a crash, a restart). The listener's
-:class:`Reporter` thread delivers it:
+acknowledged means owed, whatever happens next (a crash, a restart). It is written leased
+to the :class:`Reporter` of the listener process that received the N-ACTION (the only one
+that holds its association): the Reporters of the other listener processes sharing the
+outbox do not claim it until that process has tried it (its attempt settles or releases the
+lease) or has died (its lease is freed by :meth:`.Outbox.reap`, which every Reporter runs
+each :data:`REAP` seconds, or expires). The Reporter delivers it:
 
 - on the association that carried the request while that is still established
   :data:`REPORT_DELAY` after the N-ACTION-RSP (this process holds it; J.3.3: the SCP may
@@ -53,7 +57,7 @@ from pydicom.dataset import Dataset
 from pynetdicom import AE, build_role, evt
 from pynetdicom.sop_class import StorageCommitmentPushModel, StorageCommitmentPushModelInstance
 
-from ..routing.outbox import Outbox, Row, Settlement
+from ..routing.outbox import HELD, Outbox, Row, Settlement
 from ..store.base import Index
 from . import status as S
 from . import tls
@@ -83,6 +87,8 @@ REPORT_DELAY = 1.0
 #: reports claimed at once
 BATCH = 8
 POLL = 1.0
+#: seconds between two frees of the leases held by dead listener processes of this host
+REAP = 30.0
 
 
 class RequestError(ValueError):
@@ -160,12 +166,19 @@ class Reporter:
         self.timeout = settings.dimse_timeout
         self.network_timeout = settings.dimse_network_timeout
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:commitment"
+        self.lease = 4 * self.timeout + 30  # a batch's lease: a few associations' timeouts
+        self._held_due: list[tuple[float, str]] = []  # (due, Transaction UID) of the reports born leased here
         self._associations: dict[str, object] = {}  # Transaction UID -> the request's association
         self._answered: dict[str, threading.Event] = {}  # Transaction UID -> set once its N-ACTION-RSP is sent
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def held_owner(self) -> str:
+        """The lease owner of the reports this process received (:meth:`on_n_action`)."""
+        return f"{self.owner}{HELD}"
 
     # --- the N-ACTION (the association's thread) -----------------------------------------
 
@@ -183,13 +196,6 @@ class Reporter:
             return S.dataset(e.status, str(e)), None
         requester = str(event.assoc.requestor.ae_title).strip()
         payload = orjson.dumps({"transaction_uid": tuid, "requester": requester, "references": refs}).decode()
-        try:
-            # what the requester declared it sent (the operator's page: arrived N of declared M)
-            self.index.declare(tuid, requester, refs, time.time())
-            self.outbox.insert_job(DESTINATION, KIND, tuid, payload, REPORT_DELAY)
-        except Exception as e:  # noqa: BLE001 - not owed: not acknowledged
-            log.exception("storage commitment request cannot be queued")
-            return S.dataset(PROCESSING_FAILURE, f"cannot be queued: {e}"), None
         # The report may go on this association once the N-ACTION-RSP is on its way: sent
         # before it, the requester (waiting for that response) would take the report for it.
         # pynetdicom marks the association paused while the handler runs, so a send from the
@@ -211,6 +217,21 @@ class Reporter:
                 self._answered.pop(old, None)
             self._associations[tuid] = assoc
             self._answered[tuid] = answered
+        try:
+            # what the requester declared it sent (the operator's page: arrived N of declared M)
+            self.index.declare(tuid, requester, refs, time.time())
+            # leased to this process, which alone holds the association: no other listener
+            # process claims it before this one has tried it there
+            self.outbox.insert_job(DESTINATION, KIND, tuid, payload, REPORT_DELAY, owner=self.held_owner,
+                                   lease=REPORT_DELAY + self.lease)
+        except Exception as e:  # noqa: BLE001 - not owed: not acknowledged
+            with self._lock:
+                self._associations.pop(tuid, None)
+                self._answered.pop(tuid, None)
+            log.exception("storage commitment request cannot be queued")
+            return S.dataset(PROCESSING_FAILURE, f"cannot be queued: {e}"), None
+        with self._lock:
+            self._held_due.append((time.time() + REPORT_DELAY, tuid))
         assoc.bind(evt.EVT_DIMSE_SENT, on_sent)
         self._wake.set()
         return 0x0000, None
@@ -231,20 +252,48 @@ class Reporter:
         except Exception as e:  # noqa: BLE001 - the leases expire anyway
             log.warning("could not release the storage commitment leases: %s", e)
 
-    def _run(self) -> None:
+    def _reap(self) -> None:
         try:  # reports leased by a listener of this host that died (SIGKILL): claimable now, not in minutes
             if freed := self.outbox.reap(socket.gethostname()):
                 log.warning("%d storage commitment report(s) leased by a process that died are claimable again", freed)
         except Exception as e:  # noqa: BLE001 - the leases expire anyway
             log.warning("could not free the leases of dead processes: %s", e)
+
+    def _held(self) -> tuple[list[Row], float | None]:
+        """The due reports this process received (born leased to it: :meth:`on_n_action`),
+        and when the next one becomes due (this process's clock)."""
+        now = time.time()
+        with self._lock:
+            due = [tuid for t, tuid in self._held_due if t <= now][:BATCH]
+            self._held_due = [(t, tuid) for t, tuid in self._held_due if tuid not in due]
+            later = min((t for t, _ in self._held_due), default=None)
+        try:  # those not returned were settled or released already, or claimed by another once their lease expired
+            return self.outbox.claim_held(DESTINATION, self.held_owner, due, self.lease), later
+        except Exception:
+            with self._lock:  # the database is busy: again next time
+                self._held_due.extend((now, tuid) for tuid in due)
+            raise
+
+    def _run(self) -> None:
+        reaped = time.monotonic()
+        self._reap()
         batches = 0
         while not self._stop.is_set():
             self._wake.clear()
             wait = POLL
             try:
+                if time.monotonic() - reaped >= REAP:
+                    reaped = time.monotonic()
+                    self._reap()
+                # first the reports whose association this process holds: none claims them but it
+                rows, next_held = self._held()
+                if rows:
+                    self._deliver(rows, self.held_owner)
+                if next_held is not None:
+                    wait = min(wait, max(0.0, next_held - time.time()))
                 owner = f"{self.owner}:{batches}"
                 batches += 1
-                rows, next_due = self.outbox.claim(DESTINATION, BATCH, owner, 4 * self.timeout + 30, 4)
+                rows, next_due = self.outbox.claim(DESTINATION, BATCH, owner, self.lease, 4)
                 if rows:
                     self._deliver(rows, owner)
                     continue

@@ -137,6 +137,8 @@ _INSERT_MISSING = ("INSERT INTO outbox (destination, StudyInstanceUID, SeriesIns
                    "WHERE SOPInstanceUID = ? AND destination = ?)")
 _PENDING = ("FROM outbox WHERE destination = ? AND _state = 'pending' AND "
             "(_lease_until IS NULL OR _lease_until < ?)")
+#: the suffix of the owner of jobs born leased (:meth:`Outbox.insert_job` with ``owner``)
+HELD = ":held"
 _ROWS = ("id", "destination", "SOPInstanceUID", "state", "attempts", "enqueued", "delivered", "last_error")
 
 
@@ -254,20 +256,24 @@ class Outbox(ABC):
                     (destination, study, study, now, now + delay))
 
     def insert_job(self, destination: str, kind: str, key: str, payload: str, delay: float = 0.0,
-                   con=None) -> None:
+                   con=None, owner: str | None = None, lease: float = 0.0) -> None:
         """Owe ``destination`` a job that is not an instance's forward (``_rule`` ``kind``,
         ``key`` in ``SOPInstanceUID``, what to do in ``_payload``; a storage commitment report,
         dimse/commitment.py; a background job, jobs/runner.py), due ``delay`` seconds from now,
-        in a durable transaction of its own, or in ``con``'s (the caller's, which it commits)."""
+        in a durable transaction of its own, or in ``con``'s (the caller's, which it commits).
+        With ``owner`` (ending in :data:`HELD`), the job is born leased to it for ``lease`` seconds: no other worker
+        claims it meanwhile; the owner takes it with :meth:`claim_held`, and it is claimable by
+        all once the owner settles or releases it, the lease expires or :meth:`reap` frees it."""
         if con is None:
             with self._transaction() as own:
-                self.insert_job(destination, kind, key, payload, delay, own)
+                self.insert_job(destination, kind, key, payload, delay, own, owner, lease)
             return
         now = self._now(con)
         con.execute(self._sql(
             "INSERT INTO outbox (destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, "
-            "_rule, _enqueued, _due, _payload) VALUES (?, '', '', ?, '', ?, ?, ?, ?)"),
-            (destination, key, kind, now, now + delay, payload))
+            "_rule, _enqueued, _due, _payload, _lease_owner, _lease_until) "
+            "VALUES (?, '', '', ?, '', ?, ?, ?, ?, ?, ?)"),
+            (destination, key, kind, now, now + delay, payload, owner, None if owner is None else now + lease))
 
     def insert_missing(self, entries: Iterable[Entry]) -> int:
         """Owe those of these forwards that have no row at all (of any state) for their
@@ -323,7 +329,8 @@ class Outbox(ABC):
         earliest time another row of the destination becomes due (None if none).
 
         Nothing is claimed while ``concurrency`` leases of the destination are live
-        (across all workers and nodes). A row whose instance another live lease of
+        (across all workers and nodes; jobs born leased, owners ending in :data:`HELD`,
+        are not counted: they wait for their owner, not for a send). A row whose instance another live lease of
         the same destination holds is skipped. A row marked solo is claimed alone.
         """
         sql = self._sql
@@ -339,7 +346,7 @@ class Outbox(ABC):
             skew = now - time.time()
             live = con.execute(sql(
                 "SELECT count(DISTINCT _lease_owner) FROM outbox WHERE destination = ? AND _state = 'pending' "
-                "AND _lease_until >= ?"), (destination, now)).fetchone()[0]
+                "AND _lease_until >= ? AND _lease_owner NOT LIKE ?"), (destination, now, f"%{HELD}")).fetchone()[0]
             if live >= concurrency:
                 return [], first - skew
             rows = con.execute(sql(
@@ -364,6 +371,28 @@ class Outbox(ABC):
                     (owner, *(r.id for r in chosen))).fetchall()}
                 chosen = [r for r in chosen if r.id in held]
         return chosen, None
+
+    def claim_held(self, destination: str, owner: str, keys: list[str], lease: float) -> list[Row]:
+        """The pending rows of ``destination`` with these keys (``SOPInstanceUID``) still leased
+        to ``owner`` since :meth:`insert_job`, their leases renewed to ``lease`` seconds from
+        now; the caller decides when they are due. A row whose lease expired is still taken
+        while nobody claimed it since (a claim changes the owner)."""
+        if not keys:
+            return []
+        sql = self._sql
+        with self._transaction() as con:
+            self._claim_lock(con, destination)
+            now = self._now(con)
+            skew = now - time.time()
+            rows = con.execute(sql(
+                "SELECT id, destination, StudyInstanceUID, SeriesInstanceUID, SOPInstanceUID, _path, _attempts, "
+                "_enqueued, _change, _payload FROM outbox WHERE destination = ? AND _state = 'pending' AND "
+                f"_lease_owner = ? AND SOPInstanceUID IN ({','.join('?' * len(keys))}) ORDER BY id"),
+                (destination, owner, *keys)).fetchall()
+            chosen = [Row(*r[:7], r[7] - skew, r[8], r[9]) for r in rows]
+            self._many(con, sql("UPDATE outbox SET _lease_until = ? WHERE id = ? AND _lease_owner = ?"),
+                       [(now + lease, r.id, owner) for r in chosen])
+        return chosen
 
     def settle(self, s: Settlement, owner: str) -> None:
         """Record the outcome of a claimed batch and drop its lease (only rows this
