@@ -69,8 +69,8 @@ class WorklistError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A worklist entry as the index keeps it: its ID (the first item's Scheduled Procedure
-    Step ID), key columns (None when absent or multi-valued: never filtered out in SQL) and
-    the whole DICOM JSON."""
+    Step ID), key columns (None when absent or multi-valued, and the step columns of an entry
+    with several steps: never filtered out in SQL) and the whole DICOM JSON."""
 
     sps_id: str
     study_uid: str | None
@@ -132,9 +132,11 @@ def prepare(item: object) -> Entry:
     sps_id = str(_single(first, SPS_ID))
     if len(sps_id) > 16 or "\\" in sps_id:
         raise WorklistError(f"Scheduled Procedure Step ID {sps_id!r} is not an SH value (16 characters)")
-    start = _single(first, START_DATE)
+    # the step columns only of a single step: another item may match where the first does not
+    one = first if len(sps) == 1 else {}
+    start = _single(one, START_DATE)
     return Entry(sps_id, _single(item, STUDY_UID), _single(item, ACCESSION), _single(item, PATIENT_ID),
-                 _single(first, MODALITY), _single(first, STATION_AE),
+                 _single(one, MODALITY), _single(one, STATION_AE),
                  normalize_stored(_attribute(START_DATE), start) if start else None, item)  # type: ignore[arg-type]
 
 
@@ -270,8 +272,9 @@ def prefilter(keys: list[Key]) -> dict[str, tuple]:
 def response(entry: dict, identifier: Dataset, default_charset: tuple[str, ...] | None = None) -> Dataset:
     """The C-FIND response identifier of a matching entry (PS3.4 K.4.1.3.2 and C.4.1.1.3.2):
     every key of the request, with the entry's value or zero length; a sequence key with
-    an item returns each stored item with the item's keys (all its attributes when the
-    request's sequence is empty). Its Specific Character Set: the one the request names
+    an item returns the stored items that match all the item's keys, each with the item's
+    keys only (all the items, whole, when the request's sequence or item is empty: PS3.4
+    C.2.2.2.6, which K.2.2 applies). Its Specific Character Set: the one the request names
     when it holds every value, else the entry's own, else ``default_charset`` (the
     ``dimse_character_set`` setting), else ISO_IR 192; none when every value is ASCII
     (dicom/charset.py)."""
@@ -283,8 +286,12 @@ def response(entry: dict, identifier: Dataset, default_charset: tuple[str, ...] 
         stored = entry.get(tag)
         if elem.VR == "SQ":
             items = []
-            wanted = [f"{int(e.tag):08X}" for e in elem.value[0]] if elem.value else None
+            wanted = [f"{int(e.tag):08X}" for e in elem.value[0]] if elem.value and len(elem.value[0]) else None
+            item_keys = parse_identifier(elem.value[0]) if wanted is not None else []
+            matching = [k for k in item_keys if k.match is not None and k.match.type != "universal" or k.items]
             for item in (stored or {}).get("Value") or []:
+                if not isinstance(item, dict) or not all(_key_matches(k, item) for k in matching):
+                    continue  # only the matching items are returned (C.2.2.2.6)
                 chosen = item if wanted is None else {t: item[t] for t in wanted if t in item}
                 ds = Dataset.from_json(chosen)
                 if wanted is not None:

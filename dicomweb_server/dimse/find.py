@@ -22,7 +22,7 @@ from pydicom.multival import MultiValue
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Kind, Level, vr_of
 from ..dicom.charset import of_json, set_character_set, terms
-from ..dicom.matching import TIMEZONE_OFFSET, Query, QueryError, parse_query
+from ..dicom.matching import TIMEZONE_OFFSET, Match, Query, QueryError, column_value, match_value, parse_query
 from ..dicom.search_results import build_result
 from ..store.base import Index, SearchHit
 
@@ -123,13 +123,55 @@ def search_all(index: Index, identifier: Dataset, level: str, max_results: int,
         offset += len(hits)
 
 
-def _response(result: dict, wanted: list[int], level: str, *charsets: tuple[str, ...] | None) -> Dataset:
+def _item_matches(match: Match | None, item: dict) -> bool:
+    """Does a stored item (DICOM JSON) match every item key of ``match`` (a ``sequence``
+    Match of the query; None or ``universal``: every item does)? The keys the index matched
+    on, by the same rules (dicom/matching.py, PS3.4 C.2.2.2.6)."""
+    if match is None or match.type != "sequence":
+        return True
+    return all(match_value(k, column_value(item, k.attribute)) for k in match.values)
+
+
+def _sequence_answer(element: dict | None, request: DataElement, match: Match | None) -> dict | None:
+    """The answer of a sequence key (PS3.4 C.2.2.2.6): a zero-length sequence or item asks
+    for the whole stored sequence; an item with keys, for the stored items matching all its
+    keys (``match``), each holding only the item's keys (stored value, or zero length when
+    the item lacks it). A sequence inside the item is answered the same way, without
+    matching (the index matches one level of sequences: its items are returned only)."""
+    if element is None or not request.value or not len(request.value[0]):
+        return element
+    keys = [(f"{int(e.tag):08X}", e) for e in request.value[0]]
+    items = []
+    for item in element.get("Value") or []:
+        if not isinstance(item, dict) or not _item_matches(match, item):
+            continue
+        out: dict = {}
+        for tag, e in keys:
+            if e.VR == "SQ":
+                nested = _sequence_answer(item.get(tag), e, None)
+                out[tag] = nested if nested is not None else {"vr": "SQ"}
+            else:
+                out[tag] = item.get(tag) or {"vr": vr_of(tag) if " or " in e.VR else e.VR}
+        items.append(out)
+    return {"vr": "SQ", "Value": items}
+
+
+def _response(result: dict, wanted: list[int], level: str, *charsets: tuple[str, ...] | None,
+              identifier: Dataset | None = None, query: Query | None = None) -> Dataset:
     """The response identifier (PS3.4 C.4.1.1.3.2): the requested keys, Query/Retrieve Level
     and the Specific Character Set dicom/charset.py chooses: the request's when it holds
     every value, else the stored one, else the archive's preferred one, else ISO_IR 192
-    (``charsets``: the request's and the archive's); none for ASCII."""
+    (``charsets``: the request's and the archive's); none for ASCII. A sequence key of
+    ``identifier`` returns the matching items with the requested item keys only
+    (:func:`_sequence_answer`, PS3.4 C.2.2.2.6)."""
     result.pop("00081190", None)  # RetrieveURL is QIDO-RS only
     stored = of_json(result)
+    if identifier is not None:
+        sequences = {m.attribute.tag: m for m in query.matches} if query is not None else {}
+        for elem in identifier:
+            tag = f"{int(elem.tag):08X}"
+            if elem.VR == "SQ" and tag in result:
+                result[tag] = _sequence_answer(result[tag], elem, sequences.get(tag))
     ds = Dataset.from_json({k: v for k, v in result.items() if int(k, 16) in wanted})
     for tag in wanted:  # requested keys without a value are returned with zero length (PS3.4 C.4.1.1.3.2)
         if tag not in ds:
@@ -158,4 +200,4 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
             if key in seen:
                 continue
             seen.add(key)
-        yield _response(result, wanted, level, requested, default_charset)
+        yield _response(result, wanted, level, requested, default_charset, identifier=identifier, query=query)

@@ -296,7 +296,9 @@ def test_find_matches_a_sequence_item(dimse):
             "RequestAttributesSequence": [item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="")]}
     (answer,) = _find(dimse, model, keys)
     assert answer.SeriesInstanceUID == a.SeriesInstanceUID
-    assert [i.RequestedProcedureID for i in answer.RequestAttributesSequence] == ["XYZ", "ABC"]
+    # only the matching item, with only the item's keys (PS3.4 C.2.2.2.6)
+    assert [(i.RequestedProcedureID, i.ScheduledProcedureStepID) for i in answer.RequestAttributesSequence] \
+        == [("XYZ", "S1")]
     keys["RequestAttributesSequence"] = [item(RequestedProcedureID="ABC", ScheduledProcedureStepID="S1")]
     assert _find(dimse, model, keys) == []  # two keys, two different items
     keys["RequestAttributesSequence"] = []
@@ -309,6 +311,60 @@ def test_find_matches_a_sequence_item(dimse):
         assert [s.Status for s, _ in assoc.send_c_find(ident, model)] == [S.QR_IDENTIFIER_MISMATCH]
     finally:
         assoc.release()
+
+
+def _item(**kw) -> Dataset:
+    ds = Dataset()
+    for k, v in kw.items():
+        setattr(ds, k, v)
+    return ds
+
+
+def _keywords(items) -> list[list[str]]:
+    return [[e.keyword for e in item] for item in items]
+
+
+def test_find_returns_the_matching_items_with_the_requested_item_keys(dimse):
+    """A sequence key answers with the stored items matching all its item keys, each
+    holding only the requested item attributes (an absent one with zero length); a
+    zero-length item returns the whole stored sequence (PS3.4 C.2.2.2.6)."""
+    ds = make_dataset(PatientID="SQR", RequestAttributesSequence=[
+        _item(RequestedProcedureID="RPX", ScheduledProcedureStepID="SPSX"),
+        _item(RequestedProcedureID="RPY", ScheduledProcedureStepID="SPSY")],
+        ProcedureCodeSequence=[_item(CodeValue="CTCHEST", CodingSchemeDesignator="LOCAL", CodeMeaning="CT Chest")])
+    assert dimse.store([ds]) == [S.SUCCESS]
+    model = StudyRootQueryRetrieveInformationModelFind
+    series = {"QueryRetrieveLevel": "SERIES", "PatientID": "SQR", "StudyInstanceUID": ds.StudyInstanceUID}
+
+    # an item key matching one of two items: that item, with that key only
+    (answer,) = _find(dimse, model, {**series, "RequestAttributesSequence": [_item(RequestedProcedureID="RPX")]})
+    assert _keywords(answer.RequestAttributesSequence) == [["RequestedProcedureID"]]
+    assert answer.RequestAttributesSequence[0].RequestedProcedureID == "RPX"
+
+    # a wildcard matching both; a return key inside the item; an item key the items lack
+    (answer,) = _find(dimse, model, {**series, "RequestAttributesSequence": [
+        _item(RequestedProcedureID="RP*", ScheduledProcedureStepID="", AccessionNumber="")]})
+    assert _keywords(answer.RequestAttributesSequence) == [
+        ["AccessionNumber", "ScheduledProcedureStepID", "RequestedProcedureID"]] * 2  # in tag order
+    assert [(i.RequestedProcedureID, i.ScheduledProcedureStepID, i.AccessionNumber)
+            for i in answer.RequestAttributesSequence] == [("RPX", "SPSX", ""), ("RPY", "SPSY", "")]
+
+    # a zero-length item: the whole stored sequence
+    (answer,) = _find(dimse, model, {**series, "RequestAttributesSequence": [Dataset()]})
+    assert [(i.RequestedProcedureID, i.ScheduledProcedureStepID) for i in answer.RequestAttributesSequence] \
+        == [("RPX", "SPSX"), ("RPY", "SPSY")]
+
+    # a study-level sequence whose item asks for some attributes only
+    study = {"QueryRetrieveLevel": "STUDY", "PatientID": "SQR"}
+    (answer,) = _find(dimse, model, {**study, "ProcedureCodeSequence": [
+        _item(CodeValue="CTCHEST", CodingSchemeDesignator="")]})
+    assert _keywords(answer.ProcedureCodeSequence) == [["CodeValue", "CodingSchemeDesignator"]]
+    assert (answer.ProcedureCodeSequence[0].CodeValue, answer.ProcedureCodeSequence[0].CodingSchemeDesignator) \
+        == ("CTCHEST", "LOCAL")
+    (answer,) = _find(dimse, model, {**study, "ProcedureCodeSequence": [_item(CodeValue="")]})
+    assert _keywords(answer.ProcedureCodeSequence) == [["CodeValue"]]
+    (answer,) = _find(dimse, model, {**study, "ProcedureCodeSequence": []})  # empty sequence: returned whole
+    assert _keywords(answer.ProcedureCodeSequence) == [["CodeValue", "CodingSchemeDesignator", "CodeMeaning"]]
 
 
 def test_find_with_a_timezone_offset(dimse):

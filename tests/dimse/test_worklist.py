@@ -109,6 +109,30 @@ def test_find_wildcard_patient_name_and_sequence_matching(dimse):
     assert _ids(_find(dimse, _identifier(ScheduledProcedureStepDescription="CT*"))) == ["SPS1", "SPS2", "SPS4"]
 
 
+def test_find_returns_only_the_matching_scheduled_steps(dimse):
+    """An entry with two Scheduled Procedure Step items: a request item matching one of
+    them answers with that item only, holding only the requested item keys; an empty item
+    returns both whole (PS3.4 K.2.2, C.2.2.2.6)."""
+    entry = _entry("SPS7", "Two^Steps", "P7", "CT1", "CT", "20260105", "083000", "A7", "CT head")
+    second = dict(entry["00400100"]["Value"][0], **{
+        "00400001": {"vr": "AE", "Value": ["MR1"]}, "00080060": {"vr": "CS", "Value": ["MR"]},
+        "00400009": {"vr": "SH", "Value": ["SPS8"]}, "00400007": {"vr": "LO", "Value": ["MR head"]}})
+    entry["00400100"]["Value"].append(second)
+    _add(dimse, [entry])
+    (answer,) = _find(dimse, _identifier(Modality="MR"))
+    assert [(i.ScheduledProcedureStepID, i.Modality, i.ScheduledStationAETitle, i.ScheduledProcedureStepDescription)
+            for i in answer.ScheduledProcedureStepSequence] == [("SPS8", "MR", "MR1", "MR head")]
+    assert "ScheduledPerformingPhysicianName" not in answer.ScheduledProcedureStepSequence[0]
+    (answer,) = _find(dimse, _identifier(ScheduledStationAETitle="CT1"))
+    assert [i.ScheduledProcedureStepID for i in answer.ScheduledProcedureStepSequence] == ["SPS7"]
+    ds = Dataset()
+    ds.PatientID = "P7"
+    ds.ScheduledProcedureStepSequence = [Dataset()]
+    (answer,) = _find(dimse, ds)
+    assert [(i.ScheduledProcedureStepID, str(i.ScheduledPerformingPhysicianName))
+            for i in answer.ScheduledProcedureStepSequence] == [("SPS7", "Welby^Marcus"), ("SPS8", "Welby^Marcus")]
+
+
 def test_find_no_match_and_bad_identifier(dimse):
     _add(dimse)
     assert _find(dimse, _identifier(ScheduledStationAETitle="US9")) == []
