@@ -153,15 +153,3 @@ def handshake(sock: socket.socket, timeout: float) -> str | None:
         except OSError:
             pass
     return None
-    before = sock.gettimeout()
-    try:
-        sock.settimeout(timeout)
-        sock.do_handshake()
-    except (OSError, ValueError) as e:  # ssl.SSLError, a timeout, a reset
-        return f"{type(e).__name__}: {e}"
-    finally:
-        try:
-            sock.settimeout(before)
-        except OSError:
-            pass
-    return None

@@ -47,7 +47,6 @@ from .. import faults
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS
 from ..dicom.instance import InstanceRecord, describe_instance
-from ..dicom.json_model import level_attributes
 from ..dicom.status import InstanceError
 from ..store.base import ReplaceRefused
 from ..store.blobs import Placed, fsync_dir
@@ -217,7 +216,9 @@ def changes_from_keywords(pairs: list[str], level: str) -> Dataset:
         if tag is None:
             raise UpdateError(400, f"{pair!r}: expected Keyword=value with a DICOM keyword")
         vr = dictionary_VR(tag)
-        values = [v for v in value.split("\\")] if value != "" else []
+        # a backslash separates values (PS3.5 §6.4), except in the VRs of one value where it is a
+        # character like any other (LT, ST, UT, UR: PS3.5 §6.2)
+        values = ([value] if vr in _BACKSLASH_ALLOWED else value.split("\\")) if value != "" else []
         if vr == "PN":
             values = [{"Alphabetic": v} for v in values]
         elif vr in ("IS", "SL", "SS", "UL", "US"):
@@ -403,12 +404,12 @@ def restore_study(archive, study_uid: str) -> Updated:
     versions, in one switch (undoes a study update, patient included: a single instance
     cannot go back to another patient than its study's).
 
-    Refused (409, nothing changed) when the instances agree on every study-level
-    attribute now and their previous versions would not: after a study update and then
-    an update of one series, the previous version of that series' instances still holds
-    the study update, the others' not (an integrator found a study left with two
-    accession numbers). A study whose instances disagree already (as received) is not held
-    to it."""
+    Refused (409, nothing changed) unless one change made the current version of every
+    instance (the change log: the same action at the same time, one index transaction):
+    after a study update and then an update of one series, the previous version of that
+    series' instances still holds the study update, the others' not, and the study was
+    left with two accession numbers (an integrator's case). What the instances held as
+    received, alike or not, does not matter: the versions' history decides."""
     started = time.monotonic()
     locs = archive.index.instances(study_uid)
     if not locs:
@@ -416,36 +417,28 @@ def restore_study(archive, study_uid: str) -> Updated:
     uids = [loc.sop_uid for loc in locs]
     with archive._tracked(), archive.blobs.locked(uids), archive.index.locked(uids):
         work = []
+        made: dict[tuple[str, float], list[str]] = {}  # the change that made each current version: its instances
         for loc in archive.index.instances(study_uid):
             base = split_version(loc.path)[0]
             kept = [v for v in versions(archive.blobs, base, archive.index.history(loc.sop_uid))]
-            now = next((v.version for v in kept if v.current), None)
-            earlier = [v for v in kept if not v.current and v.size is not None and (now is None or v.version < now)]
+            current = next((v for v in kept if v.current), None)
+            earlier = [v for v in kept if not v.current and v.size is not None
+                       and (current is None or v.version < current.version)]
             if not earlier:
                 raise UpdateError(409, f"instance {loc.sop_uid} has no earlier version kept")
+            made.setdefault((current.action, current.time) if current is not None else ("", 0.0), []).append(
+                loc.sop_uid)
             work.append((loc, base, None, earlier[-1].path))
-        now_study = [level_attributes(orjson.loads(m), STUDY_LEVEL_TAGS) for m in archive.index.metadata(study_uid)]
-        records = _write_all(archive, work)
-        differ = _disagree([orjson.loads(r.study_json) for r in records]) if not _disagree(now_study) else []
-        if differ:
-            for rec in records:  # never current: leave nothing behind
-                archive.blobs.remove(rec.path)
-            raise UpdateError(409, f"the previous versions of the study's instances disagree on "
-                                   f"{', '.join(differ)} (an update of a series or an instance came after "
-                                   f"the study's): nothing restored; restore instances one by one "
+        if len(made) > 1:
+            later = max(made, key=lambda change: change[1])  # the latest: it touched some instances only
+            raise UpdateError(409, f"the study's instances were not last changed together: "
+                                   f"{len(made[later])} of {len(work)} by a later {later[0]} "
+                                   f"({', '.join(made[later][:3])}{', ...' if len(made[later]) > 3 else ''}): "
+                                   f"nothing restored; restore instances one by one "
                                    f"(.../instances/{{sop}}/$restore?version=N)")
+        records = _write_all(archive, work)
         _switch(archive, records, study_uid, None, None, "restore")
     return Updated(study_uid, len(records), time.monotonic() - started, [{"restored": "previous"}])
-
-
-def _disagree(studies: list[dict]) -> list[str]:
-    """The study-level attributes (keywords, or tags) whose values differ between the
-    instances' ``studies`` (each its study-level DICOM JSON attributes)."""
-    values: dict[str, set[bytes]] = {t: set() for s in studies for t in s}
-    for s in studies:
-        for t, seen in values.items():
-            seen.add(orjson.dumps(s.get(t)))
-    return [keyword_for_tag(int(t, 16)) or t for t, seen in sorted(values.items()) if len(seen) > 1]
 
 
 #: the Patient module attributes a merge may set (PS3.3 C.7.1.1)

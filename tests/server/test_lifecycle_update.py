@@ -154,7 +154,7 @@ def test_a_study_restore_never_leaves_the_study_disagreeing(server):
     assert r.status_code == 200, r.text
     r = httpx.post(f"{url}/studies/{st}/$restore")
     assert r.status_code == 409, r.text
-    assert "AccessionNumber" in r.text and "StudyDescription" in r.text
+    assert "1 of 2 by a later update" in r.text and dss[0].SOPInstanceUID in r.text
     for ds in dss:  # nothing changed: both still after the study update, S1 after its own
         got = retrieved(url, st, ds.SeriesInstanceUID, ds.SOPInstanceUID)
         assert (got.AccessionNumber, got.StudyDescription) == ("ACC-NEW", "Corrected")
@@ -171,6 +171,37 @@ def test_a_study_restore_never_leaves_the_study_disagreeing(server):
         got = retrieved(url, st, ds.SeriesInstanceUID, ds.SOPInstanceUID)
         assert (got.AccessionNumber, got.StudyDescription) == ("ACC1", "Study A")
     assert len(httpx.get(f"{url}/studies", params={"AccessionNumber": "ACC1"}).json()) == 1
+
+
+def test_a_study_restore_follows_the_versions_not_the_values(server):
+    """The review's two cases: instances that differ on another study-level attribute as
+    received (InstitutionName) are still held to the rule (a study update, a series update,
+    the study restore: 409); and a study received with two StudyDescriptions, made one by a
+    study update, is given back as received by the study restore (200: one change made every
+    current version)."""
+    url = server.url
+    st, s1, s2 = generate_uid(), generate_uid(), generate_uid()
+    dss = [make_dataset(study=st, series=se, PatientID="RS-2", AccessionNumber="ACC1", InstitutionName=inst)
+           for se, inst in ((s1, "Hosp A"), (s2, "Hosp B"))]
+    stow(url, dss)
+    assert httpx.post(f"{url}/studies/{st}/$update",
+                      json={"00080050": {"vr": "SH", "Value": ["ACC-NEW"]}}).status_code == 200
+    assert httpx.post(f"{url}/studies/{st}/series/{s1}/$update",
+                      json={"0008103E": {"vr": "LO", "Value": ["S1-fixed"]}}).status_code == 200
+    r = httpx.post(f"{url}/studies/{st}/$restore")
+    assert r.status_code == 409, r.text
+    assert [retrieved(url, st, ds.SeriesInstanceUID, ds.SOPInstanceUID).AccessionNumber for ds in dss] == \
+        ["ACC-NEW", "ACC-NEW"]
+    st, s1, s2 = generate_uid(), generate_uid(), generate_uid()
+    dss = [make_dataset(study=st, series=se, PatientID="RS-3", StudyDescription=desc)
+           for se, desc in ((s1, "CT head"), (s2, "Head CT"))]
+    stow(url, dss)
+    assert httpx.post(f"{url}/studies/{st}/$update",
+                      json={"00081030": {"vr": "LO", "Value": ["Head"]}}).status_code == 200
+    r = httpx.post(f"{url}/studies/{st}/$restore")
+    assert r.status_code == 200, r.text
+    assert [retrieved(url, st, ds.SeriesInstanceUID, ds.SOPInstanceUID).StudyDescription for ds in dss] == \
+        ["CT head", "Head CT"]
 
 
 def test_merge(server):
@@ -529,3 +560,14 @@ def test_versions_are_purged_at_start_and_by_the_purge_command(tmp_path, capsys,
         assert _files(archive, sop) == {f"{sop}.dcm", f"{sop}.v4.dcm"}
     finally:
         archive.close()
+
+
+def test_the_command_line_keeps_a_backslash_in_a_text_of_one_value():
+    """``update --set PatientComments=left\\right``: an LT value holds a backslash as a
+    character (PS3.5 §6.2), not two values (the review found it refused as 2 values)."""
+    from dicomweb_server.lifecycle.update import changes_from_keywords
+
+    ds = changes_from_keywords(["PatientComments=left\\right"], "study")
+    assert ds.PatientComments == "left\\right"
+    names = changes_from_keywords(["OtherPatientNames=A^B\\C^D"], "study").OtherPatientNames
+    assert [str(n) for n in names] == ["A^B", "C^D"]  # PN (VM 1-n): two values
