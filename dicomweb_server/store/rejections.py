@@ -111,8 +111,7 @@ def select(x: Execute, study: str | None = None, series: str | None = None,
 
 
 def drop(x: Execute, rows: list[Rejection]) -> None:
-    for r in rows:
-        x("DELETE FROM rejection WHERE SOPInstanceUID = ?", (r.sop_uid,))
+    forget(x, [r.sop_uid for r in rows])
 
 
 def forget(x: Execute, sops: list[str]) -> None:
