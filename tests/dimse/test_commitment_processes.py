@@ -69,13 +69,19 @@ class _Assoc:
         return rsp, None
 
 
-def _n_action(reporter: commitment.Reporter, assoc: _Assoc, tuid: str, sop: str) -> int:
+def _request(tuid: str, sop: str) -> Dataset:
+    """The N-ACTION's Action Information (PS3.4 J.3.2): one CT instance referenced."""
     info = Dataset()
     info.TransactionUID = tuid
     item = Dataset()
     item.ReferencedSOPClassUID = CT
     item.ReferencedSOPInstanceUID = sop
     info.ReferencedSOPSequence = [item]
+    return info
+
+
+def _n_action(reporter: commitment.Reporter, assoc: _Assoc, tuid: str, sop: str) -> int:
+    info = _request(tuid, sop)
     event = SimpleNamespace(request=SimpleNamespace(ActionTypeID=1), action_information=info, assoc=assoc)
     status, _ = reporter.on_n_action(event)
     assoc.response_sent()
@@ -208,12 +214,7 @@ def test_served_with_two_listener_processes_every_report_on_its_association(tmp_
                              contexts=[build_context(StorageCommitmentPushModel)], evt_handlers=[(evt.EVT_N_EVENT_REPORT, on_report)])
         assert assoc.is_established
         tuid = str(generate_uid())
-        info = Dataset()
-        info.TransactionUID = tuid
-        item = Dataset()
-        item.ReferencedSOPClassUID = CT
-        item.ReferencedSOPInstanceUID = sop
-        info.ReferencedSOPSequence = [item]
+        info = _request(tuid, sop)
         try:
             status, _ = assoc.send_n_action(info, 1, StorageCommitmentPushModel, StorageCommitmentPushModelInstance)
             assert status.Status == 0x0000
