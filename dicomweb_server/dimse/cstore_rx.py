@@ -312,7 +312,7 @@ def finish(provider, rx: Receiver) -> None:
                 os.unlink(rx.path)  # as StorageServiceClass.SCP: the spool name (a stored file is linked)
             except OSError:
                 pass
-    if result is None or not assoc.is_established:  # answered 0x0124, or aborted meanwhile: no response
+    if result is None or ended(assoc):  # answered 0x0124, or aborted meanwhile: no response
         return
     pdu = response_pdu(req, cx, result, provider.maximum_pdu_size)
     if pdu is not None:
@@ -328,6 +328,17 @@ def finish(provider, rx: Receiver) -> None:
     rsp.AffectedSOPClassUID = req.AffectedSOPClassUID
     rsp = StorageServiceClass(assoc).validate_status(result, rsp)
     provider.send_msg(rsp, cx)  # queued behind what is queued, sent by the state machine (DT-1)
+
+
+def ended(assoc) -> bool:
+    """Whether the association was aborted or is being torn down, so that no C-STORE-RSP may be
+    sent on it. Not ``not assoc.is_established``: pynetdicom's acceptor sets ``is_established``
+    only after it sent the A-ASSOCIATE-AC and ran the ``EVT_ACCEPTED`` handlers (acse.py,
+    ``_negotiate_as_acceptor``), while this thread already receives the peer's first P-DATA
+    (Sta6, PS3.8 §9.2): a C-STORE answered before that flag rose (a refusal such as 0xA900
+    takes microseconds; the audit handler a file write) lost its C-STORE-RSP, and the SCU
+    waited out its DIMSE timeout (CI, tests/dimse/test_corpus.py, 2026-12-07)."""
+    return bool(assoc.is_aborted or assoc.is_released or assoc._kill)
 
 
 def _store(provider, rx: Receiver, assoc, req: C_STORE, cx: int):

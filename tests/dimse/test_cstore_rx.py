@@ -506,6 +506,45 @@ def test_a_store_longer_than_the_network_timeout_does_not_abort_the_association_
         srv.stop()
 
 
+@pytest.mark.parametrize("which", ["mismatch", "success"])
+def test_a_c_store_answered_before_pynetdicom_calls_the_association_established_gets_its_response(
+        tmp_path, monkeypatch, taken, which):
+    """pynetdicom's acceptor sends the A-ASSOCIATE-AC, runs the EVT_ACCEPTED handlers (the
+    archive's audit record), and only then sets ``is_established``; the peer's C-STORE can be
+    received and answered on the DUL thread before that. The CI run of 2026-12-07 lost the
+    0xA900 answer of a refused C-STORE in that window (tests/dimse/test_corpus.py: the SCU
+    waited out its 30 s DIMSE timeout). Here the audit handler takes 1.5 s, so every C-STORE of
+    the first moments falls in the window: each is answered, and the association goes on."""
+    import time
+
+    from pynetdicom import evt
+
+    from dicomweb_server.dimse.scp import DimseServer
+    from tests.helpers import LiveServer, free_port
+
+    real = DimseServer._audit
+    monkeypatch.setattr(DimseServer, "_audit", lambda self, e: (
+        e.event == evt.EVT_ACCEPTED and time.sleep(1.5), real(self, e))[1])
+    port = free_port()
+    srv = LiveServer(tmp_path / "data", "sqlite", dimse_port=port, dimse_in_worker=True,
+                     dimse_peers_file=None).start()
+    try:
+        sop, after = f"{ROOT}.130", f"{ROOT}.131"
+        s = _two_contexts(port)
+        s.settimeout(5)  # (without the fix: nothing, until the listener's network timeout)
+        data = _small(f"{ROOT}.99" if which == "mismatch" else sop)
+        kind, pdu = _send(s, sop, 1, data)
+        assert kind == 0x04
+        assert _status_of(pdu) == (S.STORE_DATASET_MISMATCH if which == "mismatch" else S.SUCCESS)
+        time.sleep(1.5)  # established now: the next one as always
+        kind, pdu = _send(s, after, 2, _small(after))
+        assert kind == 0x04 and _status_of(pdu) == S.SUCCESS
+        _release(s)
+        assert taken == [sop, after]
+    finally:
+        srv.stop()
+
+
 def test_a_data_set_received_in_memory_is_handed_to_the_store_without_a_copy(tmp_path):
     """A 512 KB data set received in 16 KiB fragments (PDV values, views of their PDUs) is
     held once: handing the PS3.10 file to the archive allocates no second copy of it (before
