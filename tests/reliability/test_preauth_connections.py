@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import httpx
+import orjson
 import pytest
 
 from tests.helpers import LiveServer
@@ -142,6 +143,43 @@ def test_the_second_request_of_a_connection_gets_431_for_a_huge_header(guarded):
 def test_the_second_request_of_a_connection_gets_414_for_a_huge_url(guarded):
     answer = _flood_after_one_request(guarded, b"GET /studies?PatientID=", b"a")
     assert answer.startswith(b"HTTP/1.1 414 "), answer[:80]
+
+
+def _one_read(srv: LiveServer, url_bytes: int) -> tuple[bytes, dict]:
+    """A whole request with a URL of ``url_bytes`` in one sendall (the server reads it
+    at once); returns the status line and the JSON body."""
+    path = b"/studies?PatientID="
+    request = path + b"a" * (url_bytes - len(path))
+    with _connect(srv) as s:
+        s.sendall(b"GET " + request + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = _read_all(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), head
+    return head.split(b"\r\n")[0], orjson.loads(body)
+
+
+@pytest.mark.parametrize("url_bytes", [65_600, 300_000])
+def test_a_huge_url_in_one_read_gets_the_json_414(guarded, url_bytes):
+    """A request line of 64 KiB or more arriving whole was fed to httptools before it was
+    counted: parse_url failed and uvicorn answered a plain-text 400 ``Invalid HTTP request
+    received.``"""
+    status, body = _one_read(guarded, url_bytes)
+    assert status.startswith(b"HTTP/1.1 414 "), status
+    assert body == {"detail": "request line exceeds 8192 bytes"}
+
+
+def test_a_url_httptools_cannot_parse_gets_414_under_a_larger_header_bound(tmp_path):
+    """max_header_bytes may be up to 1 MiB, but httptools reads no URL over 65,535 bytes."""
+    srv = LiveServer(tmp_path / "data", max_header_bytes=1024**2).start()
+    try:
+        status, body = _one_read(srv, 100_000)
+        assert status.startswith(b"HTTP/1.1 414 "), status
+        assert body == {"detail": "request line exceeds 65535 bytes"}
+        status, body = _one_read(srv, 60_000)  # parsed, and refused by the app (a PatientID of 256 characters at most)
+        assert status.startswith(b"HTTP/1.1 400 "), status
+        assert body["detail"] == "PatientID: value longer than 256 characters"
+    finally:
+        srv.stop()
 
 
 def test_many_header_fields_count_towards_the_bound(guarded):
