@@ -486,15 +486,19 @@ def _derive(matches: dict[str, Match], raws: dict[str, str], tz: int | None) -> 
 
 
 def _bounds(value: str) -> tuple[str | None, str | None]:
-    """The two bounds of a DT value or range as written (a single value is both)."""
-    if normalize_datetime(value) is not None:
+    """The two bounds of a DT value or range as written (a single value is both), split
+    where :func:`_parse_temporal` split it (a valid date-time on each side)."""
+
+    def valid(text: str) -> bool:
+        return normalize_datetime(text) is not None and _calendar_problem(Kind.DATETIME, text) is None
+
+    if valid(value):
         return value, value
     for i, ch in enumerate(value):
         if ch != "-":
             continue
         lo_raw, hi_raw = value[:i], value[i + 1:]
-        if (lo_raw and normalize_datetime(lo_raw) is None) or (hi_raw and normalize_datetime(hi_raw) is None) \
-                or not (lo_raw or hi_raw):
+        if (lo_raw and not valid(lo_raw)) or (hi_raw and not valid(hi_raw)) or not (lo_raw or hi_raw):
             continue
         return lo_raw or None, hi_raw or None
     raise AssertionError(value)  # _parse_temporal accepted it

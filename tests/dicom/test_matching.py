@@ -320,3 +320,13 @@ def test_keyword_tag_refuses_what_is_no_keyword():
     assert keyword_tag("PatientID") == 0x00100020
     assert [keyword_tag(k) for k in ("", " ", "00100020", "patientid", "PatientID ", "Bogus")] == [None] * 6
     assert [level_article(lv) for lv in ("study", "series", "instance")] == ["a", "a", "an"]
+
+
+def test_the_utc_bounds_split_a_dt_range_where_its_match_did():
+    """``20200101-0100-1300``: split after ``20200101`` the upper bound has an offset of
+    -1300 (no offset: PS3.5 §6.2), so the range is ``20200101-0100`` (at -0100) to the year
+    1300. The UTC conversion read its bounds from the first split of the right shape and
+    left the range unconverted."""
+    (m,) = parse_query("instance", [("AcquisitionDateTime", "20200101-0100-1300")]).matches
+    assert (m.attribute.keyword, m.values) == ("_AcquisitionDateTimeUTC",
+                                               ("20200101010000.000000", "13001231235959.999999"))
