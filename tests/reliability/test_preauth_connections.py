@@ -194,6 +194,19 @@ def test_a_normal_request_with_a_body_larger_than_the_header_bound_is_served(gua
     assert r.status_code in (400, 409)  # not DICOM, but read and answered by the app
 
 
+def test_body_bytes_after_a_head_end_split_across_reads_are_not_counted(guarded):
+    """The head's CRLF CRLF split between two reads ("\r\n\r" | "\n" + 20 KB of body): the
+    second read holds one byte of head, not 20 KB (the guard counts before parsing)."""
+    body = b"x" * 20_000
+    with _connect(guarded) as s:
+        s.sendall(b"POST /studies HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n"
+                  b'Content-Type: multipart/related; type="application/dicom"; boundary=b\r\n\r')
+        select.select([s], [], [], 0.3)  # the server reads the first part on its own
+        s.sendall(b"\n" + body)
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]  # not DICOM: read and answered by the app
+
+
 def test_a_trickled_stow_body_meets_the_total_deadline(guarded):
     """1 byte per 50 ms never stalls for body_timeout (1 s), but falls below
     body_min_rate: 408 once body_timeout + received / min_rate has passed."""
