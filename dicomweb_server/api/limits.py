@@ -5,9 +5,9 @@ headers is kept forever: slowloris) and no size limit (a 200 MB header or URL is
 read and kept whole before the app can answer 431). :class:`GuardedHttpToolsProtocol`
 adds both at the connection level: the request line and headers must arrive within
 ``header_timeout`` seconds (else ``408`` and close) and within ``max_header_bytes``
-(else ``414`` while the request line is unfinished, ``431`` after it; RFC 9110
-§15.5.9, §15.5.15, RFC 6585 §5), counted as the bytes arrive, so at most one
-socket read beyond the limit is ever held. :func:`uvicorn_options` is how the CLI
+(else ``414`` when the request line alone is over it, ``431`` otherwise; RFC 9110
+§15.5.9, §15.5.15, RFC 6585 §5), counted as the bytes arrive and before httptools
+parses them, so at most one socket read beyond the limit is ever held. :func:`uvicorn_options` is how the CLI
 and the tests run uvicorn with it.
 
 :class:`HeaderLimit` is the same size rule for other ASGI servers (e.g. the test
