@@ -5,9 +5,9 @@ headers is kept forever: slowloris) and no size limit (a 200 MB header or URL is
 read and kept whole before the app can answer 431). :class:`GuardedHttpToolsProtocol`
 adds both at the connection level: the request line and headers must arrive within
 ``header_timeout`` seconds (else ``408`` and close) and within ``max_header_bytes``
-(else ``414`` while the request line is unfinished, ``431`` after it; RFC 9110
-§15.5.9, §15.5.15, RFC 6585 §5), counted as the bytes arrive, so at most one
-socket read beyond the limit is ever held. :func:`uvicorn_options` is how the CLI
+(else ``414`` when the request line alone is over it, ``431`` otherwise; RFC 9110
+§15.5.9, §15.5.15, RFC 6585 §5), counted as the bytes arrive and before httptools
+parses them, so at most one socket read beyond the limit is ever held. :func:`uvicorn_options` is how the CLI
 and the tests run uvicorn with it.
 
 :class:`HeaderLimit` is the same size rule for other ASGI servers (e.g. the test
@@ -30,6 +30,9 @@ from .sendfile import SENDFILE, SendfileSender, can_sendfile
 
 log = logging.getLogger("dicomweb_server.api")
 LINGER = 2.0  # seconds a refused connection's input is still read and discarded
+#: The longest request line accepted whatever ``max_header_bytes`` allows: httptools.parse_url
+#: refuses a URL over 65,535 bytes (16-bit offsets), which uvicorn answers with a plain-text 400.
+MAX_REQUEST_LINE = 65535
 
 
 class HeaderLimit:
@@ -64,6 +67,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._line_done = False
+        self._head_tail = b""  # the last 3 bytes of the head so far: an end (CRLFCRLF) split across reads
+        self._awaiting_head = True  # the next byte starts a request head (connection start, after a request)
         self._head_timer: asyncio.TimerHandle | None = None
         self._lingering = False
         self._sendfile: SendfileSender | None = None
@@ -98,8 +103,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def on_message_begin(self) -> None:
+        self._awaiting_head = False
         super().on_message_begin()
         self._start_head()
+
+    def on_message_complete(self) -> None:
+        self._awaiting_head = True
+        super().on_message_complete()
 
     def on_headers_complete(self) -> None:
         self._end_head()
@@ -110,6 +120,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # after a refusal: discarded (see _refuse)
+        if (self._in_head or self._awaiting_head) and self._refused_before_parsing(data):
+            return
         began_here = not self._in_head
         if self._in_head:
             self._head_bytes += len(data)
@@ -123,11 +135,41 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # the request before, which over-counts by at most that read.
             self._head_bytes = len(data)
             self._line_done = b"\n" in data
+            self._head_tail = b""
+        if self._in_head:
+            self._head_tail = (self._head_tail + data)[-3:]
         if self._in_head and self._head_bytes > self._max_head and not self.transport.is_closing():
             if self._line_done:
                 self._refuse(431, f"request headers exceed {self._max_head} bytes")
             else:
                 self._refuse(414, f"request line exceeds {self._max_head} bytes")
+
+    def _refused_before_parsing(self, data: bytes) -> bool:
+        """Refuse (414/431) a head that this read takes beyond the bound *before*
+        httptools sees it. Counting only after feeding let a head that arrives whole in
+        one read through, and for a URL of 64 KiB or more httptools.parse_url (16-bit
+        offsets) then fails: uvicorn answered a plain-text 400 ``Invalid HTTP request
+        received.`` instead of the 414 (docs/security.md). Only the bytes up to the end
+        of the head (CRLF CRLF) count: the body bytes a read may carry after it do not.
+        414 when the request line alone exceeds the bound, or the longest URL httptools
+        reads (:data:`MAX_REQUEST_LINE`, whatever ``max_header_bytes`` says; RFC 9110
+        §15.5.15), else 431 (RFC 6585 §5)."""
+        if not self._in_head and self.cycle is not None and not self.cycle.response_complete:
+            return False  # a pipelined request behind an answer being sent: counted after feeding
+        counted, line_done, tail = (
+            (self._head_bytes, self._line_done, self._head_tail) if self._in_head else (0, False, b""))
+        end = (tail + data).find(b"\r\n\r\n")
+        part = data if end < 0 else data[: max(end + 4 - len(tail), 0)]
+        if not line_done:
+            newline = part.find(b"\n")
+            line_bound = min(self._max_head, MAX_REQUEST_LINE)
+            if counted + (len(part) if newline < 0 else newline) > line_bound:
+                self._refuse(414, f"request line exceeds {line_bound} bytes")
+                return True
+        if counted + len(part) > self._max_head:
+            self._refuse(431, f"request headers exceed {self._max_head} bytes")
+            return True
+        return False
 
     def _head_timed_out(self) -> None:
         self._head_timer = None

@@ -49,8 +49,27 @@ class Attribute:
     utc: bool = False  # ... converted to UTC with the instance's offset (dicom/timezones.py)
 
 
+def keyword_tag(keyword: str) -> int | None:
+    """The tag of a DICOM keyword (PS3.6), None for anything that is not one. pydicom's
+    ``tag_for_keyword`` maps a few strings that are no keyword: ``''`` (the dictionary
+    entry without a keyword, 300A0782) among them, so an empty parameter name was taken
+    for that attribute. Every keyword lookup of the archive goes through here: a keyword
+    is an identifier that the dictionary maps back to itself."""
+    if not keyword or not keyword.isidentifier():
+        return None
+    tag = tag_for_keyword(keyword)
+    if tag is None or keyword_for_tag(tag) != keyword:
+        return None
+    return tag
+
+
+def level_article(level: str) -> str:
+    """The article before a level's name: "a study-level", "an instance-level"."""
+    return "an" if level[:1].lower() in "aeiou" else "a"
+
+
 def _tag(keyword: str) -> str:
-    t = tag_for_keyword(keyword)
+    t = keyword_tag(keyword)
     assert t is not None, keyword
     return f"{t:08X}"
 
@@ -233,7 +252,9 @@ def resolve_attribute(name: str) -> tuple[str, str]:
         tag = name.upper()
         kw = keyword_for_tag(int(tag, 16)) or ""
         return tag, kw
-    t = tag_for_keyword(name)
+    if name == "":
+        raise ValueError("empty parameter name")
+    t = keyword_tag(name)
     if t is None:
         raise ValueError(f"{name!r} is neither a DICOM keyword nor a tag (8 hex digits)")
     return f"{t:08X}", name

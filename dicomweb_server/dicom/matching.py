@@ -12,6 +12,7 @@ universal, wildcard and range matching).
 
 from __future__ import annotations
 
+import calendar
 import fnmatch
 import re
 from collections.abc import Iterable
@@ -20,7 +21,7 @@ from functools import lru_cache
 
 from .attributes import (
     BY_KEYWORD, BY_TAG, DERIVED, LEVELS, SEQUENCES_OF, SERIES_LEVEL_TAGS, STORED, STUDY_LEVEL_TAGS, Attribute, Kind,
-    Level, resolve_attribute,
+    Level, level_article, resolve_attribute,
 )
 from .json_model import level_attributes
 from .timezones import dt_offset, parse_offset, to_utc
@@ -321,24 +322,85 @@ _NORMALIZERS = {
 
 def _parse_temporal(attribute: Attribute, value: str, raw: str) -> Match:
     """DA/TM/DT single value or range ``low-high`` with either end open (PS3.4
-    C.2.2.2.5). A partial TM/DT names a period and matches all of it."""
+    C.2.2.2.5). A partial TM/DT names a period and matches all of it. Each end must be
+    a date or time of the calendar (PS3.5 Table 6.2-1: ``20201345`` or ``StudyTime=25``
+    is refused, not searched for)."""
     kind = attribute.kind
-    lower, upper = _NORMALIZERS[kind]
-    lo = lower(value)
+    normalizers = _NORMALIZERS[kind]
+    problems: list[str] = []
+
+    def bound(text: str, upper: bool = False) -> str | None:
+        normalized = normalizers[upper](text)
+        if normalized is not None and (problem := _calendar_problem(kind, text)):
+            problems.append(problem)
+            return None
+        return normalized
+
+    lo = bound(value)
     if lo is not None:  # a single value (a DT may carry a "-hhmm" UTC offset)
         if kind is Kind.DATE:
             return Match(attribute, "single", (lo,))
-        return Match(attribute, "range", (lo, upper(value)))
+        return Match(attribute, "range", (lo, bound(value, upper=True)))
     for i, ch in enumerate(value):
         if ch != "-":
             continue
         lo_raw, hi_raw = value[:i], value[i + 1 :]
-        lo = lower(lo_raw) if lo_raw else None
-        hi = upper(hi_raw) if hi_raw else None
+        lo = bound(lo_raw) if lo_raw else None
+        hi = bound(hi_raw, upper=True) if hi_raw else None
         if (lo_raw and lo is None) or (hi_raw and hi is None) or (lo is None and hi is None):
             continue
         return Match(attribute, "range", (lo, hi))
-    raise QueryError(f"{attribute.keyword}: {raw!r} is not a valid {kind.value} value or range")
+    message = f"{attribute.keyword}: {raw!r} is not a valid {kind.value} value or range"
+    if problems:
+        message += f": {problems[0]} (PS3.5 Table 6.2-1)"
+    if " " in value:
+        try:
+            _parse_temporal(attribute, value.replace(" ", "+"), raw)
+            message += PLUS_HINT
+        except QueryError:
+            pass
+    raise QueryError(message)
+
+
+#: Said when a value would be valid with a '+' where it has a space: in a query string a '+'
+#: means a space (application/x-www-form-urlencoded, WHATWG URL Standard §5.1), so
+#: ``AcquisitionDateTime=20200101120000+0100`` typed into curl arrives with a space.
+PLUS_HINT = " (a '+' in a URL's query string is read as a space: send it as %2B)"
+
+_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _calendar_problem(kind: Kind, text: str) -> str | None:
+    """Why a DA, TM or DT of the right shape (digits where digits go) is not a date or
+    time, None when it is one: month 01-12, a day of that month (29 February in leap
+    years of the Gregorian calendar only), hour 00-23, minute 00-59, second 00-60 (a
+    leap second), UTC offset -1200 to +1400 (PS3.5 §6.2, Table 6.2-1)."""
+    text = text.strip()
+    if kind is Kind.DATE:
+        year, month, day, hour, minute, second, offset = text[:4], text[4:6], text[6:8], None, None, None, None
+    elif kind is Kind.TIME:
+        m = _TIME_RE.match(text)
+        if not m:
+            return None
+        year = month = day = offset = None
+        hour, minute, second, _frac = m.groups()
+    else:
+        m = _DT_RE.match(text)
+        if not m:
+            return None
+        year, month, day, hour, minute, second, _frac, offset = m.groups()
+    if month is not None and not 1 <= int(month) <= 12:
+        return f"month {month} is not 01-12"
+    if day is not None:
+        last = 28 if int(month) == 2 and not calendar.isleap(int(year)) else _DAYS_IN_MONTH[int(month) - 1]
+        if not 1 <= int(day) <= last:
+            return f"day {day} is not 01-{last} in {year}-{month}"
+    for name, part, top in (("hour", hour, 23), ("minute", minute, 59), ("second", second, 60)):
+        if part is not None and int(part) > top:
+            return f"{name} {part} is not 00-{top}"
+    if offset is not None and parse_offset(offset) is None:
+        return f"UTC offset {offset} is not -1200 to +1400"
+    return None
 
 
 def _add_item_key(matches: dict[str, Match], sequence: Attribute | None, name: str, item_name: str,
@@ -349,7 +411,7 @@ def _add_item_key(matches: dict[str, Match], sequence: Attribute | None, name: s
         raise QueryError(f"{name}: not a sequence supported for matching; supported: "
                          + ", ".join(a.keyword for a in BY_KEYWORD.values() if a.kind is Kind.SEQUENCE))
     if _level_rank(sequence.level) > rank:
-        raise QueryError(f"{sequence.keyword} is a {sequence.level}-level attribute; "
+        raise QueryError(f"{sequence.keyword} is {level_article(sequence.level)} {sequence.level}-level attribute; "
                          f"it cannot be matched in a {LEVELS[rank]} search")
     if "." in item_name:
         raise QueryError(f"{name}.{item_name}: only one level of sequence nesting is supported for matching")
@@ -424,18 +486,29 @@ def _derive(matches: dict[str, Match], raws: dict[str, str], tz: int | None) -> 
 
 
 def _bounds(value: str) -> tuple[str | None, str | None]:
-    """The two bounds of a DT value or range as written (a single value is both)."""
-    if normalize_datetime(value) is not None:
+    """The two bounds of a DT value or range as written (a single value is both), split
+    where :func:`_parse_temporal` split it (a valid date-time on each side)."""
+
+    def valid(text: str) -> bool:
+        return normalize_datetime(text) is not None and _calendar_problem(Kind.DATETIME, text) is None
+
+    if valid(value):
         return value, value
     for i, ch in enumerate(value):
         if ch != "-":
             continue
         lo_raw, hi_raw = value[:i], value[i + 1:]
-        if (lo_raw and normalize_datetime(lo_raw) is None) or (hi_raw and normalize_datetime(hi_raw) is None) \
-                or not (lo_raw or hi_raw):
+        if (lo_raw and not valid(lo_raw)) or (hi_raw and not valid(hi_raw)) or not (lo_raw or hi_raw):
             continue
         return lo_raw or None, hi_raw or None
     raise AssertionError(value)  # _parse_temporal accepted it
+
+
+#: Query parameters that take one value (PS3.18 §8.3.4: limit, offset, fuzzymatching; the
+#: TimezoneOffsetFromUTC of §8.3.4.1 by keyword or tag), by the name they are given with
+#: (lower case for the parameters, whose names are matched case-insensitively) -> their name.
+_SINGLE_VALUED = {"limit": "limit", "offset": "offset", "fuzzymatching": "fuzzymatching",
+                  "TimezoneOffsetFromUTC": "TimezoneOffsetFromUTC", TIMEZONE_OFFSET: "TimezoneOffsetFromUTC"}
 
 
 def _bool_param(name: str, value: str) -> bool:
@@ -500,10 +573,18 @@ def parse_query(
     rank = _level_rank(level)
     timezone_offset: int | None = None
     raws: dict[str, str] = {}
+    given: set[str] = set()  # the single-valued parameters seen
     for name, value in params:
+        if name == "":  # "?=x" (pydicom maps the keyword '' to 300A0782); "?&" and a trailing "&" give no pair
+            raise QueryError(f"empty parameter name in {'=' + value!r}")
         if name in ("accept", "charset"):
             continue  # content negotiation (PS3.18 8.3.3), read by the web layer (api.deps.acceptable)
         lname = name.lower()
+        single = _SINGLE_VALUED.get(lname) or _SINGLE_VALUED.get(name)
+        if single is not None:
+            if single in given:  # the last one winning would silently change the answer
+                raise QueryError(f"{single} is given more than once")
+            given.add(single)
         if lname == "includefield":
             for item in value.split(","):
                 item = item.strip()
@@ -530,8 +611,9 @@ def parse_query(
         if name in ("TimezoneOffsetFromUTC", TIMEZONE_OFFSET):  # PS3.18 §8.3.4.1: the offset of the query's values
             timezone_offset = parse_offset(value)
             if timezone_offset is None and value.strip():
+                hint = PLUS_HINT if parse_offset(value.replace(" ", "+")) is not None else ""
                 raise QueryError(f"TimezoneOffsetFromUTC: {value!r} is not an offset +hhmm or -hhmm "
-                                 "(-1200 to +1400)")
+                                 f"(-1200 to +1400){hint}")
             if timezone_offset is not None:
                 includes.append(TIMEZONE_OFFSET)
             continue
@@ -554,7 +636,7 @@ def parse_query(
                 + ", ".join(a.keyword for a in BY_KEYWORD.values() if _level_rank(a.level) <= rank)
             )
         if _level_rank(attribute.level) > rank:
-            raise QueryError(f"{attribute.keyword} is a {attribute.level}-level attribute; "
+            raise QueryError(f"{attribute.keyword} is {level_article(attribute.level)} {attribute.level}-level attribute; "
                              f"it cannot be matched in a {level} search")
         if attribute.keyword in matches:
             if attribute.kind is Kind.SEQUENCE:  # the sequence named alone and by its items

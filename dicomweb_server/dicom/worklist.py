@@ -28,12 +28,12 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pydicom.datadict import dictionary_VR, keyword_for_tag, tag_for_keyword
+from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.uid import generate_uid
 
-from .attributes import Attribute, Kind
+from .attributes import Attribute, Kind, keyword_tag
 from .charset import of_json, set_character_set, terms
 from .matching import Match, QueryError, match_value, normalize_stored, parse_match
 
@@ -199,14 +199,15 @@ def identifier_from_params(params: Iterable[tuple[str, str]]) -> Dataset:
             raise WorklistError(f"{name}: one level of sequence at most")
         tags = []
         for part in path:
-            tag = tag_for_keyword(part)
+            tag = keyword_tag(part)
             if tag is None:
                 try:
                     tag = int(part, 16) if len(part) == 8 else None
                 except ValueError:
                     tag = None
             if tag is None:
-                raise WorklistError(f"{part} is neither an attribute keyword nor a tag")
+                raise WorklistError(f"{part} is neither an attribute keyword nor a tag" if part
+                                    else f"empty parameter name in {name + '=' + value!r}")
             tags.append(tag)
         target = ds
         if len(tags) == 2:

@@ -64,6 +64,7 @@ from pynetdicom.sop_class import (
 )
 
 from ..access.rules import FULL
+from ..dicom.attributes import keyword_tag
 from ..dicom.charset import configured, set_character_set
 from ..jobs import Context, JobError
 from . import status as S
@@ -103,7 +104,7 @@ def _keyword(key: str) -> str:
     keyword = key
     if len(key) == 8 and all(c in "0123456789abcdefABCDEF" for c in key):
         keyword = datadict.keyword_for_tag(int(key, 16)) or ""
-    if not keyword or datadict.tag_for_keyword(keyword) is None:
+    if keyword_tag(keyword) is None:
         raise JobError(f"query key {key!r} is not a DICOM keyword or tag")
     if datadict.dictionary_VR(keyword) == "SQ" or keyword == "QueryRetrieveLevel":
         raise JobError(f"query key {keyword}: not a study matching key")

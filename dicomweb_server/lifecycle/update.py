@@ -45,7 +45,7 @@ from pydicom.valuerep import DA, DT, TM, validate_value
 
 from .. import faults
 from ..access.filter import UNRESTRICTED, Filter
-from ..dicom.attributes import SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS
+from ..dicom.attributes import SERIES_LEVEL_TAGS, STUDY_LEVEL_TAGS, keyword_tag, level_article
 from ..dicom.instance import InstanceRecord, describe_instance
 from ..dicom.status import InstanceError
 from ..store.base import ReplaceRefused
@@ -103,7 +103,7 @@ def parse_changes(body: bytes, level: str) -> Dataset:
         if tag.upper() in _NEVER or tag.upper() == "7FE00010":
             raise UpdateError(400, f"{kw} ({tag}) cannot be changed (a UID, the character set or pixel data)")
         if tag.upper() not in allowed:
-            raise UpdateError(400, f"{kw} ({tag}) is not a {level}-level attribute this update may change")
+            raise UpdateError(400, f"{kw} ({tag}) is not {level_article(level)} {level}-level attribute this update may change")
         if not isinstance(elem, dict) or "vr" not in elem:
             raise UpdateError(400, f"{kw} ({tag}): an element needs its vr")
         vr = dictionary_VR(int(tag, 16))
@@ -208,11 +208,9 @@ def _check_json_values(kw: str, tag: str, vr: str, elem: dict) -> None:
 def changes_from_keywords(pairs: list[str], level: str) -> Dataset:
     """``Keyword=value`` pairs (the command line) as :func:`parse_changes` takes them."""
     doc: dict = {}
-    from pydicom.datadict import tag_for_keyword
-
     for pair in pairs:
         kw, sep, value = pair.partition("=")
-        tag = tag_for_keyword(kw.strip()) if sep else None
+        tag = keyword_tag(kw.strip()) if sep else None
         if tag is None:
             raise UpdateError(400, f"{pair!r}: expected Keyword=value with a DICOM keyword")
         vr = dictionary_VR(tag)

@@ -207,3 +207,126 @@ def test_query_offset_and_combined_ranges():
     for bad in ("0100", "+2500", "UTC"):
         with pytest.raises(QueryError, match="TimezoneOffsetFromUTC"):
             p(TimezoneOffsetFromUTC=bad)
+
+
+# --- calendar validity of DA/TM/DT keys (PS3.5 Table 6.2-1) --------------------------------------
+
+
+_BAD = "is not a valid {} value or range: {} (PS3.5 Table 6.2-1)"
+
+
+@pytest.mark.parametrize("level, key, value, message", [
+    ("study", "StudyDate", "20201345", _BAD.format("date", "month 13 is not 01-12")),
+    ("study", "StudyDate", "20200230", _BAD.format("date", "day 30 is not 01-29 in 2020-02")),
+    ("study", "StudyDate", "20210229", _BAD.format("date", "day 29 is not 01-28 in 2021-02")),
+    ("study", "StudyDate", "99999999", _BAD.format("date", "month 99 is not 01-12")),
+    ("study", "StudyDate", "00000000", _BAD.format("date", "month 00 is not 01-12")),
+    ("study", "StudyDate", "20200100", _BAD.format("date", "day 00 is not 01-31 in 2020-01")),
+    ("study", "StudyDate", "20201345-", _BAD.format("date", "month 13 is not 01-12")),
+    ("study", "StudyDate", "20200101-20201345", _BAD.format("date", "month 13 is not 01-12")),
+    ("study", "PatientBirthDate", "19991399", _BAD.format("date", "month 13 is not 01-12")),
+    ("study", "StudyTime", "256199", _BAD.format("time", "hour 25 is not 00-23")),
+    ("study", "StudyTime", "25", _BAD.format("time", "hour 25 is not 00-23")),
+    ("study", "StudyTime", "1261", _BAD.format("time", "minute 61 is not 00-59")),
+    ("study", "StudyTime", "120061", _BAD.format("time", "second 61 is not 00-60")),
+    ("study", "StudyTime", "-2400", _BAD.format("time", "hour 24 is not 00-23")),
+    ("instance", "AcquisitionDateTime", "20201345250000", _BAD.format("datetime", "month 13 is not 01-12")),
+    ("instance", "AcquisitionDateTime", "2020010125", _BAD.format("datetime", "hour 25 is not 00-23")),
+    ("instance", "AcquisitionDateTime", "20200101120000+1500",
+     _BAD.format("datetime", "UTC offset +1500 is not -1200 to +1400")),
+])
+def test_impossible_dates_and_times_are_refused(level, key, value, message):
+    """They used to be searched for and match nothing (200 []); over DIMSE a Success."""
+    with pytest.raises(QueryError) as e:
+        parse_query(level, [(key, value)])
+    assert str(e.value) == f"{key}: {value!r} {message}"
+
+
+@pytest.mark.parametrize("key, value, values", [
+    ("StudyDate", "20200229", ("20200229",)),  # a leap year
+    ("StudyDate", "20000229", ("20000229",)),
+    ("StudyDate", "20201231-", ("20201231", None)),
+    ("StudyTime", "235960", ("235960.000000", "235960.999999")),  # a leap second
+    ("StudyTime", "23", ("230000.000000", "235959.999999")),  # truncated: the hour
+    ("StudyTime", "0000-2359", ("000000.000000", "235959.999999")),
+    ("AcquisitionDateTime", "202002", ("20200201000000.000000", "20200231235959.999999")),
+    ("AcquisitionDateTime", "20200101120000-1200", ("20200102000000.000000", "20200102000000.999999")),
+])
+def test_valid_dates_and_times_stay_valid(key, value, values):
+    (m,) = parse_query("instance", [(key, value)]).matches
+    assert m.values == values
+
+
+def test_a_plus_read_as_a_space_is_named():
+    """``+`` in a query string is a space (application/x-www-form-urlencoded): curl users
+    typing ``+0100`` get a message that says so, and only then."""
+    with pytest.raises(QueryError) as e:
+        parse_query("instance", [("AcquisitionDateTime", "20200101120000 0100-")])
+    assert str(e.value) == ("AcquisitionDateTime: '20200101120000 0100-' is not a valid datetime value or range "
+                            "(a '+' in a URL's query string is read as a space: send it as %2B)")
+    with pytest.raises(QueryError) as e:
+        parse_query("instance", [("TimezoneOffsetFromUTC", " 0100")])
+    assert str(e.value) == ("TimezoneOffsetFromUTC: ' 0100' is not an offset +hhmm or -hhmm (-1200 to +1400) "
+                            "(a '+' in a URL's query string is read as a space: send it as %2B)")
+    with pytest.raises(QueryError) as e:
+        parse_query("instance", [("AcquisitionDateTime", "2020 01")])
+    assert "%2B" not in str(e.value)
+
+
+# --- parameter names and single-valued parameters (PS3.18 §8.3.4) -----------------------------
+
+
+@pytest.mark.parametrize("value", ["x", ""])
+def test_an_empty_parameter_name_is_refused(value):
+    """pydicom maps the keyword '' to 300A0782: ``?=x`` was refused as that attribute."""
+    with pytest.raises(QueryError) as e:
+        parse_query("study", [("", value)])
+    assert str(e.value) == f"empty parameter name in {'=' + value!r}"
+
+
+@pytest.mark.parametrize("params, message", [
+    ([("limit", "1"), ("limit", "2")], "limit is given more than once"),
+    ([("limit", "1"), ("LIMIT", "1")], "limit is given more than once"),
+    ([("offset", "0"), ("offset", "1")], "offset is given more than once"),
+    ([("fuzzymatching", "true"), ("fuzzymatching", "false")], "fuzzymatching is given more than once"),
+    ([("TimezoneOffsetFromUTC", "+0100"), ("00080201", "+0100")], "TimezoneOffsetFromUTC is given more than once"),
+])
+def test_a_repeated_single_valued_parameter_is_refused(params, message):
+    """The last one won: ``limit=1&limit=2`` answered 2 results."""
+    with pytest.raises(QueryError) as e:
+        parse_query("study", params)
+    assert str(e.value) == message
+    q = parse_query("study", [("includefield", "PatientAge"), ("includefield", "PatientSize")])  # repeatable
+    assert {"00101010", "00101020"} <= set(q.includefields)
+
+
+@pytest.mark.parametrize("level, key, message", [
+    ("series", "SOPInstanceUID", "SOPInstanceUID is an instance-level attribute; it cannot be matched in a series search"),
+    ("study", "Modality", None),  # an alias of ModalitiesInStudy at the study level
+    ("study", "SeriesInstanceUID", "SeriesInstanceUID is a series-level attribute; it cannot be matched in a study search"),
+])
+def test_the_level_of_an_attribute_takes_its_article(level, key, message):
+    if message is None:
+        parse_query(level, [(key, "CT")])
+        return
+    with pytest.raises(QueryError) as e:
+        parse_query(level, [(key, "1.2.3")])
+    assert str(e.value) == message
+
+
+def test_keyword_tag_refuses_what_is_no_keyword():
+    from dicomweb_server.dicom.attributes import keyword_tag, level_article
+
+    assert keyword_tag("PatientID") == 0x00100020
+    assert [keyword_tag(k) for k in ("", " ", "00100020", "patientid", "PatientID ", "Bogus")] == [None] * 6
+    assert [level_article(lv) for lv in ("study", "series", "instance")] == ["a", "a", "an"]
+
+
+def test_the_utc_bounds_split_a_dt_range_where_its_match_did():
+    """``20200101-0100-1300``: split after ``20200101`` the upper bound has an offset of
+    -1300 (no offset: PS3.5 §6.2), so the range is ``20200101-0100`` (at -0100) to the year
+    1300. The UTC conversion read its bounds from the first split of the right shape and
+    left the range unconverted."""
+    (m,) = parse_query("instance", [("AcquisitionDateTime", "20200101-0100-1300")]).matches
+    assert (m.attribute.keyword, m.values) == ("_AcquisitionDateTimeUTC",
+                                               ("20200101010000.000000", "13001231235959.999999"))

@@ -123,6 +123,21 @@ def test_find_bad_level(dimse, archive_data):
     assert statuses == [S.QR_IDENTIFIER_MISMATCH]
 
 
+@pytest.mark.parametrize("key, value", [("StudyDate", "20201345"), ("StudyTime", "2500"),
+                                        ("StudyDate", "20200230-"), ("PatientBirthDate", "19991399")])
+def test_find_an_impossible_date_or_time_is_0xA900(dimse, archive_data, key, value):
+    """It was searched for, and answered Success with no match (PS3.5 Table 6.2-1)."""
+    ident = Dataset()
+    ident.QueryRetrieveLevel = "STUDY"
+    setattr(ident, key, value)
+    ident.StudyInstanceUID = ""
+    assoc = dimse.associate([build_context(StudyRootQueryRetrieveInformationModelFind)])
+    answers = list(assoc.send_c_find(ident, StudyRootQueryRetrieveInformationModelFind))
+    assoc.release()
+    assert [s.Status for s, _ in answers] == [S.QR_IDENTIFIER_MISMATCH]
+    assert f"{key}: {value!r} is not a valid" in answers[0][0].ErrorComment
+
+
 def _ident(level, **uids) -> Dataset:
     ds = Dataset()
     ds.QueryRetrieveLevel = level

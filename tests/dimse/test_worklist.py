@@ -6,6 +6,7 @@ sequence matching in the Scheduled Procedure Step Sequence, no match."""
 from __future__ import annotations
 
 import pydicom
+import pytest
 from pydicom.dataset import Dataset
 from pynetdicom import build_context
 from pynetdicom.sop_class import ModalityWorklistInformationFind
@@ -143,6 +144,29 @@ def test_find_no_match_and_bad_identifier(dimse):
         assert status.Status == S.QR_IDENTIFIER_MISMATCH
     finally:
         assoc.release()
+
+
+@pytest.mark.parametrize("value", ["20201345", "20260230-20260301"])
+def test_find_an_impossible_date_is_0xA900(dimse, value):
+    """Searched for and answered Success with no match, before (PS3.5 Table 6.2-1)."""
+    _add(dimse)
+    assoc = dimse.associate([build_context(ModalityWorklistInformationFind)])
+    try:
+        [(status, _)] = list(assoc.send_c_find(_identifier(ScheduledProcedureStepStartDate=value),
+                                               ModalityWorklistInformationFind))
+        assert status.Status == S.QR_IDENTIFIER_MISMATCH
+    finally:
+        assoc.release()
+    r = dimse.http.get("/worklist", params={"00400100.00400002": value})
+    assert r.status_code == 400
+    assert "is not a valid date value or range" in r.json()["detail"]
+
+
+def test_rest_an_empty_parameter_name_is_400(dimse):
+    r = dimse.http.get("/worklist?=x")
+    assert r.status_code == 400
+    assert r.json() == {"detail": "empty parameter name in '=x'"}
+    assert dimse.http.get("/worklist?&").status_code == 200
 
 
 def test_rest_add_list_get_delete(dimse):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import httpx
+import orjson
 import pytest
 
 from tests.helpers import LiveServer
@@ -144,6 +145,43 @@ def test_the_second_request_of_a_connection_gets_414_for_a_huge_url(guarded):
     assert answer.startswith(b"HTTP/1.1 414 "), answer[:80]
 
 
+def _one_read(srv: LiveServer, url_bytes: int) -> tuple[bytes, dict]:
+    """A whole request with a URL of ``url_bytes`` in one sendall (the server reads it
+    at once); returns the status line and the JSON body."""
+    path = b"/studies?PatientID="
+    request = path + b"a" * (url_bytes - len(path))
+    with _connect(srv) as s:
+        s.sendall(b"GET " + request + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = _read_all(s)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), head
+    return head.split(b"\r\n")[0], orjson.loads(body)
+
+
+@pytest.mark.parametrize("url_bytes", [65_600, 300_000])
+def test_a_huge_url_in_one_read_gets_the_json_414(guarded, url_bytes):
+    """A request line of 64 KiB or more arriving whole was fed to httptools before it was
+    counted: parse_url failed and uvicorn answered a plain-text 400 ``Invalid HTTP request
+    received.``"""
+    status, body = _one_read(guarded, url_bytes)
+    assert status.startswith(b"HTTP/1.1 414 "), status
+    assert body == {"detail": "request line exceeds 8192 bytes"}
+
+
+def test_a_url_httptools_cannot_parse_gets_414_under_a_larger_header_bound(tmp_path):
+    """max_header_bytes may be up to 1 MiB, but httptools reads no URL over 65,535 bytes."""
+    srv = LiveServer(tmp_path / "data", max_header_bytes=1024**2).start()
+    try:
+        status, body = _one_read(srv, 100_000)
+        assert status.startswith(b"HTTP/1.1 414 "), status
+        assert body == {"detail": "request line exceeds 65535 bytes"}
+        status, body = _one_read(srv, 60_000)  # parsed, and refused by the app (a PatientID of 256 characters at most)
+        assert status.startswith(b"HTTP/1.1 400 "), status
+        assert body["detail"] == "PatientID: value longer than 256 characters"
+    finally:
+        srv.stop()
+
+
 def test_many_header_fields_count_towards_the_bound(guarded):
     answer, _ = _flood(guarded, b"GET /studies HTTP/1.1\r\nHost: x\r\n", b"X-h: v\r\n", 64 * 1024 * 1024)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
@@ -154,6 +192,19 @@ def test_a_normal_request_with_a_body_larger_than_the_header_bound_is_served(gua
     r = httpx.post(guarded.url + "/studies", content=b"x" * 200_000,
                    headers={"content-type": 'multipart/related; type="application/dicom"; boundary=b'}, timeout=20)
     assert r.status_code in (400, 409)  # not DICOM, but read and answered by the app
+
+
+def test_body_bytes_after_a_head_end_split_across_reads_are_not_counted(guarded):
+    """The head's CRLF CRLF split between two reads ("\r\n\r" | "\n" + 20 KB of body): the
+    second read holds one byte of head, not 20 KB (the guard counts before parsing)."""
+    body = b"x" * 20_000
+    with _connect(guarded) as s:
+        s.sendall(b"POST /studies HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n"
+                  b'Content-Type: multipart/related; type="application/dicom"; boundary=b\r\n\r')
+        select.select([s], [], [], 0.3)  # the server reads the first part on its own
+        s.sendall(b"\n" + body)
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]  # not DICOM: read and answered by the app
 
 
 def test_a_trickled_stow_body_meets_the_total_deadline(guarded):

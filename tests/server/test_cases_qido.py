@@ -76,6 +76,63 @@ def test_q1_malformed_is_400(http, dated, params):
     assert r.json()["detail"]
 
 
+@pytest.mark.parametrize("path, query, detail", [
+    ("/studies", "StudyDate=20201345", "StudyDate: '20201345' is not a valid date value or range: month 13 is not 01-12"),
+    ("/studies", "StudyDate=20200230", "StudyDate: '20200230' is not a valid date value or range: day 30 is not 01-29 in 2020-02"),
+    ("/studies", "StudyDate=99999999", "StudyDate: '99999999' is not a valid date value or range: month 99 is not 01-12"),
+    ("/studies", "StudyDate=00000000", "StudyDate: '00000000' is not a valid date value or range: month 00 is not 01-12"),
+    ("/studies", "StudyDate=20201345-", "StudyDate: '20201345-' is not a valid date value or range: month 13 is not 01-12"),
+    ("/studies", "PatientBirthDate=19991399",
+     "PatientBirthDate: '19991399' is not a valid date value or range: month 13 is not 01-12"),
+    ("/studies", "StudyTime=256199", "StudyTime: '256199' is not a valid time value or range: hour 25 is not 00-23"),
+    ("/studies", "StudyTime=25", "StudyTime: '25' is not a valid time value or range: hour 25 is not 00-23"),
+    ("/studies", "StudyTime=1261", "StudyTime: '1261' is not a valid time value or range: minute 61 is not 00-59"),
+    ("/instances", "AcquisitionDateTime=20201345250000",
+     "AcquisitionDateTime: '20201345250000' is not a valid datetime value or range: month 13 is not 01-12"),
+])
+def test_q1_impossible_dates_and_times_are_400(http, dated, path, query, detail):
+    """A date or time that no calendar holds (PS3.5 Table 6.2-1) was searched for: 200 []."""
+    r = http.get(f"{path}?{query}")
+    assert r.status_code == 400
+    assert r.json() == {"detail": detail + " (PS3.5 Table 6.2-1)"}
+
+
+def test_q1_a_plus_sent_raw_is_a_space_and_the_400_says_so(http, dated):
+    """docs/dicomweb.md, time zones: ``+0100`` typed into a URL arrives as `` 0100``."""
+    r = http.get("/instances?PatientID=Q1&AcquisitionDateTime=20200101120000+0100-")
+    assert r.status_code == 400
+    assert r.json() == {"detail": "AcquisitionDateTime: '20200101120000 0100-' is not a valid datetime value or "
+                                  "range (a '+' in a URL's query string is read as a space: send it as %2B)"}
+    r = http.get("/instances?PatientID=Q1&AcquisitionDateTime=20200101120000%2B0100-")
+    assert r.status_code == 200
+    assert study_uids(r) == {dated["20200101"], dated["20200615"]}
+
+
+def test_q1_an_empty_parameter_name_is_400(http, dated):
+    """pydicom maps the keyword '' to 300A0782: the answer was "300A0782 is not supported
+    as a matching key". ``?&`` and a trailing ``&`` (Weasis sends them) give no parameter."""
+    r = http.get("/studies?=x")
+    assert r.status_code == 400
+    assert r.json() == {"detail": "empty parameter name in '=x'"}
+    assert http.get("/studies?PatientID=Q1&=").json() == {"detail": "empty parameter name in '='"}
+    for query in ("&", "PatientID=Q1&", "&PatientID=Q1", "PatientID=Q1&&limit=10"):
+        r = http.get(f"/studies?{query}")
+        assert r.status_code == 200, query
+        assert study_uids(r) == set(dated.values()), query
+
+
+@pytest.mark.parametrize("query, detail", [
+    ("limit=1&limit=2", "limit is given more than once"),
+    ("offset=0&offset=1", "offset is given more than once"),
+    ("fuzzymatching=true&fuzzymatching=false", "fuzzymatching is given more than once"),
+])
+def test_q1_a_repeated_single_valued_parameter_is_400(http, dated, query, detail):
+    """``limit=1&limit=2`` answered 2 studies: the last one won."""
+    r = http.get(f"/studies?PatientID=Q1&{query}")
+    assert r.status_code == 400
+    assert r.json() == {"detail": detail}
+
+
 # --- Q2 includefield forms ----------------------------------------------------------------
 
 

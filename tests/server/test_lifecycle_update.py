@@ -410,6 +410,17 @@ def test_the_command_line_values_follow_the_same_rules():
     assert (ds.StudyDate, [str(n) for n in ds.OtherPatientNames]) == ("20240101", ["A^B", "C^D"])
 
 
+@pytest.mark.parametrize("pair", ["=x", " =1", "patientid=X", "=", "Bogus=1"])
+def test_the_command_line_needs_a_keyword(pair):
+    """``update --set "=x"``: pydicom maps the keyword '' to 300A0782 (an IS), so the
+    command said "update: : 'x' is not an integer"."""
+    from dicomweb_server.lifecycle.update import UpdateError, changes_from_keywords
+
+    with pytest.raises(UpdateError) as e:
+        changes_from_keywords([pair], "study")
+    assert (e.value.status, e.value.message) == (400, f"{pair!r}: expected Keyword=value with a DICOM keyword")
+
+
 @pytest.mark.parametrize("value, ok", [
     ("2024", True), ("20240101120000.123456+0100", True), ("20240101120000-0500", True),
     ("20240101-20240201", False), ("2024-", False), ("-2024", False), ("2024-2025", False),
