@@ -53,6 +53,15 @@ class Unacceptable(ValueError):
     """The file cannot be understood or breaks a documented bound (STOW 0xC000)."""
 
 
+class TruncatedElement(Unacceptable):
+    """An element whose value is shorter than its declared length: ``tag``, ``declared``
+    (its length) and ``present`` (the bytes there were)."""
+
+    def __init__(self, message: str, tag: int, declared: int, present: int) -> None:
+        super().__init__(message)
+        self.tag, self.declared, self.present = tag, declared, present
+
+
 def read_instance(path: Path, data: bytes | None = None) -> tuple[Dataset, str, PixelLayout | None]:
     """The data set without pixel values, its transfer syntax, and the pixel data
     layout (None for no pixel data, or for a Deflated file whose offsets only exist
@@ -141,6 +150,7 @@ def check_complete(ds: Dataset) -> None:
     Raises
     ------
     Unacceptable
+        :class:`TruncatedElement` for a short value.
     """
     stack: list[tuple[Dataset, int, str]] = [(ds, 0, "")]
     while stack:
@@ -148,9 +158,10 @@ def check_complete(ds: Dataset) -> None:
         for elem in list(current.elements()):
             if isinstance(elem, RawDataElement):
                 if elem.length != _UNDEFINED and elem.value is not None and len(elem.value) < elem.length:
-                    raise Unacceptable(
+                    raise TruncatedElement(
                         f"element {where}({elem.tag.group:04X},{elem.tag.element:04X}) declares {elem.length} "
-                        f"bytes but the file ends {len(elem.value)} bytes into it (truncated)")
+                        f"bytes but the file ends {len(elem.value)} bytes into it (truncated)",
+                        int(elem.tag), elem.length, len(elem.value))
                 if elem.VR not in ("SQ", None) and not (elem.VR == "UN" and elem.length == _UNDEFINED):
                     continue
                 elem = current[elem.tag]  # converts: items are parsed now

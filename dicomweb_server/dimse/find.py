@@ -8,7 +8,10 @@ PS3.4 C.4.1 (C-FIND SCP: the response identifier holds the requested keys, with
 values or zero length, plus Query/Retrieve Level and, when a value is not ASCII,
 Specific Character Set: C.4.1.1.3.2; its choice: dicom/charset.py),
 C.2.2.2 (matching), C.6.1 (Patient Root: PATIENT, STUDY, SERIES, IMAGE levels),
-C.6.2 (Study Root: STUDY, SERIES, IMAGE).
+C.6.2 (Study Root: STUDY, SERIES, IMAGE), C.4.1.2.1 and C.4.1.3.1 (baseline, hierarchical
+search: a single value in the unique key of each level above the Query/Retrieve Level;
+relational queries, C.4.1.2.2.1, need extended negotiation, which this SCP does not accept),
+PS3.5 §6.2 (CS: upper case).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pydicom.dataelem import DataElement
+from pydicom.datadict import tag_for_keyword
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from ..access.filter import UNRESTRICTED, Filter
 from ..dicom.attributes import BY_TAG, SPECIFIC_CHARACTER_SET, Kind, Level, vr_of
 from ..dicom.charset import of_json, set_character_set, terms
+from ..dicom.reading import TruncatedElement, check_complete
 from ..dicom.matching import TIMEZONE_OFFSET, Match, Query, QueryError, column_value, match_value, parse_query
 from ..dicom.search_results import build_result
 from ..store.base import Index, SearchHit
@@ -33,8 +38,77 @@ _SKIP = {0x00080052, 0x00080005}  # QueryRetrieveLevel, SpecificCharacterSet: no
 _PAGE = 1000
 
 
+#: the levels of each information model, top down (PS3.4 C.6.1.1, C.6.2.1)
+MODEL_LEVELS = {"patient": ("PATIENT", "STUDY", "SERIES", "IMAGE"), "study": ("STUDY", "SERIES", "IMAGE")}
+#: the unique key of each level (PS3.4 C.6.1.1.2-5, C.6.2.1.2-4)
+UNIQUE_KEYS = {"PATIENT": "PatientID", "STUDY": "StudyInstanceUID", "SERIES": "SeriesInstanceUID",
+               "IMAGE": "SOPInstanceUID"}
+WILDCARDS = ("*", "?")  # PS3.4 C.2.2.2.4
+
+
 class IdentifierError(ValueError):
-    """The identifier does not fit the information model (0xA900), with this message."""
+    """The identifier does not fit the information model (0xA900), with this message and,
+    when one element is at fault, its tag (``offending``: the response's Offending Element,
+    PS3.4 C.4.1.1.4, C.4.2.1.5, C.4.3.1.4)."""
+
+    def __init__(self, message: str, offending: int | None = None) -> None:
+        super().__init__(message)
+        self.offending = offending
+
+
+def decoded_identifier(event) -> tuple[Dataset | None, str]:
+    """The identifier of a C-FIND, C-GET or C-MOVE request parsed whole, or (None, the Error
+    Comment of its 0xC000 Unable to process, PS3.4 C.4.1.1.4, C.4.2.1.5, C.4.3.1.4). pydicom
+    parses lazily and keeps an element whose declared length runs past the end of the
+    identifier with the bytes that were there (a Query/Retrieve Level declaring 500 bytes, 6
+    there, was matched as ``STUDY``): such an element is refused, at any depth, as STOW-RS and
+    C-STORE refuse it in a file (dicom/reading.py :func:`check_complete`), and every sequence
+    is parsed now (an unclosed one fails here, not in the middle of the answers)."""
+    try:
+        identifier = event.identifier
+        check_complete(identifier)
+    except TruncatedElement as e:
+        tag = f"({e.tag >> 16:04X},{e.tag & 0xFFFF:04X})"
+        return None, f"identifier truncated: {tag} declares {e.declared} bytes, has {e.present}"
+    except Exception:  # noqa: BLE001 - does not decode, in any way
+        return None, "identifier cannot be decoded"
+    return identifier, ""
+
+
+def key_values(identifier: Dataset, keyword: str) -> list[str] | None:
+    """The values of a key of the identifier: None when absent, [] when zero length (universal
+    matching), else each value, its padding stripped."""
+    tag = tag_for_keyword(keyword)
+    if tag not in identifier:
+        return None
+    raw = _raw(identifier[tag])
+    return [v.strip() for v in raw.split("\\")] if raw.strip() else []
+
+
+def single_value(identifier: Dataset, keyword: str, where: str) -> str:
+    """The one value of the unique key ``keyword`` (Single Value Matching, PS3.4 C.2.2.2.1:
+    no wildcard, no list, not empty); IdentifierError naming it otherwise (``where``:
+    ``above SERIES level``...)."""
+    values = key_values(identifier, keyword)
+    tag = tag_for_keyword(keyword)
+    if not values or not values[0]:
+        raise IdentifierError(f"{keyword} {'missing' if values is None else 'empty'} (required {where})", tag)
+    if len(values) > 1:
+        raise IdentifierError(f"{keyword} must be a single value {where}", tag)
+    if any(w in values[0] for w in WILDCARDS):
+        raise IdentifierError(f"{keyword}: no wildcard matching {where}", tag)
+    return values[0]
+
+
+def check_hierarchy(identifier: Dataset, level: str, model: str) -> None:
+    """Hierarchical search (PS3.4 C.4.1.2.1, C.4.1.3.1.1): the unique key of each level above
+    ``level`` holds a single value (no wildcard, no list, not empty). A query without them is
+    relational (C.4.1.2.2.1), which needs SOP Class Extended Negotiation this SCP does not
+    accept: IdentifierError (0xA900) naming the key. Other keys of the levels above are
+    matched as they are (what the archive did; an SCU may send them as return keys)."""
+    levels = MODEL_LEVELS[model]
+    for above in levels[:levels.index(level)]:
+        single_value(identifier, UNIQUE_KEYS[above], f"above {level} level")
 
 
 def _raw(elem: DataElement) -> str:
@@ -71,11 +145,13 @@ def _sequence_keys(tag: str, elem: DataElement) -> list[tuple[str, str]]:
 
 
 def query_level(identifier: Dataset, model: str) -> str:
-    """The identifier's QueryRetrieveLevel, checked against the model (``patient`` or ``study`` root)."""
-    level = str(identifier.get("QueryRetrieveLevel", "")).strip().upper()
-    allowed = ("PATIENT", "STUDY", "SERIES", "IMAGE") if model == "patient" else ("STUDY", "SERIES", "IMAGE")
+    """The identifier's QueryRetrieveLevel, checked against the model (``patient`` or ``study``
+    root). A CS value is upper case (PS3.5 §6.2): ``study`` is not a level (pynetdicom's qrscp
+    refuses it too; its leading and trailing spaces are not significant)."""
+    level = str(identifier.get("QueryRetrieveLevel", "")).strip()
+    allowed = MODEL_LEVELS[model]
     if level not in allowed:
-        raise IdentifierError(f"QueryRetrieveLevel {level!r} is not one of {', '.join(allowed)}")
+        raise IdentifierError(f"QueryRetrieveLevel {level!r} is not one of {', '.join(allowed)}", 0x00080052)
     return level
 
 
@@ -187,6 +263,7 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
     studies ``allowed`` lets through; ``default_charset``: the archive's preferred Specific
     Character Set (the ``dimse_character_set`` setting, dicom/charset.py)."""
     level = query_level(identifier, model)
+    check_hierarchy(identifier, level, model)
     _, wanted = build_query(identifier, level, max_results)
     requested = terms(identifier.get("SpecificCharacterSet"))
     seen: set[tuple] = set()

@@ -1,26 +1,70 @@
-"""C-GET and C-MOVE matching: the instances an identifier names, found with the
-same query as C-FIND (PS3.4 C.4.2.2, C.4.3.2: the unique keys of the levels down to
-the Query/Retrieve Level select studies, series or instances)."""
+"""C-GET and C-MOVE matching: the instances an identifier names.
+
+Baseline (non-relational) retrieve, PS3.4 C.4.2.2.1 (C-MOVE) and C.4.3.2.1 (C-GET): the
+unique key of each level above the Query/Retrieve Level holds a single value, the unique
+key of that level one value or a list of UIDs (Patient ID, at the PATIENT level: one value,
+C.4.2.1.4.1 Note); no wildcard, no universal matching. The SCP retrieves what those keys
+identify (C.4.2.3.1, C.4.3.3.1). Relational retrieve (C.4.2.2.2, C.4.3.2.2) needs SOP Class
+Extended Negotiation, which this SCP does not accept: an identifier without those keys
+fails with 0xA900 naming the key, and no sub-operation. Other keys are ignored (C.2.2.1:
+only unique keys identify what is retrieved; SCUs send more)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from pydicom import uid as U
+from pydicom.datadict import tag_for_keyword
 from pydicom.dataset import Dataset
 
 from ..dicom.media_types import UNENCAPSULATED
 from ..policy import transcode
 from ..access.filter import UNRESTRICTED, Filter
 from ..store.base import Index, InstanceLocation
-from .find import query_level, search_all
+from .find import (
+    MODEL_LEVELS,
+    UNIQUE_KEYS,
+    WILDCARDS,
+    IdentifierError,
+    key_values,
+    query_level,
+    search_all,
+    single_value,
+)
+
+
+def unique_keys(identifier: Dataset, model: str) -> tuple[str, Dataset]:
+    """The Query/Retrieve Level and an identifier holding only its unique keys (with the
+    level), checked for a baseline retrieve (module docstring); IdentifierError (0xA900)
+    naming the first key missing or not of the allowed matching type."""
+    level = query_level(identifier, model)
+    levels = MODEL_LEVELS[model]
+    keys = Dataset()
+    keys.QueryRetrieveLevel = level
+    for above in levels[:levels.index(level)]:
+        setattr(keys, UNIQUE_KEYS[above], single_value(identifier, UNIQUE_KEYS[above], f"above {level} level"))
+    keyword = UNIQUE_KEYS[level]
+    if level == "PATIENT":  # Single Value Matching only (C.4.2.1.4.1 Note)
+        setattr(keys, keyword, single_value(identifier, keyword, f"at {level} level"))
+        return level, keys
+    values = key_values(identifier, keyword)  # one UID or a list of UIDs (C.2.2.2.2)
+    tag = tag_for_keyword(keyword)
+    if not values:  # absent, or zero length: universal matching
+        raise IdentifierError(f"{keyword} {'missing' if values is None else 'empty'} (required at {level} level)", tag)
+    if not all(values):
+        raise IdentifierError(f"{keyword}: an empty UID in the list", tag)
+    if any(w in v for v in values for w in WILDCARDS):
+        raise IdentifierError(f"{keyword}: no wildcard matching at {level} level", tag)
+    setattr(keys, keyword, values if len(values) > 1 else values[0])
+    return level, keys
 
 
 def matching_instances(index: Index, identifier: Dataset, model: str, max_results: int,
                        allowed: Filter = UNRESTRICTED) -> list[InstanceLocation]:
-    """Every stored instance under the entities the identifier matches, in index order,
-    of the studies ``allowed`` lets through (access/filter.py)."""
-    level = query_level(identifier, model)
+    """Every stored instance under the entities the identifier's unique keys name
+    (:func:`unique_keys`), in index order, of the studies ``allowed`` lets through
+    (access/filter.py)."""
+    level, identifier = unique_keys(identifier, model)
     out: list[InstanceLocation] = []
     seen: set[str] = set()
     for _, hit in search_all(index, identifier, level, max_results, allowed):

@@ -145,14 +145,14 @@ class RetrieveSCP:
     def _matches(self, event, models):
         """(locations, None) or (None, failure status)."""
         model = models.get(event.request.AffectedSOPClassUID)
-        identifier = self._identifier(event)
+        identifier, why = self._identifier(event)
         if model is None or identifier is None:
-            return None, _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded")
+            return None, _status(S.QR_UNABLE_TO_PROCESS, why or "identifier cannot be decoded")
         try:
             return matching_instances(self.archive.index, identifier, model, self.settings.max_results,
                                       self._access(event).filter), None
         except IdentifierError as e:
-            return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e))
+            return None, _status(S.QR_IDENTIFIER_MISMATCH, str(e), e.offending)
         except IndexUnavailable as e:  # unavailable is not out of resources: C-FIND's 0xC000
             log.error("C-GET/C-MOVE matching failed: %s", e)
             return None, _status(S.QR_UNABLE_TO_PROCESS, str(e))

@@ -69,7 +69,7 @@ from .file_meta import _AE_SLOT_BYTES, _EncodedFileMeta, _encoded_file_meta  # n
 from .file_meta import _file_meta_with_ae_slot  # noqa: F401  (tests)
 from .pdata import PDURefused
 from . import status as S
-from .find import IdentifierError, find
+from .find import IdentifierError, decoded_identifier, find
 from .peers import Peer, load_peers
 from .retrieve_scp import GET_MODELS, MOVE_MODELS, SEND_PDU_MAX, RetrieveSCP, _send_c_store_from_file
 from .shutdown import CLOSE_WAIT, end_associations, exit_after
@@ -624,7 +624,7 @@ class DimseServer(RetrieveSCP):
         record = {
             "event": event.event.name.removeprefix("EVT_").lower(),
             "protocol": "DIMSE",
-            "calling_ae": assoc.requestor.ae_title,
+            "calling_ae": _calling_ae(assoc),
             "called_ae": assoc.acceptor.ae_title,
             "peer": f"{assoc.requestor.address}:{assoc.requestor.port}",
         }
@@ -666,19 +666,17 @@ class DimseServer(RetrieveSCP):
     # --- C-FIND (PS3.4 C.4.1) -------------------------------------------------------------
 
     def _identifier(self, event):
-        try:
-            return event.identifier
-        except Exception:  # the identifier does not decode
-            return None
+        """(identifier, "") or (None, why): :func:`.find.decoded_identifier`."""
+        return decoded_identifier(event)
 
     def _on_find(self, event):
         if event.request.AffectedSOPClassUID == ModalityWorklistInformationFind:
             yield from self._on_worklist_find(event)
             return
         model = _FIND_MODELS.get(event.request.AffectedSOPClassUID)
-        identifier = self._identifier(event)
+        identifier, why = self._identifier(event)
         if model is None or identifier is None:
-            yield _status(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
+            yield _status(S.QR_UNABLE_TO_PROCESS, why or "identifier cannot be decoded"), None
             return
         try:
             for ds in find(self.archive.index, identifier, model, self.settings.max_results,
@@ -688,14 +686,27 @@ class DimseServer(RetrieveSCP):
                     return
                 yield S.PENDING, ds
         except IdentifierError as e:
-            yield _status(S.QR_IDENTIFIER_MISMATCH, str(e)), None
+            yield _status(S.QR_IDENTIFIER_MISMATCH, str(e), e.offending), None
         except Exception as e:
             log.exception("C-FIND failed")
             yield _status(S.QR_UNABLE_TO_PROCESS, str(e)), None
 
     def _on_worklist_find(self, event):
-        yield from worklist.on_find(self.archive.index, event, self._identifier(event),
-                                    configured(self.settings.dimse_character_set))
+        yield from worklist.on_find(self.archive.index, event, *self._identifier(event),
+                                    default_charset=configured(self.settings.dimse_character_set))
+
+
+def _calling_ae(assoc) -> str:
+    """The requestor's calling AE title. pynetdicom sets ``requestor.ae_title`` from the
+    A-ASSOCIATE-RQ only after the EVT_REQUESTED handlers (ACSE negotiation): an association a
+    handler rejects there (slots.py: per-peer limit) has it blank, so it is read from the
+    request primitive (PS3.8 §9.3.2: Calling AE Title)."""
+    title = str(assoc.requestor.ae_title or "").strip()
+    primitive = assoc.requestor.primitive
+    if not title and primitive is not None:
+        raw = primitive.calling_ae_title
+        title = (raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw or "")).strip()
+    return title
 
 
 def _server_bind_reuseport(self) -> None:

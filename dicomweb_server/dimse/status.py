@@ -37,13 +37,16 @@ QR_UNABLE_TO_PROCESS = 0xC000  # failed: unable to process
 QR_SUBOPS_WARNING = 0xB000  # sub-operations complete, one or more failures or warnings
 
 
-def dataset(code: int, comment: str | None = None):
-    """A response's status as a handler returns it to pynetdicom: Status, and Error Comment
-    (0000,0902: LO, 64 characters, ASCII here) when given."""
+def dataset(code: int, comment: str | None = None, offending: int | None = None):
+    """A response's status as a handler returns it to pynetdicom: Status, Error Comment
+    (0000,0902: LO, 64 characters, ASCII here) and Offending Element (0000,0901: the tag of the
+    element at fault, e.g. of a 0xA900, PS3.4 C.4.1.1.4, C.4.2.1.5, C.4.3.1.4) when given."""
     from pydicom.dataset import Dataset
 
     ds = Dataset()
     ds.Status = code
+    if offending:
+        ds.OffendingElement = [offending]
     if comment:
         ds.ErrorComment = comment.encode("ascii", "replace").decode()[:64]
     return ds

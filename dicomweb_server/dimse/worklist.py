@@ -38,11 +38,13 @@ def find(index: Index, identifier: Dataset, max_results: int,
                 return
 
 
-def on_find(index: Index, event, identifier: Dataset | None, default_charset: tuple[str, ...] | None = None):
+def on_find(index: Index, event, identifier: Dataset | None, why: str = "",
+            default_charset: tuple[str, ...] | None = None):
     """The listener's ``EVT_C_FIND`` handler for this model (``identifier``: None when it
-    does not decode): pending responses, then the final status."""
+    does not decode or is truncated, ``why`` then the Error Comment): pending responses, then
+    the final status."""
     if identifier is None:
-        yield S.dataset(S.QR_UNABLE_TO_PROCESS, "identifier cannot be decoded"), None
+        yield S.dataset(S.QR_UNABLE_TO_PROCESS, why or "identifier cannot be decoded"), None
         return
     try:
         for ds in find(index, identifier, 0, default_charset):

@@ -111,10 +111,11 @@ def test_find_get_move_see_only_the_allowed_studies(dimse, two, store_scp):  # n
                                               StudyInstanceUID="")} == {sa, sb}  # no rule: everything
     assert [d.PatientID for d in find(dimse, "SCU_A", PatientRootQueryRetrieveInformationModelFind,
                                       QueryRetrieveLevel="PATIENT", PatientID="")] == ["PA"]
+    seb = b[0].SeriesInstanceUID  # a hierarchical query: one value per level above (PS3.4 C.4.1.2.1)
     assert find(dimse, "SCU_A", study_root, QueryRetrieveLevel="IMAGE", StudyInstanceUID=sb,
-                SeriesInstanceUID="", SOPInstanceUID="") == []
+                SeriesInstanceUID=seb, SOPInstanceUID="") == []
     assert len(find(dimse, "SCU_B", study_root, QueryRetrieveLevel="IMAGE", StudyInstanceUID=sb,
-                    SeriesInstanceUID="", SOPInstanceUID="")) == 2
+                    SeriesInstanceUID=seb, SOPInstanceUID="")) == 2
     # C-GET and C-MOVE of B by A: the answer to a study that does not exist
     ghost = generate_uid()
     assert c_get(dimse, "SCU_A", sb) == c_get(dimse, "SCU_A", ghost)

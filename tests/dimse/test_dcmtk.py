@@ -153,6 +153,34 @@ def test_cmove_to_unknown_destination_is_refused(walkthrough):
     assert list(walkthrough["recv"].iterdir()) == []
 
 
+def test_a_retrieve_without_its_unique_keys_is_refused(walkthrough):
+    """The integrator's commands: ``movescu -k QueryRetrieveLevel=STUDY`` without a Study
+    Instance UID, or with ``StudyInstanceUID=*``, sent the whole archive; ``getscu -k
+    QueryRetrieveLevel=SERIES -k PatientID=...`` the patient's series. A baseline retrieve
+    (PS3.4 C.4.2.2.1, C.4.3.2.1) names its entities by their unique keys: 0xA900 (DCMTK's
+    name: DataSetDoesNotMatchSOPClass) with an Error Comment naming the key, nothing sent."""
+    port, d = walkthrough["dimse"], walkthrough["dir"]
+    run("storescu", "-aec", "DICOMWEB", "127.0.0.1", port, str(CT), cwd=d)
+    got = d / "got-none"
+    got.mkdir()
+    patient = pydicom.dcmread(CT).PatientID
+    commands = [  # (Error Comment, tool, options)
+        ("StudyInstanceUID missing (required at STUDY level)",
+         "movescu", "-aem", "STORESCP", "-k", "QueryRetrieveLevel=STUDY"),
+        ("StudyInstanceUID: no wildcard matching at STUDY level",
+         "movescu", "-aem", "STORESCP", "-k", "QueryRetrieveLevel=STUDY", "-k", "StudyInstanceUID=*"),
+        ("StudyInstanceUID missing (required above SERIES level)",
+         "getscu", "-od", str(got), "-k", "QueryRetrieveLevel=SERIES", "-k", f"PatientID={patient}"),
+    ]
+    for comment, tool, *args in commands:
+        proc = subprocess.run([dcmtk(tool), "-d", "-S", "-aec", "DICOMWEB", *args, "127.0.0.1", port],
+                              cwd=d, check=False, capture_output=True, text=True, timeout=60)
+        out = proc.stdout + proc.stderr
+        assert "DIMSE Status                  : 0xa900" in out, out
+        assert f"LO [{comment}]" in out, out  # (0000,0902) Error Comment
+    assert list(walkthrough["recv"].iterdir()) == [] and list(got.iterdir()) == []
+
+
 def test_storescu_of_a_file_imported_before_is_a_success(walkthrough):
     """The walk-through's storescu step on the first command's archive (``import --samples``
     holds CT_small.dcm): DCMTK sends the data set under its own file meta and without

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from pydicom.dataset import Dataset
@@ -302,12 +303,13 @@ def test_find_matches_a_sequence_item(dimse):
             setattr(ds, k, v)
         return ds
 
-    a = make_dataset(PatientID="SQF", RequestAttributesSequence=[
+    study = "1.2.826.0.1.3680043.8.498.77"  # a hierarchical query: the study's series (PS3.4 C.4.1.2.1)
+    a = make_dataset(study=study, PatientID="SQF", RequestAttributesSequence=[
         item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="S1"), item(RequestedProcedureID="ABC")])
-    b = make_dataset(PatientID="SQF", RequestAttributesSequence=[item(RequestedProcedureID="QQQ")])
+    b = make_dataset(study=study, PatientID="SQF", RequestAttributesSequence=[item(RequestedProcedureID="QQQ")])
     assert dimse.store([a, b]) == [S.SUCCESS] * 2
     model = StudyRootQueryRetrieveInformationModelFind
-    keys = {"QueryRetrieveLevel": "SERIES", "PatientID": "SQF", "SeriesInstanceUID": "",
+    keys = {"QueryRetrieveLevel": "SERIES", "StudyInstanceUID": study, "PatientID": "SQF", "SeriesInstanceUID": "",
             "RequestAttributesSequence": [item(RequestedProcedureID="XYZ", ScheduledProcedureStepID="")]}
     (answer,) = _find(dimse, model, keys)
     assert answer.SeriesInstanceUID == a.SeriesInstanceUID
@@ -319,7 +321,7 @@ def test_find_matches_a_sequence_item(dimse):
     keys["RequestAttributesSequence"] = []
     assert {x.SeriesInstanceUID for x in _find(dimse, model, keys)} == {a.SeriesInstanceUID, b.SeriesInstanceUID}
     ident = Dataset()
-    ident.QueryRetrieveLevel, ident.PatientID = "SERIES", "SQF"
+    ident.QueryRetrieveLevel, ident.StudyInstanceUID, ident.PatientID = "SERIES", study, "SQF"
     ident.RequestAttributesSequence = [item(RequestedProcedureID="XYZ"), item(RequestedProcedureID="ABC")]
     assoc = dimse.associate([build_context(model)])
     try:  # a sequence matching key holds one item: 0xA900 (identifier does not match the model)
@@ -396,3 +398,223 @@ def test_find_with_a_timezone_offset(dimse):
     keys = {"QueryRetrieveLevel": "STUDY", "PatientID": "TZF", "StudyInstanceUID": "",
             "StudyDate": "20200101-20200102", "StudyTime": "2300-0100"}
     assert [x.StudyInstanceUID for x in _find(dimse, model, keys)] == [a.StudyInstanceUID]
+
+
+# --- baseline (non-relational) retrieve and hierarchical search (PS3.4 C.4.1.2.1, C.4.2.2.1, C.4.3.2.1)
+
+A, B = "1.2.826.0.1.3680043.8.498.1", "1.2.826.0.1.3680043.8.498.2"
+STUDY_UID, SERIES_UID, SOP_UID = 0x0020000D, 0x0020000E, 0x00080018
+
+BAD_RETRIEVES = [  # (Patient Root?, identifier keys, Error Comment, Offending Element)
+    (False, {"QueryRetrieveLevel": "STUDY"}, "StudyInstanceUID missing (required at STUDY level)", STUDY_UID),
+    (False, {"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": "*"},
+     "StudyInstanceUID: no wildcard matching at STUDY level", STUDY_UID),
+    (False, {"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": ""},
+     "StudyInstanceUID empty (required at STUDY level)", STUDY_UID),
+    (False, {"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": [A, ""]},
+     "StudyInstanceUID: an empty UID in the list", STUDY_UID),
+    (False, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1"},
+     "StudyInstanceUID missing (required above SERIES level)", STUDY_UID),
+    (False, {"QueryRetrieveLevel": "SERIES", "StudyInstanceUID": [A, B], "SeriesInstanceUID": A + ".1"},
+     "StudyInstanceUID must be a single value above SERIES level", STUDY_UID),
+    (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SeriesInstanceUID": A + ".?"},
+     "SeriesInstanceUID: no wildcard matching above IMAGE level", SERIES_UID),
+    (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SeriesInstanceUID": A + ".1"},
+     "SOPInstanceUID missing (required at IMAGE level)", SOP_UID),
+    (False, {"QueryRetrieveLevel": "study", "StudyInstanceUID": A},  # CS is upper case (PS3.5 §6.2)
+     "QueryRetrieveLevel 'study' is not one of STUDY, SERIES, IMAGE", 0x00080052),
+    (True, {"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": A},
+     "PatientID missing (required above STUDY level)", 0x00100020),
+    (True, {"QueryRetrieveLevel": "PATIENT", "PatientID": "PQR*"},
+     "PatientID: no wildcard matching at PATIENT level", 0x00100020),
+    (True, {"QueryRetrieveLevel": "PATIENT", "PatientID": ""},
+     "PatientID empty (required at PATIENT level)", 0x00100020),
+]
+
+
+def _keys(keys: dict) -> Dataset:
+    ds = Dataset()
+    for k, v in keys.items():
+        setattr(ds, k, v)
+    return ds
+
+
+def _store_two_studies(d) -> list[Dataset]:
+    dss = [make_dataset(study=A, series=A + ".1", PatientID="PQR1", InstanceNumber=i) for i in (1, 2)]
+    dss.append(make_dataset(study=A, series=A + ".2", PatientID="PQR1"))
+    dss.append(make_dataset(study=B, series=B + ".1", PatientID="PQR2"))
+    assert d.store(dss) == [S.SUCCESS] * 4
+    return dss
+
+
+@pytest.mark.parametrize("patient_root,keys,comment,offending", BAD_RETRIEVES)
+def test_get_and_move_need_the_unique_keys(move_dimse, store_scp, patient_root, keys, comment, offending):
+    """A C-GET or C-MOVE identifier is not a search (PS3.4 C.4.2.2.1, C.4.3.2.1, baseline:
+    relational retrieve is not negotiated): a single value in the unique key of each level
+    above the Query/Retrieve Level, one UID or a UID list at it (Patient ID: one value), no
+    wildcard, no universal matching. Else 0xA900 naming the key (Error Comment, Offending
+    Element), and nothing is sent. Before, each was a C-FIND: ``StudyInstanceUID=*`` or none
+    at all sent the whole archive, a SERIES retrieve by Patient ID the patient's series."""
+    from pynetdicom.sop_class import PatientRootQueryRetrieveInformationModelGet as PGet
+    from pynetdicom.sop_class import PatientRootQueryRetrieveInformationModelMove as PMove
+
+    dss = _store_two_studies(move_dimse)
+    get_model, move_model = (PGet, PMove) if patient_root else (StudyRootQueryRetrieveInformationModelGet,
+                                                               StudyRootQueryRetrieveInformationModelMove)
+    received: list[Dataset] = []
+
+    def on_store(event):
+        received.append(event.dataset)
+        return 0x0000
+
+    ae = AE(ae_title="GETSCU")
+    ae.add_requested_context(get_model)
+    ae.add_requested_context(move_model)
+    ae.add_requested_context(dss[0].SOPClassUID)
+    assoc = ae.associate("127.0.0.1", move_dimse.port, ae_title="DICOMWEB", evt_handlers=[(evt.EVT_C_STORE, on_store)],
+                         ext_neg=[build_role(dss[0].SOPClassUID, scp_role=True)])
+    assert assoc.is_established
+    try:
+        get = [s for s, _ in assoc.send_c_get(_keys(keys), get_model)]
+        move = [s for s, _ in assoc.send_c_move(_keys(keys), "MOVEDEST", move_model)]
+    finally:
+        assoc.release()
+    for responses in get, move:
+        final = responses[-1]
+        assert len(responses) == 1, responses  # no pending response: no sub-operation
+        assert final.Status == S.QR_IDENTIFIER_MISMATCH, final
+        assert final.ErrorComment == comment
+        assert final.OffendingElement == offending
+        assert final.get("NumberOfCompletedSuboperations", 0) == 0
+    assert received == [] and store_scp[1] == []
+
+
+def test_get_and_move_retrieve_what_the_unique_keys_name(move_dimse, store_scp):
+    """A UID list at the Query/Retrieve Level retrieves each entity (PS3.4 C.4.2.1.4.1 Note);
+    other keys (PatientName here, keys below the level) are not matching keys of a retrieve
+    and are ignored (real SCUs send them). Patient Root: PATIENT by Patient ID, STUDY with
+    the Patient ID above it."""
+    from pynetdicom.sop_class import PatientRootQueryRetrieveInformationModelMove as PMove
+
+    dss = _store_two_studies(move_dimse)
+    uids = lambda idx: sorted(dss[i].SOPInstanceUID for i in idx)  # noqa: E731
+    responses, received = _c_get(move_dimse, dss, _keys({
+        "QueryRetrieveLevel": "SERIES", "StudyInstanceUID": A, "SeriesInstanceUID": [A + ".1", A + ".2"],
+        "PatientName": "Nobody^Here", "SOPInstanceUID": dss[0].SOPInstanceUID, "Modality": ""}))
+    assert (responses[-1][0].Status, responses[-1][0].NumberOfCompletedSuboperations) == (S.SUCCESS, 3)
+    assert sorted(d.SOPInstanceUID for d in received) == uids([0, 1, 2])
+    assoc = move_dimse.associate([build_context(PMove)])
+    try:
+        final = list(assoc.send_c_move(_keys({"QueryRetrieveLevel": "PATIENT", "PatientID": "PQR2"}),
+                                       "MOVEDEST", PMove))[-1][0]
+        assert (final.Status, final.NumberOfCompletedSuboperations) == (S.SUCCESS, 1)
+        assert [d.SOPInstanceUID for d in store_scp[1]] == uids([3])
+        final = list(assoc.send_c_move(_keys({"QueryRetrieveLevel": "STUDY", "PatientID": "PQR2",
+                                              "StudyInstanceUID": A}), "MOVEDEST", PMove))[-1][0]
+        assert (final.Status, final.NumberOfCompletedSuboperations) == (S.SUCCESS, 0)  # not that patient's study
+    finally:
+        assoc.release()
+
+
+FIND_HIERARCHY = [  # (Patient Root?, keys, Error Comment); a single value in each unique key above the level
+    (True, {"QueryRetrieveLevel": "SERIES", "SeriesInstanceUID": "", "Modality": "CT"},
+     "PatientID missing (required above SERIES level)"),
+    (True, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1", "SeriesInstanceUID": ""},
+     "StudyInstanceUID missing (required above SERIES level)"),
+    (True, {"QueryRetrieveLevel": "STUDY", "PatientID": "PQR*", "StudyInstanceUID": ""},
+     "PatientID: no wildcard matching above STUDY level"),
+    (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SOPInstanceUID": ""},
+     "SeriesInstanceUID missing (required above IMAGE level)"),
+    (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SeriesInstanceUID": "", "SOPInstanceUID": ""},
+     "SeriesInstanceUID empty (required above IMAGE level)"),
+    (False, {"QueryRetrieveLevel": "SERIES", "StudyInstanceUID": [A, B], "SeriesInstanceUID": ""},
+     "StudyInstanceUID must be a single value above SERIES level"),
+    (False, {"QueryRetrieveLevel": "study", "StudyInstanceUID": ""},
+     "QueryRetrieveLevel 'study' is not one of STUDY, SERIES, IMAGE"),
+]
+
+
+@pytest.mark.parametrize("patient_root,keys,comment", FIND_HIERARCHY)
+def test_find_is_hierarchical(dimse, patient_root, keys, comment):
+    """C-FIND baseline: hierarchical search (PS3.4 C.4.1.2.1, C.4.1.3.1.1); a relational query
+    (C.4.1.2.2.1) needs SOP Class Extended Negotiation, not supported (docs/conformance.md):
+    0xA900 naming the key. Before, a Patient Root SERIES query with neither Patient ID nor
+    Study Instance UID, and a lower-case level, were answered."""
+    _store_two_studies(dimse)
+    model = PatientRootQueryRetrieveInformationModelFind if patient_root else StudyRootQueryRetrieveInformationModelFind
+    assoc = dimse.associate([build_context(model)])
+    try:
+        responses = [s for s, _ in assoc.send_c_find(_keys(keys), model)]
+    finally:
+        assoc.release()
+    assert [(s.Status, s.ErrorComment) for s in responses] == [(S.QR_IDENTIFIER_MISMATCH, comment)]
+    # the same query made hierarchical is answered
+    if keys["QueryRetrieveLevel"] == "SERIES" and patient_root:
+        found = _find(dimse, model, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1", "StudyInstanceUID": A,
+                                     "SeriesInstanceUID": ""})
+        assert sorted(f.SeriesInstanceUID for f in found) == [A + ".1", A + ".2"]
+
+
+def _raw_request(d, model, raw: bytes, get: bool = False) -> list:
+    """Send a C-FIND (or C-GET) whose identifier is ``raw`` (Explicit VR Little Endian);
+    the statuses of the responses, or "C-STORE" for a sub-operation."""
+    import io
+
+    from pydicom.uid import ExplicitVRLittleEndian
+    from pynetdicom.dimse_primitives import C_FIND, C_GET
+
+    ae = AE(ae_title="RAWSCU")
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 30
+    ae.add_requested_context(model, ExplicitVRLittleEndian)
+    assoc = ae.associate("127.0.0.1", d.port, ae_title="DICOMWEB")
+    assert assoc.is_established
+    req = C_GET() if get else C_FIND()
+    req.MessageID, req.AffectedSOPClassUID, req.Priority, req.Identifier = 1, model, 2, io.BytesIO(raw)
+    assoc._reactor_checkpoint.clear()  # as send_c_find: the reactor leaves the responses to us
+    while not assoc._is_paused:
+        time.sleep(0.001)
+    assoc.dimse.send_msg(req, assoc.accepted_contexts[0].context_id)
+    out: list = []
+    try:
+        while True:
+            _, rsp = assoc.dimse.get_msg(block=True)
+            if rsp is None or not hasattr(rsp, "Status") or rsp.Status is None:
+                out.append("C-STORE" if rsp is not None else None)
+                break
+            out.append((rsp.Status, rsp.ErrorComment))
+            if rsp.Status not in (S.PENDING, 0xFF01):
+                break
+    finally:
+        assoc._reactor_checkpoint.set()
+        assoc.abort() if out and out[-1] == "C-STORE" else assoc.release()
+    return out
+
+
+def test_a_truncated_identifier_is_unable_to_process(dimse):
+    """An element whose length runs past the end of the identifier (PS3.5 §7.1: here the last
+    element declares 500 bytes, 6 are there): 0xC000 Unable to process (PS3.4 C.4.1.1.4,
+    C.4.3.1.4), as STOW-RS and C-STORE refuse a truncated element. pydicom kept the 6 bytes:
+    a STUDY query was answered with every study, a C-GET of the study sent it."""
+    import struct
+
+    def el(g, e, vr, value, length=None):
+        return struct.pack("<HH", g, e) + vr + struct.pack("<H", len(value) if length is None else length) + value
+
+    _store_two_studies(dimse)
+    level = el(0x0008, 0x0052, b"CS", b"STUDY ", 500)
+    assert _raw_request(dimse, StudyRootQueryRetrieveInformationModelFind, level) == [
+        (S.QR_UNABLE_TO_PROCESS, "identifier truncated: (0008,0052) declares 500 bytes, has 6")]
+    uid = A.encode() + b"\0"
+    get = el(0x0008, 0x0052, b"CS", b"STUDY ") + el(0x0020, 0x000D, b"UI", uid, 64)
+    assert _raw_request(dimse, StudyRootQueryRetrieveInformationModelGet, get, get=True) == [
+        (S.QR_UNABLE_TO_PROCESS, f"identifier truncated: (0020,000D) declares 64 bytes, has {len(uid)}")]
+    from pynetdicom.sop_class import ModalityWorklistInformationFind
+
+    assert _raw_request(dimse, ModalityWorklistInformationFind, el(0x0010, 0x0020, b"LO", b"PQR1", 50)) == [
+        (S.QR_UNABLE_TO_PROCESS, "identifier truncated: (0010,0020) declares 50 bytes, has 4")]
+    # inside a sequence item (defined lengths): the same
+    inner = el(0x0008, 0x0050, b"SH", b"ACC1", 40)
+    item = struct.pack("<HHI", 0xFFFE, 0xE000, len(inner)) + inner
+    seq = struct.pack("<HH", 0x0008, 0x1110) + b"SQ\0\0" + struct.pack("<I", len(item)) + item
+    assert _raw_request(dimse, StudyRootQueryRetrieveInformationModelFind, el(0x0008, 0x0052, b"CS", b"STUDY ") + seq) \
+        == [(S.QR_UNABLE_TO_PROCESS, "identifier truncated: (0008,0050) declares 40 bytes, has 4")]

@@ -109,6 +109,27 @@ def test_one_peer_cannot_take_every_slot_or_connection(listener):
         _release(held)
 
 
+def test_the_rejection_audit_line_names_the_calling_ae_title(listener, caplog):
+    """The INFO line of an association rejected at the per-peer limit names its calling AE
+    title, as the WARNING before it does: it read ``requestor.ae_title``, which pynetdicom
+    sets from the A-ASSOCIATE-RQ only after the EVT_REQUESTED handlers (slots.py rejects in
+    one), and the line read ``association rejected:  -> DICOMWEB from 127.0.0.1:...``."""
+    held = []
+    try:
+        with caplog.at_level("INFO", logger="dicomweb_server.dimse"):
+            held = [_associate(listener, "TOOMANY", "127.0.0.5") for _ in range(3)]
+            assert [a.is_established for a in held] == [True, True, False]
+            deadline = time.monotonic() + 10
+            while not any("association rejected" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "no rejection line"
+                time.sleep(0.05)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("association rejected")]
+        assert len(lines) == 1
+        assert lines[0].startswith("association rejected: TOOMANY -> DICOMWEB from 127.0.0.5:"), lines
+    finally:
+        _release(held)
+
+
 def test_a_connection_without_its_a_associate_rq_is_closed_after_the_acse_timeout(tmp_path):
     """dimse_acse_timeout (default now 10 s, was 30 s) bounds the life of a connection that
     sends nothing, and of one that sends part of an A-ASSOCIATE-RQ (before: the network
