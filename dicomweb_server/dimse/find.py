@@ -8,10 +8,10 @@ PS3.4 C.4.1 (C-FIND SCP: the response identifier holds the requested keys, with
 values or zero length, plus Query/Retrieve Level and, when a value is not ASCII,
 Specific Character Set: C.4.1.1.3.2; its choice: dicom/charset.py),
 C.2.2.2 (matching), C.6.1 (Patient Root: PATIENT, STUDY, SERIES, IMAGE levels),
-C.6.2 (Study Root: STUDY, SERIES, IMAGE), C.4.1.2.1 and C.4.1.3.1 (baseline, hierarchical
-search: a single value in the unique key of each level above the Query/Retrieve Level;
-relational queries, C.4.1.2.2.1, need extended negotiation, which this SCP does not accept),
-PS3.5 §6.2 (CS: upper case).
+C.6.2 (Study Root: STUDY, SERIES, IMAGE), PS3.5 §6.2 (CS: upper case). A query without the
+unique keys of the levels above (relational, PS3.4 C.4.1.2.2) is answered, negotiated or not:
+it is a search, and SCUs in the field send them (a Patient Root STUDY query by name, without
+Patient ID); C-GET and C-MOVE, which send data, are held to the baseline keys (retrieve.py).
 """
 
 from __future__ import annotations
@@ -98,17 +98,6 @@ def single_value(identifier: Dataset, keyword: str, where: str) -> str:
     if any(w in values[0] for w in WILDCARDS):
         raise IdentifierError(f"{keyword}: no wildcard matching {where}", tag)
     return values[0]
-
-
-def check_hierarchy(identifier: Dataset, level: str, model: str) -> None:
-    """Hierarchical search (PS3.4 C.4.1.2.1, C.4.1.3.1.1): the unique key of each level above
-    ``level`` holds a single value (no wildcard, no list, not empty). A query without them is
-    relational (C.4.1.2.2.1), which needs SOP Class Extended Negotiation this SCP does not
-    accept: IdentifierError (0xA900) naming the key. Other keys of the levels above are
-    matched as they are (what the archive did; an SCU may send them as return keys)."""
-    levels = MODEL_LEVELS[model]
-    for above in levels[:levels.index(level)]:
-        single_value(identifier, UNIQUE_KEYS[above], f"above {level} level")
 
 
 def _raw(elem: DataElement) -> str:
@@ -263,7 +252,6 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
     studies ``allowed`` lets through; ``default_charset``: the archive's preferred Specific
     Character Set (the ``dimse_character_set`` setting, dicom/charset.py)."""
     level = query_level(identifier, model)
-    check_hierarchy(identifier, level, model)
     _, wanted = build_query(identifier, level, max_results)
     requested = terms(identifier.get("SpecificCharacterSet"))
     seen: set[tuple] = set()

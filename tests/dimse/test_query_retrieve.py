@@ -516,43 +516,41 @@ def test_get_and_move_retrieve_what_the_unique_keys_name(move_dimse, store_scp):
         assoc.release()
 
 
-FIND_HIERARCHY = [  # (Patient Root?, keys, Error Comment); a single value in each unique key above the level
-    (True, {"QueryRetrieveLevel": "SERIES", "SeriesInstanceUID": "", "Modality": "CT"},
-     "PatientID missing (required above SERIES level)"),
-    (True, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1", "SeriesInstanceUID": ""},
-     "StudyInstanceUID missing (required above SERIES level)"),
-    (True, {"QueryRetrieveLevel": "STUDY", "PatientID": "PQR*", "StudyInstanceUID": ""},
-     "PatientID: no wildcard matching above STUDY level"),
-    (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SOPInstanceUID": ""},
-     "SeriesInstanceUID missing (required above IMAGE level)"),
-    (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SeriesInstanceUID": "", "SOPInstanceUID": ""},
-     "SeriesInstanceUID empty (required above IMAGE level)"),
+RELATIONAL_FINDS = [  # (Patient Root?, keys, the unique keys answered): unique keys above the level missing
+    (True, {"QueryRetrieveLevel": "SERIES", "SeriesInstanceUID": ""}, [A + ".1", A + ".2", B + ".1"]),
+    (True, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1", "SeriesInstanceUID": ""}, [A + ".1", A + ".2"]),
+    (True, {"QueryRetrieveLevel": "STUDY", "PatientID": "PQR*", "StudyInstanceUID": ""}, [A, B]),
     (False, {"QueryRetrieveLevel": "SERIES", "StudyInstanceUID": [A, B], "SeriesInstanceUID": ""},
-     "StudyInstanceUID must be a single value above SERIES level"),
-    (False, {"QueryRetrieveLevel": "study", "StudyInstanceUID": ""},
-     "QueryRetrieveLevel 'study' is not one of STUDY, SERIES, IMAGE"),
+     [A + ".1", A + ".2", B + ".1"]),
 ]
 
 
-@pytest.mark.parametrize("patient_root,keys,comment", FIND_HIERARCHY)
-def test_find_is_hierarchical(dimse, patient_root, keys, comment):
-    """C-FIND baseline: hierarchical search (PS3.4 C.4.1.2.1, C.4.1.3.1.1); a relational query
-    (C.4.1.2.2.1) needs SOP Class Extended Negotiation, not supported (docs/conformance.md):
-    0xA900 naming the key. Before, a Patient Root SERIES query with neither Patient ID nor
-    Study Instance UID, and a lower-case level, were answered."""
+@pytest.mark.parametrize("patient_root,keys,expected", RELATIONAL_FINDS)
+def test_a_relational_find_is_answered(dimse, patient_root, keys, expected):
+    """A C-FIND without single values in the unique keys of the levels above (a relational
+    query, PS3.4 C.4.1.2.2) is answered as the search it is, negotiated or not: SCUs in the
+    field send them (a Patient Root STUDY query by a Patient ID pattern). C-GET and C-MOVE,
+    which send data, are held to the baseline keys (test_get_and_move_need_the_unique_keys)."""
     _store_two_studies(dimse)
     model = PatientRootQueryRetrieveInformationModelFind if patient_root else StudyRootQueryRetrieveInformationModelFind
+    level = keys["QueryRetrieveLevel"]
+    key = "SeriesInstanceUID" if level == "SERIES" else "StudyInstanceUID"
+    assert sorted(str(f[key].value) for f in _find(dimse, model, keys)) == expected
+
+
+def test_a_lower_case_level_is_refused(dimse):
+    """A CS value is upper case (PS3.5 §6.2): ``study`` is not a Query/Retrieve Level (0xA900,
+    naming it; pynetdicom's qrscp refuses it too). Before, it was searched as STUDY."""
+    _store_two_studies(dimse)
+    model = StudyRootQueryRetrieveInformationModelFind
     assoc = dimse.associate([build_context(model)])
     try:
-        responses = [s for s, _ in assoc.send_c_find(_keys(keys), model)]
+        responses = [s for s, _ in assoc.send_c_find(_keys({"QueryRetrieveLevel": "study", "StudyInstanceUID": ""}),
+                                                     model)]
     finally:
         assoc.release()
-    assert [(s.Status, s.ErrorComment) for s in responses] == [(S.QR_IDENTIFIER_MISMATCH, comment)]
-    # the same query made hierarchical is answered
-    if keys["QueryRetrieveLevel"] == "SERIES" and patient_root:
-        found = _find(dimse, model, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1", "StudyInstanceUID": A,
-                                     "SeriesInstanceUID": ""})
-        assert sorted(f.SeriesInstanceUID for f in found) == [A + ".1", A + ".2"]
+    assert [(s.Status, s.ErrorComment) for s in responses] == [
+        (S.QR_IDENTIFIER_MISMATCH, "QueryRetrieveLevel 'study' is not one of STUDY, SERIES, IMAGE")]
 
 
 def _raw_request(d, model, raw: bytes, get: bool = False) -> list:
