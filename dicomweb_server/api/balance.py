@@ -142,10 +142,10 @@ class Balancer:
         raise RuntimeError(f"all {self.table.rows} rows of the connection table are held by live workers")
 
     def _rescue(self) -> None:
-        """Adopt what was sent to workers that died before adopting it."""
+        """Adopt what was sent to workers that died before adopting it; their rows emptied."""
         with self._locked():
             for row in range(self.table.rows):
-                if row != self.row and self._get(row)[2] and not self._alive(row):
+                if row != self.row and self._get(row)[0] and not self._alive(row):
                     n = self._drain(self.table.pairs[row][0])
                     self._set(row, 0, 0, 0)
                     pid, held, incoming = self._get(self.row)
@@ -161,12 +161,13 @@ class Balancer:
             return False
         with self._locked():
             mine = len(self.server.server_state.connections) + self._get(self.row)[2]
-            loads = [(held + incoming, row) for row in range(self.table.rows) if row != self.row
-                     for _pid, held, incoming in [self._get(row)] if _pid and self._alive(row)]
-            if not loads or mine <= min(loads)[0]:
+            # the least loaded sibling that lives (its lock tested only for the candidates)
+            loads = sorted((held + incoming, row) for row in range(self.table.rows) if row != self.row
+                           for pid, held, incoming in [self._get(row)] if pid and held + incoming < mine)
+            target = next((row for _load, row in loads if self._alive(row)), None)
+            if target is None:
                 self._publish(1)
                 return False
-            target = min(loads)[1]
             try:
                 # MSG_DONTWAIT: the descriptors are shared with every worker (O_NONBLOCK would be too);
                 # a full queue: served here

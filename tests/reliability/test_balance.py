@@ -175,6 +175,7 @@ def test_a_sleeping_worker_gets_its_half_and_every_request_is_answered(tmp_path)
     with _server(tmp_path) as (proc, port):
         sleeper, awake = sorted(_ready(proc, port, 2))
         datasets = [make_dataset(rows=8, columns=8, PatientID=f"bal-{i}") for i in range(8)]
+        time.sleep(0.5)  # the close of _ready's request counted (a stopped worker's count stays)
         os.kill(sleeper, signal.SIGSTOP)
         socks = []
         for ds in datasets:
@@ -208,6 +209,7 @@ def test_a_killed_worker_loses_no_connection_handed_to_it_and_its_replacement_ta
     the replacement worker then takes its share of new connections."""
     with _server(tmp_path) as (proc, port):
         victim, survivor = sorted(_ready(proc, port, 2))
+        time.sleep(0.5)  # the close of _ready's request counted (a stopped worker's count stays)
         os.kill(victim, signal.SIGSTOP)
         socks = _connect(port, 8)
         try:
