@@ -56,7 +56,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     byte (the idle time between requests is uvicorn's ``timeout_keep_alive``).
 
     It also offers the application the SENDFILE extension (stored files sent by the
-    kernel: :mod:`.sendfile`) on connections without TLS."""
+    kernel: :mod:`.sendfile`) on connections without TLS, and with several workers passes
+    a connection it just accepted to a less loaded sibling worker (:mod:`.balance`)."""
 
     def __init__(self, *args: Any, header_timeout: float, max_header_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

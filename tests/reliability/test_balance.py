@@ -248,3 +248,28 @@ def test_switched_off_connections_stay_where_accepted(tmp_path):
         finally:
             for s in socks:
                 s.close()
+
+
+def test_rolling_restart_new_workers_balance(tmp_path):
+    """SIGHUP (uvicorn's rolling restart): the new workers take rows of their own, the old
+    ones give theirs back, and new connections spread over the new workers."""
+    with _server(tmp_path) as (proc, port):
+        old = _ready(proc, port, 2)
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 120
+        while (new := _workers(proc)) & old or len(new) != 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "no rolling restart"
+            time.sleep(0.1)
+        assert _ready(proc, port, 2) == new
+        time.sleep(0.5)
+        rows = _table(min(new))
+        assert sorted(p for p in rows if p) == sorted(new), rows
+        socks = _connect(port, 8)
+        try:
+            for s in socks:
+                assert _response(s, bytearray())[0] == 200
+            spread = _wait_spread(port, 8)
+            assert set(spread) == new and sorted(spread.values()) == [4, 4], spread
+        finally:
+            for s in socks:
+                s.close()
