@@ -294,7 +294,10 @@ class BalancedServer(Server):
 
     async def on_tick(self, counter: int) -> bool:
         if counter % 10 == 0 and _BALANCER is not None and not _BALANCER.stopped:
-            _BALANCER._rescue()
+            try:
+                _BALANCER._rescue()
+            except OSError:  # the serving goes on (an exception here would end the worker)
+                log.exception("adopting connections of a dead sibling worker failed")
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
