@@ -242,12 +242,9 @@ def _alive(pid: int) -> bool:
 def _run_uvicorn(uvicorn, settings, workers: int) -> None:
     from .api.limits import uvicorn_options
 
-    uvicorn.run(
-        "dicomweb_server.app:create_app_from_env",
-        factory=True,
+    options = dict(
         host=settings.host,
         port=settings.port,
-        workers=workers if workers > 1 else None,
         access_log=settings.access_log,
         log_level=settings.log_level,
         timeout_keep_alive=30,
@@ -262,6 +259,13 @@ def _run_uvicorn(uvicorn, settings, workers: int) -> None:
         timeout_worker_healthcheck=30,
         # socket buffers are left to the kernel (autotuning); asyncio/uvloop set TCP_NODELAY
     )
+    app = "dicomweb_server.app:create_app_from_env"
+    if workers > 1 and settings.balance_connections:  # connections spread evenly over the workers
+        from .api import balance
+
+        balance.run(uvicorn.Config(app, factory=True, workers=workers, **options))
+    else:
+        uvicorn.run(app, factory=True, workers=workers if workers > 1 else None, **options)
 
 
 def _storage_refused(settings) -> str | None:

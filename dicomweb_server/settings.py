@@ -51,6 +51,9 @@ class Settings(BaseSettings):
                           "and region from the standard `AWS_*` variables")
     workers: int | None = Field(None, ge=1, le=256, description="worker processes; default: one per core with sqlite, "
                                                         "1 with memory (which refuses more than one)")
+    balance_connections: bool = Field(True, description="with several workers, a worker that accepts a "
+                                      "connection while it holds more than the least loaded worker passes it "
+                                      "to that one (keep-alive connections spread evenly: api/balance.py)")
     prefix: str = Field("", description="path prefix DICOMweb is served under, e.g. `/dicomweb`")
     public_url: str | None = Field(
         None, description="base URL written into RetrieveURL and BulkDataURI; default: from the request"

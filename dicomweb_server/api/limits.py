@@ -25,6 +25,7 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from . import balance
 from .errors import error_response, warning_header
 from .sendfile import SENDFILE, SendfileSender, can_sendfile
 
@@ -58,7 +59,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     byte (the idle time between requests is uvicorn's ``timeout_keep_alive``).
 
     It also offers the application the SENDFILE extension (stored files sent by the
-    kernel: :mod:`.sendfile`) on connections without TLS."""
+    kernel: :mod:`.sendfile`) on connections without TLS, and with several workers passes
+    a connection it just accepted to a less loaded sibling worker (:mod:`.balance`)."""
 
     def __init__(self, *args: Any, header_timeout: float, max_header_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,6 +74,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._lingering = False
         self._sendfile: SendfileSender | None = None
+        self._handed_off = False
 
     def _start_head(self) -> None:
         if self._in_head:
@@ -86,16 +89,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if balance.connection_made(self, transport):  # a sibling worker serves it (api/balance.py)
+            self._handed_off = True
+            return
         super().connection_made(transport)
         if can_sendfile(transport):
             self._sendfile = SendfileSender(self)
         self._start_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handed_off:
+            return  # never this worker's
         self._end_head()
         super().connection_lost(exc)
         if self._sendfile is not None:
             self._sendfile.connection_lost()
+        balance.connection_lost()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         if self._sendfile is not None and SENDFILE in cycle.scope.get("extensions", ()):
