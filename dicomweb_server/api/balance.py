@@ -32,7 +32,8 @@ error) serves the connection where it was accepted. Not for TLS or Unix-domain c
 (``serve`` has neither on its HTTP port).
 
 :func:`run` is ``uvicorn.run`` for several workers (uvicorn 0.55: ``main.run``,
-``supervisors/multiprocess.py``), with workers whose server is :class:`BalancedServer`.
+``supervisors/multiprocess.py``; the version and the functions relied on are pinned:
+``tests/server/test_uvicorn_pins.py``), with workers whose server is :class:`BalancedServer`.
 ``balance_connections`` (``DICOMWEB_BALANCE_CONNECTIONS``) switches it off.
 """
 
