@@ -4,7 +4,9 @@ Baseline (non-relational) retrieve, PS3.4 C.4.2.2.1 (C-MOVE) and C.4.3.2.1 (C-GE
 unique key of each level above the Query/Retrieve Level holds a single value, the unique
 key of that level one value or a list of UIDs (Patient ID, at the PATIENT level: one value,
 C.4.2.1.4.1 Note); no wildcard, no universal matching. The SCP retrieves what those keys
-identify (C.4.2.3.1, C.4.3.3.1). Relational retrieve (C.4.2.2.2, C.4.3.2.2) needs SOP Class
+identify (C.4.2.3.1, C.4.3.3.1). A unique key above the level that is absent or empty is
+tolerated (the level's UIDs, unique by definition, name what is retrieved: SCUs send a Patient
+Root STUDY retrieve without Patient ID); one with a value is matched, and must be single. Relational retrieve (C.4.2.2.2, C.4.3.2.2) needs SOP Class
 Extended Negotiation, which this SCP does not accept: an identifier without those keys
 fails with 0xA900 naming the key, and no sub-operation. Other keys are ignored (C.2.2.1:
 only unique keys identify what is retrieved; SCUs send more)."""
@@ -42,7 +44,11 @@ def unique_keys(identifier: Dataset, model: str) -> tuple[str, Dataset]:
     keys = Dataset()
     keys.QueryRetrieveLevel = level
     for above in levels[:levels.index(level)]:
-        setattr(keys, UNIQUE_KEYS[above], single_value(identifier, UNIQUE_KEYS[above], f"above {level} level"))
+        # absent or zero length: tolerated, the level's own UIDs name what is retrieved (SCUs in
+        # the field send a Patient Root STUDY retrieve by Study Instance UID alone); a value given
+        # must be single, without wildcards (anything else is a relational retrieve)
+        if key_values(identifier, UNIQUE_KEYS[above]):
+            setattr(keys, UNIQUE_KEYS[above], single_value(identifier, UNIQUE_KEYS[above], f"above {level} level"))
     keyword = UNIQUE_KEYS[level]
     if level == "PATIENT":  # Single Value Matching only (C.4.2.1.4.1 Note)
         setattr(keys, keyword, single_value(identifier, keyword, f"at {level} level"))

@@ -414,7 +414,7 @@ BAD_RETRIEVES = [  # (Patient Root?, identifier keys, Error Comment, Offending E
     (False, {"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": [A, ""]},
      "StudyInstanceUID: an empty UID in the list", STUDY_UID),
     (False, {"QueryRetrieveLevel": "SERIES", "PatientID": "PQR1"},
-     "StudyInstanceUID missing (required above SERIES level)", STUDY_UID),
+     "SeriesInstanceUID missing (required at SERIES level)", SERIES_UID),
     (False, {"QueryRetrieveLevel": "SERIES", "StudyInstanceUID": [A, B], "SeriesInstanceUID": A + ".1"},
      "StudyInstanceUID must be a single value above SERIES level", STUDY_UID),
     (False, {"QueryRetrieveLevel": "IMAGE", "StudyInstanceUID": A, "SeriesInstanceUID": A + ".?"},
@@ -423,8 +423,8 @@ BAD_RETRIEVES = [  # (Patient Root?, identifier keys, Error Comment, Offending E
      "SOPInstanceUID missing (required at IMAGE level)", SOP_UID),
     (False, {"QueryRetrieveLevel": "study", "StudyInstanceUID": A},  # CS is upper case (PS3.5 §6.2)
      "QueryRetrieveLevel 'study' is not one of STUDY, SERIES, IMAGE", 0x00080052),
-    (True, {"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": A},
-     "PatientID missing (required above STUDY level)", 0x00100020),
+    (True, {"QueryRetrieveLevel": "STUDY", "PatientID": "PQR*", "StudyInstanceUID": A},
+     "PatientID: no wildcard matching above STUDY level", 0x00100020),
     (True, {"QueryRetrieveLevel": "PATIENT", "PatientID": "PQR*"},
      "PatientID: no wildcard matching at PATIENT level", 0x00100020),
     (True, {"QueryRetrieveLevel": "PATIENT", "PatientID": ""},
@@ -512,6 +512,16 @@ def test_get_and_move_retrieve_what_the_unique_keys_name(move_dimse, store_scp):
         final = list(assoc.send_c_move(_keys({"QueryRetrieveLevel": "STUDY", "PatientID": "PQR2",
                                               "StudyInstanceUID": A}), "MOVEDEST", PMove))[-1][0]
         assert (final.Status, final.NumberOfCompletedSuboperations) == (S.SUCCESS, 0)  # not that patient's study
+        # a unique key above the level absent or empty is tolerated: the level's UIDs name what is
+        # retrieved (a Patient Root STUDY retrieve by Study Instance UID alone; IMAGE by SOP UIDs)
+        final = list(assoc.send_c_move(_keys({"QueryRetrieveLevel": "STUDY", "StudyInstanceUID": A}),
+                                       "MOVEDEST", PMove))[-1][0]
+        assert (final.Status, final.NumberOfCompletedSuboperations) == (S.SUCCESS, 3)
+        final = list(assoc.send_c_move(_keys({"QueryRetrieveLevel": "IMAGE", "PatientID": "", "StudyInstanceUID": A,
+                                              "SOPInstanceUID": [dss[0].SOPInstanceUID, dss[2].SOPInstanceUID]}),
+                                       "MOVEDEST", PMove))[-1][0]
+        assert (final.Status, final.NumberOfCompletedSuboperations) == (S.SUCCESS, 2)
+        assert sorted(d.SOPInstanceUID for d in store_scp[1]) == sorted(uids([3]) + uids([0, 1, 2]) + uids([0, 2]))
     finally:
         assoc.release()
 
