@@ -160,29 +160,37 @@ class Balancer:
         if self.stopped or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) \
                 or transport.get_extra_info("sslcontext") is not None:
             return False
-        with self._locked():
-            mine = len(self.server.server_state.connections) + self._get(self.row)[2]
-            # the least loaded sibling that lives (its lock tested only for the candidates)
-            loads = sorted((held + incoming, row) for row in range(self.table.rows) if row != self.row
-                           for pid, held, incoming in [self._get(row)] if pid and held + incoming < mine)
-            target = next((row for _load, row in loads if self._alive(row)), None)
-            if target is None:
-                self._publish(1)
-                return False
-            try:
-                # MSG_DONTWAIT: the descriptors are shared with every worker (O_NONBLOCK would be too);
-                # a full queue: served here
-                self.table.pairs[target][1].sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                             array.array("i", [sock.fileno()]))], socket.MSG_DONTWAIT)
-            except OSError as e:
-                log.info("connection not handed to a sibling worker: %s", e)
-                self._publish(1)
-                return False
-            pid, held, incoming = self._get(target)
-            self._set(target, pid, held, incoming + 1)
-        # the message holds the socket now: closing this descriptor ends nothing (no shutdown())
-        transport.close()
-        return True
+        sent, refused = False, None
+        try:
+            with self._locked():
+                mine = len(self.server.server_state.connections) + self._get(self.row)[2]
+                # the least loaded sibling that lives (its lock tested only for the candidates)
+                loads = sorted((held + incoming, row) for row in range(self.table.rows) if row != self.row
+                               for pid, held, incoming in [self._get(row)] if pid and held + incoming < mine)
+                target = next((row for _load, row in loads if self._alive(row)), None)
+                if target is None:
+                    self._publish(1)
+                    return False
+                try:
+                    # MSG_DONTWAIT: the descriptors are shared with every worker (O_NONBLOCK would be
+                    # too); a full queue: served here
+                    self.table.pairs[target][1].sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                                 array.array("i", [sock.fileno()]))],
+                                                        socket.MSG_DONTWAIT)
+                except OSError as e:
+                    refused = e
+                    self._publish(1)
+                else:
+                    sent = True
+                    pid, held, incoming = self._get(target)
+                    self._set(target, pid, held, incoming + 1)
+        finally:
+            if sent:  # the sibling has it, whatever failed after the send: never served by two workers
+                # the message holds the socket: closing this descriptor ends nothing (no shutdown())
+                transport.close()
+        if refused is not None:  # logged outside the lock: a slow log must not hold every worker's accepts
+            log.info("connection not handed to a sibling worker: %s", refused)
+        return sent
 
     def _publish(self, adding: int = 0, adopted: int = 0) -> None:
         """This worker's row := its connections (+ ``adding`` about to be added); the caller holds the lock."""
@@ -214,6 +222,10 @@ class Balancer:
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            if _flags & socket.MSG_CTRUNC and not fds:  # the kernel closed it (e.g. no descriptor left)
+                log.warning("a connection handed over by a sibling worker was lost on the way (MSG_CTRUNC)")
+                pid, held, incoming = self._get(self.row)
+                self._set(self.row, pid, held, incoming - 1)  # not coming: the balance stays right
             for fd in fds:
                 n += 1
                 self._adopt(fd)
@@ -261,19 +273,25 @@ def connection_made(protocol: Any, transport: asyncio.Transport) -> bool:
     balancer = _BALANCER
     if balancer is None:
         return False
-    if getattr(protocol, "balance_adopted", False):
-        balancer.publish(1, 1)
-        return False
     try:
+        if getattr(protocol, "balance_adopted", False):
+            balancer.publish(1, 1)
+            return False
         return balancer.hand_off(transport)
     except Exception:  # noqa: BLE001 - never lose a connection to the balancing
+        if transport.is_closing():  # sent, then something failed: the sibling serves it
+            log.exception("connection handed to a sibling worker; counting it failed")
+            return True
         log.exception("connection hand-off failed; served here")
         return False
 
 
 def connection_lost() -> None:
     if _BALANCER is not None:
-        _BALANCER.publish()
+        try:
+            _BALANCER.publish()
+        except Exception:  # noqa: BLE001 - a count not published must not fail the protocol's close
+            log.exception("connection count not published")
 
 
 class BalancedServer(Server):
@@ -297,7 +315,7 @@ class BalancedServer(Server):
         if counter % 10 == 0 and _BALANCER is not None and not _BALANCER.stopped:
             try:
                 _BALANCER._rescue()
-            except OSError:  # the serving goes on (an exception here would end the worker)
+            except Exception:  # noqa: BLE001 - the serving goes on (an exception here would end the worker)
                 log.exception("adopting connections of a dead sibling worker failed")
         return await super().on_tick(counter)
 

@@ -338,7 +338,7 @@ def ended(assoc) -> bool:
     (Sta6, PS3.8 §9.2): a C-STORE answered before that flag rose (a refusal such as 0xA900
     takes microseconds; the audit handler a file write) lost its C-STORE-RSP, and the SCU
     waited out its DIMSE timeout (CI, tests/dimse/test_corpus.py, 2026-12-07)."""
-    return bool(assoc.is_aborted or assoc.is_released or assoc._kill)
+    return bool(assoc.is_aborted or assoc.is_released or getattr(assoc, "_kill", False))
 
 
 def _store(provider, rx: Receiver, assoc, req: C_STORE, cx: int):
