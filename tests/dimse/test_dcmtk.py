@@ -169,7 +169,7 @@ def test_a_retrieve_without_its_unique_keys_is_refused(walkthrough):
          "movescu", "-aem", "STORESCP", "-k", "QueryRetrieveLevel=STUDY"),
         ("StudyInstanceUID: no wildcard matching at STUDY level",
          "movescu", "-aem", "STORESCP", "-k", "QueryRetrieveLevel=STUDY", "-k", "StudyInstanceUID=*"),
-        ("StudyInstanceUID missing (required above SERIES level)",
+        ("SeriesInstanceUID missing (required at SERIES level)",
          "getscu", "-od", str(got), "-k", "QueryRetrieveLevel=SERIES", "-k", f"PatientID={patient}"),
     ]
     for comment, tool, *args in commands:
