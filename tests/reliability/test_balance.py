@@ -55,6 +55,24 @@ def _table(pid: int) -> list[int] | None:
     return None
 
 
+def _idle(pid: int, timeout: float = 30) -> None:
+    """Wait until no row of the table counts a connection (held or on its way): the close of
+    _ready's requests counted by the workers. A worker then stopped (SIGSTOP) keeps the count it
+    had; a fixed 0.5 s wait was not enough on a loaded CI machine (5 against 4, 2026-12-07)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:dicomweb-balance"):
+                    raw = Path(f"/proc/{pid}/fd/{fd}").read_bytes()
+                    (rows,) = struct.unpack_from("<I", raw, 8)
+                    counts = [struct.unpack_from("<iii", raw, 12 + 12 * r)[1:] for r in range(rows)]
+                    if not any(held or incoming for held, incoming in counts):
+                        return
+        assert time.monotonic() < deadline, "connections still counted"
+        time.sleep(0.05)
+
+
 def _ready(proc: subprocess.Popen, port: int, workers: int, balanced: bool = True, timeout: float = 90) -> set[int]:
     """The worker pids, once each serves (with ``balanced``: has its row in the table)."""
     deadline = time.monotonic() + timeout
@@ -175,7 +193,7 @@ def test_a_sleeping_worker_gets_its_half_and_every_request_is_answered(tmp_path)
     with _server(tmp_path) as (proc, port):
         sleeper, awake = sorted(_ready(proc, port, 2))
         datasets = [make_dataset(rows=8, columns=8, PatientID=f"bal-{i}") for i in range(8)]
-        time.sleep(0.5)  # the close of _ready's request counted (a stopped worker's count stays)
+        _idle(sleeper)  # the close of _ready's requests counted (a stopped worker's count stays)
         os.kill(sleeper, signal.SIGSTOP)
         socks = []
         for ds in datasets:
@@ -209,7 +227,7 @@ def test_a_killed_worker_loses_no_connection_handed_to_it_and_its_replacement_ta
     the replacement worker then takes its share of new connections."""
     with _server(tmp_path) as (proc, port):
         victim, survivor = sorted(_ready(proc, port, 2))
-        time.sleep(0.5)  # the close of _ready's request counted (a stopped worker's count stays)
+        _idle(victim)  # the close of _ready's requests counted (a stopped worker's count stays)
         os.kill(victim, signal.SIGSTOP)
         socks = _connect(port, 8)
         try:
@@ -261,7 +279,7 @@ def test_rolling_restart_new_workers_balance(tmp_path):
             assert time.monotonic() < deadline and proc.poll() is None, "no rolling restart"
             time.sleep(0.1)
         assert _ready(proc, port, 2) == new
-        time.sleep(0.5)
+        _idle(min(new))
         rows = _table(min(new))
         assert sorted(p for p in rows if p) == sorted(new), rows
         socks = _connect(port, 8)
