@@ -149,6 +149,13 @@ def free_port() -> int:
     this check and the server's bind (EADDRINUSE)."""
     low = 20000 if _EPHEMERAL[0] > 21000 else 1024
     high = _EPHEMERAL[0] - 1 if _EPHEMERAL[0] > 21000 else 65535
+    # each pytest-xdist worker picks from its own slice: two workers picked the same free port
+    # and the second server's bind failed (EADDRINUSE; CI 2026-12-07, test_pdata.py)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    me = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    if workers > 1 and me.isdigit() and int(me) < workers:
+        size = (high - low + 1) // workers
+        low, high = low + int(me) * size, low + (int(me) + 1) * size - 1
     for _ in range(200):
         port = _PICK.randint(low, high)
         if _EPHEMERAL[0] <= port <= _EPHEMERAL[1]:
