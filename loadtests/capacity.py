@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -381,10 +382,16 @@ def step_row(op: str, conns: int, s: dict, stow_body: int,
 
 def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops: list[str], conns: list[int],
                 duration: float, threads: int, workdir: Path, quiet: bool, settle: float = 0,
-                studies: list[str] | None = None) -> dict[str, list[dict]]:
+                studies: list[str] | None = None, rounds: int = 1) -> dict[str, list[dict]]:
     """Every step on every server, interleaved (ours, then the peer, for each step), so
     that drifting load on a shared machine hits both sides of each ratio alike. The
     server named "static" (nginx) only serves ``study``.
+
+    With ``rounds`` > 1 every step runs again, the servers in the reverse order on every
+    other round (each row notes its ``round``): on this machine the server measured first
+    of a pair gained ~1.17x in STOW-RS with 8 connections whichever build it was
+    (loadtests/results/stow-balance-2026-12-07/), and :func:`ratio_table` takes the
+    geometric mean of the rounds' ratios, in which that effect cancels.
 
     The instances a STOW-RS step stores stay until every step has run, then are deleted
     (``remove_stow_patient``): deleted between steps, they made the next STOW-RS step
@@ -397,36 +404,36 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
     inputs = {name: write_inputs(manifest, host, workdir / name, studies or []) for name, host, _ in servers}
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
     stow_patient = manifest["stow"]["PatientID"]
-    for op in ops:
-        for c in conns:
-            for name, host, pid in servers:
-                if name == "static" and op != "study":
-                    continue
-                if settle:
-                    common.wait_quiet(settle)
-                before = common.stow_patient_count(host, stow_patient) if op == "stow" else None
-                answers = None
-                if op == "study":  # every sampled study fetched and validated once, its size noted
-                    answers, problems = study_check.measure(host, studies or [], manifest, WADO_ACCEPT,
-                                                                static=name == "static")
-                    if problems:
-                        raise RuntimeError(f"{name}: whole-study answers invalid before the step: {problems[:3]}")
-                    lines = [f"{p}\t{a.total}\n" for p, a in answers.items()]
-                    (workdir / name / "study-sizes.txt").write_text("".join(lines))
-                    s = run_wrk(host, [str(workdir / name / "study-sizes.txt"), WADO_ACCEPT], c, duration,
-                                threads, pid, STUDY_LUA)
-                else:
-                    s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
-                row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]), answers)
-                if before is not None:  # (deleted after the run's last step: see the docstring)
-                    after = common.stow_patient_count(host, stow_patient)
-                    row["stored"] = after - before if after is not None else None
-                rows[name].append(row)
-                if not quiet:
-                    print(f"  {name:7s} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
-                          f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
-                          f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']} {row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
-                          file=sys.stderr, flush=True)
+    for rnd, op, c in ((rnd, op, c) for rnd in range(rounds) for op in ops for c in conns):
+        for name, host, pid in (servers if rnd % 2 == 0 else servers[::-1]):
+            if name == "static" and op != "study":
+                continue
+            if settle:
+                common.wait_quiet(settle)
+            before = common.stow_patient_count(host, stow_patient) if op == "stow" else None
+            answers = None
+            if op == "study":  # every sampled study fetched and validated once, its size noted
+                answers, problems = study_check.measure(host, studies or [], manifest, WADO_ACCEPT,
+                                                            static=name == "static")
+                if problems:
+                    raise RuntimeError(f"{name}: whole-study answers invalid before the step: {problems[:3]}")
+                lines = [f"{p}\t{a.total}\n" for p, a in answers.items()]
+                (workdir / name / "study-sizes.txt").write_text("".join(lines))
+                s = run_wrk(host, [str(workdir / name / "study-sizes.txt"), WADO_ACCEPT], c, duration,
+                            threads, pid, STUDY_LUA)
+            else:
+                s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
+            row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]), answers)
+            row["round"] = rnd
+            if before is not None:  # (deleted after the run's last step: see the docstring)
+                after = common.stow_patient_count(host, stow_patient)
+                row["stored"] = after - before if after is not None else None
+            rows[name].append(row)
+            if not quiet:
+                print(f"  {name:7s} round {rnd} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
+                      f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
+                      f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']} {row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
+                      file=sys.stderr, flush=True)
     if "stow" in ops:
         for name, host, _ in servers:  # back to the reference size for the next run
             if name != "static":
@@ -455,28 +462,47 @@ BARS = {"wado": 2.0}
 
 
 def ratio_table(ours: list[dict], peer: list[dict], bar: float | None = 1.5) -> tuple[str, list[dict]]:
-    by = {(r["operation"], r["connections"]): r for r in peer}
+    """Per step: the servers' requests/s (the mean over the rounds) and the ratio ours/peer
+    (the geometric mean of the rounds' ratios, in which the order effect cancels when the
+    rounds alternate the order: :func:`run_servers`); CPU ms/op the mean over the rounds."""
+    def steps(rows):
+        by: dict[tuple, list[dict]] = {}
+        for r in rows:
+            by.setdefault((r["operation"], r["connections"]), []).append(r)
+        return by
+
+    def mean(vals):
+        vals = [v for v in vals if v is not None]
+        return round(sum(vals) / len(vals), 2) if vals else None
+
+    by_peer = steps(peer)
     out, cmp = [], []
-    for r in ours:
-        p = by.get((r["operation"], r["connections"]))
-        if not p:
+    for key, rs in steps(ours).items():
+        ps = by_peer.get(key)
+        if not ps:
             continue
-        ratio = r["req_s"] / p["req_s"] if p["req_s"] else None
-        b = BARS.get(r["operation"], bar) if bar is not None else None
-        cmp.append({"operation": r["operation"], "connections": r["connections"], "ours_req_s": r["req_s"],
-                    "peer_req_s": p["req_s"], "ratio": round(ratio, 2) if ratio else None,
-                    "ours_cpu_ms_per_op": r.get("cpu_ms_per_op"), "peer_cpu_ms_per_op": p.get("cpu_ms_per_op")})
+        rounds = {r.get("round", 0): r for r in rs}
+        pairs = [(rounds[p.get("round", 0)], p) for p in ps if p.get("round", 0) in rounds]
+        ratios = [r["req_s"] / p["req_s"] for r, p in pairs if p["req_s"] and r["req_s"]]
+        ratio = math.prod(ratios) ** (1 / len(ratios)) if ratios and len(ratios) == len(pairs) else None
+        r_req, p_req = mean(r["req_s"] for r in rs), mean(p["req_s"] for p in ps)
+        r_cpu, p_cpu = mean(r.get("cpu_ms_per_op") for r in rs), mean(p.get("cpu_ms_per_op") for p in ps)
+        b = BARS.get(key[0], bar) if bar is not None else None
+        cmp.append({"operation": key[0], "connections": key[1], "ours_req_s": r_req, "peer_req_s": p_req,
+                    "ratio": round(ratio, 2) if ratio else None,
+                    "round_ratios": [round(x, 3) for x in ratios],
+                    "ours_cpu_ms_per_op": r_cpu, "peer_cpu_ms_per_op": p_cpu})
         verdict = "-" if ratio is None or b is None else ("meets" if ratio >= b else "below")
 
         def ms(v):
             return "-" if v is None else f"{v:.2f}"
 
-        out.append([r["operation"], r["connections"], r["req_s"], p["req_s"], r["mb_s"], p["mb_s"],
-                    f"{ratio:.2f}x" if ratio else "-", f"{verdict} {b}x" if b is not None else "-",
-                    ms(r.get("cpu_ms_per_op")),
-                    ms(p.get("cpu_ms_per_op"))])
+        out.append([key[0], key[1], r_req, p_req, mean(r["mb_s"] for r in rs), mean(p["mb_s"] for p in ps),
+                    f"{ratio:.2f}x" if ratio else "-",
+                    " / ".join(f"{x:.2f}" for x in ratios) if len(ratios) > 1 else "-",
+                    f"{verdict} {b}x" if b is not None else "-", ms(r_cpu), ms(p_cpu)])
     return common.table(["operation", "conns", "ours req/s", "peer req/s", "ours MB/s", "peer MB/s", "ours/peer",
-                         "bar", "ours CPU ms/op", "peer CPU ms/op"], out), cmp
+                         "per round", "bar", "ours CPU ms/op", "peer CPU ms/op"], out), cmp
 
 
 def static_table(ours: list[dict], static: list[dict]) -> str:
@@ -517,6 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-host", help="another build of our archive (e.g. the commit before a change), "
                                            "measured step by step beside ours, with the ratio ours/baseline")
     p.add_argument("--baseline-pid", type=int, help="the baseline server's process")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every step N times, the servers in the reverse order on every other round; the "
+                        "ratio is the geometric mean of the rounds' (default %(default)s; 2 or more cancels the "
+                        "advantage of being measured first)")
     p.add_argument("--quiet", action="store_true")
     dataset.add_spec_args(p)
     a = p.parse_args(argv)
@@ -573,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: {n} study/studies of the STOW-RS load patient left by earlier runs deleted",
                           file=sys.stderr)
         by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle,
-                                studies)
+                                studies, max(1, a.rounds))
         for name, rows in by_server.items():
             results["servers"][name]["rows"] = rows
     finally:

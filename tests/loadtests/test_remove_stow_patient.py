@@ -76,3 +76,21 @@ def test_nothing_is_deleted_between_steps(monkeypatch, tmp_path):
     capacity.run_servers(servers, {"stow": {"PatientID": LOAD}}, ["qido", "stow"], [8, 32], 1, 1, tmp_path, True)
     assert events == [("step", "http://a", 8), ("step", "http://b", 8), ("step", "http://a", 32),
                       ("step", "http://b", 32)] * 2 + [("delete", "http://a"), ("delete", "http://b")]
+
+
+def test_rounds_alternate_the_order_of_the_servers(monkeypatch, tmp_path):
+    """``--rounds 2``: every step again, the servers in the reverse order (the server
+    measured first had an advantage on this machine), each row noting its round."""
+    events = []
+    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir, studies: {
+        "stow": ["body"], "_stow_body": ["1000"]})
+    monkeypatch.setattr(capacity, "run_wrk", lambda host, args, c, *a: events.append((host, c)) or {})
+    monkeypatch.setattr(capacity, "step_row", lambda op, c, s, body, answers: {})
+    monkeypatch.setattr(common, "stow_patient_count", lambda host, patient: 0)
+    monkeypatch.setattr(common, "remove_stow_patient", lambda host, patient: None)
+    servers = [("ours", "http://a", None), ("orthanc", "http://b", None)]
+    rows = capacity.run_servers(servers, {"stow": {"PatientID": LOAD}}, ["stow"], [8, 32], 1, 1, tmp_path, True,
+                                rounds=2)
+    assert events == [("http://a", 8), ("http://b", 8), ("http://a", 32), ("http://b", 32),
+                      ("http://b", 8), ("http://a", 8), ("http://b", 32), ("http://a", 32)]
+    assert [r["round"] for r in rows["ours"]] == [0, 0, 1, 1]
