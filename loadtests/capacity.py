@@ -382,7 +382,7 @@ def step_row(op: str, conns: int, s: dict, stow_body: int,
 
 def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops: list[str], conns: list[int],
                 duration: float, threads: int, workdir: Path, quiet: bool, settle: float = 0,
-                studies: list[str] | None = None, rounds: int = 1) -> dict[str, list[dict]]:
+                studies: list[str] | None = None, rounds: int = 1, keep_stow: bool = False) -> dict[str, list[dict]]:
     """Every step on every server, interleaved (ours, then the peer, for each step), so
     that drifting load on a shared machine hits both sides of each ratio alike. The
     server named "static" (nginx) only serves ``study``.
@@ -434,7 +434,7 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                       f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
                       f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']} {row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
                       file=sys.stderr, flush=True)
-    if "stow" in ops:
+    if "stow" in ops and not keep_stow:
         for name, host, _ in servers:  # back to the reference size for the next run
             if name != "static":
                 common.remove_stow_patient(host, stow_patient)
@@ -547,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="run every step N times, the servers in the reverse order on every other round; the "
                         "ratio is the geometric mean of the rounds' (default %(default)s; 2 or more cancels the "
                         "advantage of being measured first)")
+    p.add_argument("--keep-stow", action="store_true",
+                   help="leave the STOW-RS steps' instances on the servers at the end (for servers started on new "
+                        "data folders for this run: the deletion only makes file creation slower for the next "
+                        "minutes, run_servers)")
     p.add_argument("--quiet", action="store_true")
     dataset.add_spec_args(p)
     a = p.parse_args(argv)
@@ -603,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: {n} study/studies of the STOW-RS load patient left by earlier runs deleted",
                           file=sys.stderr)
         by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle,
-                                studies, max(1, a.rounds))
+                                studies, max(1, a.rounds), a.keep_stow)
         for name, rows in by_server.items():
             results["servers"][name]["rows"] = rows
     finally:

@@ -94,3 +94,18 @@ def test_rounds_alternate_the_order_of_the_servers(monkeypatch, tmp_path):
     assert events == [("http://a", 8), ("http://b", 8), ("http://a", 32), ("http://b", 32),
                       ("http://b", 8), ("http://a", 8), ("http://b", 32), ("http://a", 32)]
     assert [r["round"] for r in rows["ours"]] == [0, 0, 1, 1]
+
+
+def test_keep_stow_leaves_the_stored_instances(monkeypatch, tmp_path):
+    """``--keep-stow``: servers started on new folders for the run keep what the STOW-RS
+    steps stored (deleting it only slows file creation for whatever runs next)."""
+    events = []
+    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir, studies: {
+        "stow": ["body"], "_stow_body": ["1000"]})
+    monkeypatch.setattr(capacity, "run_wrk", lambda host, args, c, *a: events.append(("step", host)) or {})
+    monkeypatch.setattr(capacity, "step_row", lambda op, c, s, body, answers: {})
+    monkeypatch.setattr(common, "stow_patient_count", lambda host, patient: 0)
+    monkeypatch.setattr(common, "remove_stow_patient", lambda host, patient: events.append(("delete", host)))
+    capacity.run_servers([("ours", "http://a", None)], {"stow": {"PatientID": LOAD}}, ["stow"], [8], 1, 1,
+                         tmp_path, True, keep_stow=True)
+    assert events == [("step", "http://a")]
