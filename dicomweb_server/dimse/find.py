@@ -34,6 +34,10 @@ from ..store.base import Index, SearchHit
 #: Query/Retrieve Level (0008,0052) -> the QIDO-RS level searched (PS3.4 C.6)
 LEVELS: dict[str, Level] = {"PATIENT": "study", "STUDY": "study", "SERIES": "series", "IMAGE": "instance"}
 PATIENT_KEYS = ("PatientID", "PatientName", "PatientBirthDate", "PatientSex")
+#: Number of Patient Related Studies, Series, Instances (0020,1200/1202/1204): PATIENT level
+#: return keys (PS3.4 Table C.6-1, C.3.4): counted over the patient's studies, the series and
+#: instances from each study's own counts
+PATIENT_COUNTS = (0x00201200, 0x00201202, 0x00201204)
 _SKIP = {0x00080052, 0x00080005}  # QueryRetrieveLevel, SpecificCharacterSet: not matching keys
 _PAGE = 1000
 
@@ -254,15 +258,38 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
     level = query_level(identifier, model)
     _, wanted = build_query(identifier, level, max_results)
     requested = terms(identifier.get("SpecificCharacterSet"))
-    seen: set[tuple] = set()
-    for query, hit in search_all(index, identifier, level, max_results, allowed):
-        result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
-        if level == "PATIENT":  # patients are kept at the study level: one answer per patient
-            result = {k: v for k, v in result.items()
-                      if k == SPECIFIC_CHARACTER_SET or BY_TAG.get(k) is None or BY_TAG[k].keyword in PATIENT_KEYS}
-            # the same patient whatever character set each study came in (its values are Unicode)
-            key = tuple(str(result.get(t, "")) for t in sorted(result) if t != SPECIFIC_CHARACTER_SET)
+    counts = None  # patient -> [studies, series, instances], when a count is asked for
+    if level == "PATIENT" and any(t in wanted for t in PATIENT_COUNTS):
+        counts = {}
+        for _query, hit, key in _patients(index, identifier, max_results, allowed):
+            n = counts.setdefault(key, [0, 0, 0])
+            n[0] += 1
+            n[1] += int(hit.computed.get("NumberOfStudyRelatedSeries") or 0)  # type: ignore[call-overload]
+            n[2] += int(hit.computed.get("NumberOfStudyRelatedInstances") or 0)  # type: ignore[call-overload]
+    if level == "PATIENT":  # patients are kept at the study level: one answer per patient
+        seen: set[tuple] = set()
+        for query, result, key in _patients(index, identifier, max_results, allowed, results=True):
             if key in seen:
                 continue
             seen.add(key)
+            for tag, n in zip(PATIENT_COUNTS, counts[key] if counts is not None else ()):
+                result[f"{tag:08X}"] = {"vr": "IS", "Value": [n]}
+            yield _response(result, wanted, level, requested, default_charset, identifier=identifier, query=query)
+        return
+    for query, hit in search_all(index, identifier, level, max_results, allowed):
+        result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
         yield _response(result, wanted, level, requested, default_charset, identifier=identifier, query=query)
+
+
+def _patients(index: Index, identifier: Dataset, max_results: int, allowed: Filter,
+              results: bool = False) -> Iterator[tuple[Query, object, tuple]]:
+    """The matching studies as ``(query, hit, patient)``, or with ``results`` ``(query, the
+    answer's patient attributes, patient)``: ``patient`` the values of the patient keys
+    asked for, the same patient whatever character set each study came in (its values are
+    Unicode)."""
+    for query, hit in search_all(index, identifier, "PATIENT", max_results, allowed):
+        result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
+        result = {k: v for k, v in result.items()
+                  if k == SPECIFIC_CHARACTER_SET or BY_TAG.get(k) is None or BY_TAG[k].keyword in PATIENT_KEYS}
+        key = tuple(str(result.get(t, "")) for t in sorted(result) if t != SPECIFIC_CHARACTER_SET)
+        yield query, (result if results else hit), key

@@ -115,6 +115,28 @@ def test_patient_root_levels(dimse, archive_data):
     assert [s.StudyInstanceUID for s in studies] == ["1.2.826.0.1.3680043.8.498.1"]
 
 
+def test_patient_level_counts(dimse, archive_data):
+    """Number of Patient Related Studies, Series and Instances (0020,1200/1202/1204), PATIENT
+    level return keys (PS3.4 Table C.6-1, C.3.4): counted over each patient's studies
+    (before, returned with zero length). A second study for PQR1: 2 studies, 3 + 1 series,
+    3 + 2 instances."""
+    c = "1.2.826.0.1.3680043.8.498.3"
+    more = [make_dataset(study=c, series=c + ".1", PatientID="PQR1", PatientName="Doe^Jane", InstanceNumber=i)
+            for i in (1, 2)]
+    assert dimse.store(more) == [S.SUCCESS] * 2
+    model = PatientRootQueryRetrieveInformationModelFind
+    patients = _find(dimse, model, {"QueryRetrieveLevel": "PATIENT", "PatientID": "PQR*", "PatientName": "",
+                                    "NumberOfPatientRelatedStudies": "", "NumberOfPatientRelatedSeries": "",
+                                    "NumberOfPatientRelatedInstances": ""})
+    got = sorted((p.PatientID, p.NumberOfPatientRelatedStudies, p.NumberOfPatientRelatedSeries,
+                  p.NumberOfPatientRelatedInstances) for p in patients)
+    assert got == [("PQR1", 2, 3, 5), ("PQR2", 1, 1, 1)]
+    # one count asked for: only it is answered
+    (one,) = _find(dimse, model, {"QueryRetrieveLevel": "PATIENT", "PatientID": "PQR2",
+                                  "NumberOfPatientRelatedInstances": ""})
+    assert one.NumberOfPatientRelatedInstances == 1 and "NumberOfPatientRelatedStudies" not in one
+
+
 def test_find_bad_level(dimse, archive_data):
     ident = Dataset()
     ident.QueryRetrieveLevel = "FRAME"
