@@ -258,38 +258,44 @@ def find(index: Index, identifier: Dataset, model: str, max_results: int,
     level = query_level(identifier, model)
     _, wanted = build_query(identifier, level, max_results)
     requested = terms(identifier.get("SpecificCharacterSet"))
-    counts = None  # patient -> [studies, series, instances], when a count is asked for
-    if level == "PATIENT" and any(t in wanted for t in PATIENT_COUNTS):
-        counts = {}
-        for _query, hit, key in _patients(index, identifier, max_results, allowed):
-            n = counts.setdefault(key, [0, 0, 0])
-            n[0] += 1
-            n[1] += int(hit.computed.get("NumberOfStudyRelatedSeries") or 0)  # type: ignore[call-overload]
-            n[2] += int(hit.computed.get("NumberOfStudyRelatedInstances") or 0)  # type: ignore[call-overload]
     if level == "PATIENT":  # patients are kept at the study level: one answer per patient
-        seen: set[tuple] = set()
-        for query, result, key in _patients(index, identifier, max_results, allowed, results=True):
-            if key in seen:
-                continue
-            seen.add(key)
-            for tag, n in zip(PATIENT_COUNTS, counts[key] if counts is not None else ()):
-                result[f"{tag:08X}"] = {"vr": "IS", "Value": [n]}
-            yield _response(result, wanted, level, requested, default_charset, identifier=identifier, query=query)
+        yield from _patient_answers(index, identifier, max_results, allowed, wanted, requested, default_charset)
         return
     for query, hit in search_all(index, identifier, level, max_results, allowed):
         result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
         yield _response(result, wanted, level, requested, default_charset, identifier=identifier, query=query)
 
 
-def _patients(index: Index, identifier: Dataset, max_results: int, allowed: Filter,
-              results: bool = False) -> Iterator[tuple[Query, object, tuple]]:
-    """The matching studies as ``(query, hit, patient)``, or with ``results`` ``(query, the
-    answer's patient attributes, patient)``: ``patient`` the values of the patient keys
-    asked for, the same patient whatever character set each study came in (its values are
-    Unicode)."""
+def _patient_answers(index: Index, identifier: Dataset, max_results: int, allowed: Filter, wanted: list[int],
+                     requested: tuple[str, ...] | None, default_charset: tuple[str, ...] | None
+                     ) -> Iterator[Dataset]:
+    """One answer per distinct patient (the values of the patient keys asked for; the same
+    patient whatever character set each study came in: its values are Unicode). With a
+    Number of Patient Related ... key asked for, every matching study is seen first, in
+    one pass over the index, so that each answer holds its patient's counts (a second
+    pass could meet a patient the first had not: a study stored meanwhile)."""
+    counting = any(t in wanted for t in PATIENT_COUNTS)
+    patients: dict[tuple, tuple] = {}  # patient -> (query, answer, [studies, series, instances])
     for query, hit in search_all(index, identifier, "PATIENT", max_results, allowed):
         result = build_result(query, hit.study_json, hit.series_json, hit.instance_json, hit.computed, "", ())
         result = {k: v for k, v in result.items()
                   if k == SPECIFIC_CHARACTER_SET or BY_TAG.get(k) is None or BY_TAG[k].keyword in PATIENT_KEYS}
         key = tuple(str(result.get(t, "")) for t in sorted(result) if t != SPECIFIC_CHARACTER_SET)
-        yield query, (result if results else hit), key
+        seen = patients.get(key)
+        if not counting:
+            if seen is None:
+                patients[key] = ()
+                yield _response(result, wanted, "PATIENT", requested, default_charset, identifier=identifier,
+                                query=query)
+            continue
+        if seen is None:
+            seen = patients[key] = (query, result, [0, 0, 0])
+        n = seen[2]
+        n[0] += 1
+        n[1] += int(hit.computed.get("NumberOfStudyRelatedSeries") or 0)  # type: ignore[call-overload]
+        n[2] += int(hit.computed.get("NumberOfStudyRelatedInstances") or 0)  # type: ignore[call-overload]
+    if counting:
+        for query, result, n in patients.values():
+            for tag, value in zip(PATIENT_COUNTS, n):
+                result[f"{tag:08X}"] = {"vr": "IS", "Value": [value]}
+            yield _response(result, wanted, "PATIENT", requested, default_charset, identifier=identifier, query=query)
