@@ -442,14 +442,16 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
 
 
 def server_table(rows: list[dict]) -> str:
-    headers = ["operation", "conns", "requests", "req/s", "MB/s", "server CPU ms/op", "stored (counted)",
-               "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "peak server MB", "wrk CPU%", "server CPU%",
+    rounds = len({r.get("round", 0) for r in rows}) > 1  # a column for it only when there are several
+    headers = ["operation", "conns"] + (["round"] if rounds else []) + [
+               "requests", "req/s", "MB/s", "server CPU ms/op", "stored (counted)", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "peak server MB", "wrk CPU%", "server CPU%",
                "other CPU%", "load avg"]
 
     def pct(v):
         return "-" if v is None else f"{v:.0f}%"
 
-    return common.table(headers, [[r["operation"], r["connections"], r["requests"], r["req_s"], r["mb_s"],
+    return common.table(headers, [[r["operation"], r["connections"]] + ([r.get("round", 0)] if rounds else []) +
+                                  [r["requests"], r["req_s"], r["mb_s"],
                                    "-" if r.get("cpu_ms_per_op") is None else r["cpu_ms_per_op"],
                                    "-" if r.get("stored") is None else r["stored"],
                                    r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"],
@@ -464,7 +466,9 @@ BARS = {"wado": 2.0}
 def ratio_table(ours: list[dict], peer: list[dict], bar: float | None = 1.5) -> tuple[str, list[dict]]:
     """Per step: the servers' requests/s (the mean over the rounds) and the ratio ours/peer
     (the geometric mean of the rounds' ratios, in which the order effect cancels when the
-    rounds alternate the order: :func:`run_servers`); CPU ms/op the mean over the rounds."""
+    rounds alternate the order: :func:`run_servers`); CPU ms/op the mean over the rounds.
+    A step whose rounds do not pair up (a round missing on one side, or twice) has no ratio:
+    one round alone would carry the order effect."""
     def steps(rows):
         by: dict[tuple, list[dict]] = {}
         for r in rows:
@@ -481,10 +485,14 @@ def ratio_table(ours: list[dict], peer: list[dict], bar: float | None = 1.5) -> 
         ps = by_peer.get(key)
         if not ps:
             continue
-        rounds = {r.get("round", 0): r for r in rs}
-        pairs = [(rounds[p.get("round", 0)], p) for p in ps if p.get("round", 0) in rounds]
-        ratios = [r["req_s"] / p["req_s"] for r, p in pairs if p["req_s"] and r["req_s"]]
-        ratio = math.prod(ratios) ** (1 / len(ratios)) if ratios and len(ratios) == len(pairs) else None
+        r_rounds, p_rounds = [r.get("round", 0) for r in rs], [p.get("round", 0) for p in ps]
+        paired = sorted(r_rounds) == sorted(p_rounds) and len(set(r_rounds)) == len(r_rounds)
+        ratios = []
+        if paired:
+            by_round = {p.get("round", 0): p for p in ps}
+            ratios = [r["req_s"] / by_round[r.get("round", 0)]["req_s"] for r in rs
+                      if r["req_s"] and by_round[r.get("round", 0)]["req_s"]]
+        ratio = math.prod(ratios) ** (1 / len(ratios)) if paired and ratios and len(ratios) == len(rs) else None
         r_req, p_req = mean(r["req_s"] for r in rs), mean(p["req_s"] for p in ps)
         r_cpu, p_cpu = mean(r.get("cpu_ms_per_op") for r in rs), mean(p.get("cpu_ms_per_op") for p in ps)
         b = BARS.get(key[0], bar) if bar is not None else None
@@ -498,7 +506,7 @@ def ratio_table(ours: list[dict], peer: list[dict], bar: float | None = 1.5) -> 
             return "-" if v is None else f"{v:.2f}"
 
         out.append([key[0], key[1], r_req, p_req, mean(r["mb_s"] for r in rs), mean(p["mb_s"] for p in ps),
-                    f"{ratio:.2f}x" if ratio else "-",
+                    f"{ratio:.2f}x" if ratio else ("-" if paired else "rounds differ"),
                     " / ".join(f"{x:.2f}" for x in ratios) if len(ratios) > 1 else "-",
                     f"{verdict} {b}x" if b is not None else "-", ms(r_cpu), ms(p_cpu)])
     return common.table(["operation", "conns", "ours req/s", "peer req/s", "ours MB/s", "peer MB/s", "ours/peer",
@@ -507,14 +515,15 @@ def ratio_table(ours: list[dict], peer: list[dict], bar: float | None = 1.5) -> 
 
 def static_table(ours: list[dict], static: list[dict]) -> str:
     """Whole-study retrieve against nginx serving the same bytes (bar: half of it)."""
-    by = {r["connections"]: r for r in static if r["operation"] == "study"}
+    by = {(r["connections"], r.get("round", 0)): r for r in static if r["operation"] == "study"}
     out = []
-    for r in ours:
-        s = by.get(r["connections"]) if r["operation"] == "study" else None
+    for r in ours:  # each round's step against nginx's step of the same round
+        s = by.get((r["connections"], r.get("round", 0))) if r["operation"] == "study" else None
         if s and s["mb_s"]:
             f = r["mb_s"] / s["mb_s"]
-            out.append([r["connections"], r["mb_s"], s["mb_s"], f"{f:.2f}", "meets 0.5" if f >= 0.5 else "below 0.5"])
-    return common.table(["conns", "ours MB/s", "nginx static MB/s", "ours/nginx", "bar"], out)
+            out.append([r["connections"], r.get("round", 0), r["mb_s"], s["mb_s"], f"{f:.2f}",
+                        "meets 0.5" if f >= 0.5 else "below 0.5"])
+    return common.table(["conns", "round", "ours MB/s", "nginx static MB/s", "ours/nginx", "bar"], out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -545,8 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-pid", type=int, help="the baseline server's process")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every step N times, the servers in the reverse order on every other round; the "
-                        "ratio is the geometric mean of the rounds' (default %(default)s; 2 or more cancels the "
-                        "advantage of being measured first)")
+                        "ratio is the geometric mean of the rounds' (default %(default)s; an even number cancels "
+                        "the advantage of being measured first)")
     p.add_argument("--keep-stow", action="store_true",
                    help="leave the STOW-RS steps' instances on the servers at the end (for servers started on new "
                         "data folders for this run: the deletion only makes file creation slower for the next "
@@ -554,6 +563,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     dataset.add_spec_args(p)
     a = p.parse_args(argv)
+    if a.rounds < 1 or (a.rounds > 1 and a.rounds % 2):
+        p.error("--rounds: 1, or an even number (with an odd one a server is measured first more often)")
+    if a.keep_stow and a.peer and not any(x.startswith("--peer-data-dir") for x in (argv or sys.argv[1:])):
+        print("--keep-stow: the peer keeps its data in the default --peer-data-dir between runs; the next run "
+              "deletes what this one leaves there just before its first step (give a new --peer-data-dir)",
+              file=sys.stderr)
     # STOW-RS last: what its steps store stays until the end (run_servers), and a read step
     # after it would see the data set larger than its reference size
     ops = sorted((o for o in a.operations.split(",") if o), key=lambda o: o == "stow")
@@ -607,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: {n} study/studies of the STOW-RS load patient left by earlier runs deleted",
                           file=sys.stderr)
         by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle,
-                                studies, max(1, a.rounds), a.keep_stow)
+                                studies, a.rounds, a.keep_stow)
         for name, rows in by_server.items():
             results["servers"][name]["rows"] = rows
     finally:
@@ -648,8 +663,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['object_sizes']['CT']}, MR {s['by_modality']['MR']} x {s['object_sizes']['MR']}); STOW-RS: one "
             f"{manifest['stow']['size']}x{manifest['stow']['size']} MR image per request, a new SOP Instance UID "
             "each, 'stored' = the load patient's instances counted on the server after the step minus before "
-            "(they stay until the last step has run, then are deleted, as are any left by an earlier run before "
-            "the first step: file creation right after mass deletion measures the file system, not the server); "
+            + ("(they stay on the servers after the last step: --keep-stow; any left by an earlier run were deleted "
+               "before the first step) " if a.keep_stow else
+               "(they stay until the last step has run, then are deleted, as are any left by an earlier run before "
+               "the first step: file creation right after mass deletion measures the file system, not the server); ")
+            + (f"every step {a.rounds} times, the servers in the reverse order on every other round, the ratio the "
+               "geometric mean of the rounds' ratios; " if a.rounds > 1 else "") +
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
             "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'study' (wrk/study.lua, "

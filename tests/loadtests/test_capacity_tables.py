@@ -37,3 +37,32 @@ def test_rounds_ratio_is_the_geometric_mean_of_the_rounds():
                     "ratio": 1.1, "round_ratios": [1.5, 0.8], "ours_cpu_ms_per_op": 1.7,
                     "peer_cpu_ms_per_op": 2.1}]  # sqrt(1.5 * 0.8) = 1.095
     assert "1.50 / 0.80" in text and "below 1.5x" in text
+
+
+def test_rounds_that_do_not_pair_give_no_ratio():
+    """Review: a round missing on one side gave the other round's ratio alone (with the
+    order effect in it) as if it were the pair's."""
+    ours = [dict(_row("stow", 900.0, 1.5, None), round=0), dict(_row("stow", 600.0, 1.9, None), round=1)]
+    peer = [dict(_row("stow", 600.0, 2.0, None), round=0)]
+    text, cmp = capacity.ratio_table(ours, peer)
+    assert cmp[0]["ratio"] is None and "rounds differ" in text and "meets" not in text
+    twice = [dict(_row("stow", 600.0, 2.0, None), round=0), dict(_row("stow", 700.0, 2.0, None), round=0)]
+    assert capacity.ratio_table(ours, twice)[1][0]["ratio"] is None
+
+
+def test_server_and_static_tables_show_the_rounds():
+    rows = [dict(_row("study", 100.0, 5.0, None), round=0), dict(_row("study", 100.0, 5.0, None), round=1)]
+    assert capacity.server_table(rows).splitlines()[0].split("|")[3].strip() == "round"
+    assert "round" not in capacity.server_table(rows[:1]).splitlines()[0]
+    static = [dict(_row("study", 1.0, 1.0, None), round=0, mb_s=4.0), dict(_row("study", 1.0, 1.0, None), round=1,
+                                                                         mb_s=1.0)]
+    lines = capacity.static_table(rows, static).splitlines()[2:]
+    assert [line.split("|")[5].strip() for line in lines] == ["0.25", "1.00"]  # each round against its own
+
+
+def test_an_odd_number_of_rounds_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        capacity.main(["--host", "http://127.0.0.1:1", "--rounds", "3"])
+    assert "an even number" in capsys.readouterr().err
