@@ -430,9 +430,10 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 row["stored"] = after - before if after is not None else None
             rows[name].append(row)
             if not quiet:
-                print(f"  {name:7s} round {rnd} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s {row['mb_s']:8.1f} MB/s "
-                      f"cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  p50 {row['p50_ms']:.1f} ms "
-                      f"p99 {row['p99_ms']:.1f} ms  errors {row['errors']} {row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
+                print(f"  {name:7s} round {rnd} {op:8s} {c:3d} conns: {row['req_s']:9.1f} req/s "
+                      f"{row['mb_s']:8.1f} MB/s cpu {row['cpu_ms_per_op']} ms/op  stored {row['stored']}  "
+                      f"p50 {row['p50_ms']:.1f} ms p99 {row['p99_ms']:.1f} ms  errors {row['errors']} "
+                      f"{row['error_detail'] or ''} {row['notes'] or ''}  peak {row['peak_server_mb']} MB",
                       file=sys.stderr, flush=True)
     if "stow" in ops and not keep_stow:
         for name, host, _ in servers:  # back to the reference size for the next run
@@ -444,8 +445,8 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
 def server_table(rows: list[dict]) -> str:
     rounds = len({r.get("round", 0) for r in rows}) > 1  # a column for it only when there are several
     headers = ["operation", "conns"] + (["round"] if rounds else []) + [
-               "requests", "req/s", "MB/s", "server CPU ms/op", "stored (counted)", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors", "peak server MB", "wrk CPU%", "server CPU%",
-               "other CPU%", "load avg"]
+        "requests", "req/s", "MB/s", "server CPU ms/op", "stored (counted)", "p50 ms", "p90 ms", "p99 ms", "max ms",
+        "errors", "peak server MB", "wrk CPU%", "server CPU%", "other CPU%", "load avg"]
 
     def pct(v):
         return "-" if v is None else f"{v:.0f}%"
