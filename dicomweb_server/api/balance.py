@@ -17,7 +17,7 @@ sender then closes its descriptor without ``shutdown()``: the socket lives on in
 message, then in the sibling (closing one of several descriptors of a socket sends
 nothing). A connection is decided once: an adopted one is never passed on.
 
-The accounting is :mod:`..dimse.slots`' mechanism: an anonymous shared file (``memfd``) that
+The accounting is the DIMSE slots' mechanism (:mod:`..process_rows`): an anonymous shared file (``memfd``) that
 the supervisor creates before the workers start, one row per worker (pid, connections held,
 connections sent to it and not yet adopted), changed under an ``fcntl`` lock on a byte of
 the file. A worker holds an ``fcntl`` lock on a byte of its row while it serves; the kernel
@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
-import fcntl
 import functools
 import logging
 import mmap
@@ -56,13 +54,14 @@ import uvicorn
 from uvicorn.server import Server
 from uvicorn.supervisors import multiprocess
 
+from .. import process_rows
+
 log = logging.getLogger("dicomweb_server.api")
 
 _HEADER = struct.Struct("<8sI")  # magic, rows
 _MAGIC = b"DCMBAL01"
 _ROW = struct.Struct("<iii")  # pid, connections held, connections sent to it and not yet adopted
 _INT = array.array("i")
-_MUTEX = 0  # fcntl lock offsets: the table's mutex, then one byte per row (its worker lives)
 
 
 class Table:
@@ -71,9 +70,8 @@ class Table:
 
     def __init__(self, rows: int, fd: int | None = None, pairs: list | None = None) -> None:
         if fd is None:
-            fd = os.memfd_create("dicomweb-balance", os.MFD_CLOEXEC)
-            os.ftruncate(fd, _HEADER.size + rows * _ROW.size)
-            os.pwrite(fd, _HEADER.pack(_MAGIC, rows), 0)
+            fd = process_rows.new_table("dicomweb-balance", _HEADER.size + rows * _ROW.size,
+                                        _HEADER.pack(_MAGIC, rows))
             # datagrams: one connection per message; a socketpair's peer has no queue-length limit
             pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(rows)]
         self.fd, self.rows, self.pairs = fd, rows, pairs
@@ -105,13 +103,8 @@ class Balancer:
 
     # --- the shared file ---------------------------------------------------------------------
 
-    @contextlib.contextmanager
     def _locked(self):
-        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, _MUTEX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, _MUTEX)
+        return process_rows.mutex(self.fd)
 
     def _get(self, row: int) -> tuple[int, int, int]:
         return _ROW.unpack_from(self._map, _HEADER.size + row * _ROW.size)
@@ -120,21 +113,14 @@ class Balancer:
         _ROW.pack_into(self._map, _HEADER.size + row * _ROW.size, pid, held, max(0, incoming))
 
     def _alive(self, row: int) -> bool:
-        try:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + row)
-        except OSError:
-            return True
-        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 1 + row)
-        return False
+        return process_rows.owner_alive(self.fd, row)
 
     def _claim(self) -> int:
         """A row no live worker holds (one with connections queued first: they are adopted now)."""
         with self._locked():
             free = [r for r in range(self.table.rows) if not self._alive(r)]
             for row in sorted(free, key=lambda r: -self._get(r)[2]):
-                try:
-                    fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + row)
-                except OSError:
+                if not process_rows.own(self.fd, row):
                     continue
                 self._set(row, os.getpid(), 0, 0)
                 self.row = row
@@ -259,7 +245,7 @@ class Balancer:
             self.stopped = True
             self._drain(self._recv)
             self._set(self.row, 0, 0, 0)
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 1 + self.row)
+            process_rows.disown(self.fd, self.row)
         if self._adopting:
             await asyncio.wait(list(self._adopting))
 

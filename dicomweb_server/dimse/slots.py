@@ -16,7 +16,7 @@ result 2, source 3, reason 2), from an ``EVT_REQUESTED`` handler (pynetdicom's h
 user's own A-ASSOCIATE-RJ, run before its own checks). pynetdicom's own limit (active
 acceptor threads, idle connections included, per process) is set out of reach.
 
-The accounting: an anonymous shared file (``memfd``) that ``serve`` creates before it starts
+The accounting (:mod:`..process_rows`): an anonymous shared file (``memfd``) that ``serve`` creates before it starts
 the listeners, one row per listener process. Each process writes into its own row, under
 an ``fcntl`` lock on the file, what it holds: every connection (peer address) and whether
 it holds a slot (with the calling AE title), taken each time from its live threads (a
@@ -32,7 +32,6 @@ semaphore or lock in shared memory would not be.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import mmap
 import os
@@ -41,6 +40,8 @@ import threading
 
 from pynetdicom import evt
 from pynetdicom.association import Association
+
+from .. import process_rows
 
 log = logging.getLogger("dicomweb_server.dimse")
 
@@ -53,7 +54,6 @@ CONNECTION, ASSOCIATION = 1, 2
 #: result 2 (rejected-transient), source 3 (service provider, presentation related),
 #: reason 2 (local-limit-exceeded): PS3.8 §9.3.4
 LOCAL_LIMIT_EXCEEDED = (0x02, 0x03, 0x02)
-_MUTEX = 0  # fcntl lock offsets: the table's mutex, then one byte per row (its owner lives)
 
 
 def per_peer_limit(settings) -> int:
@@ -66,11 +66,9 @@ def create_table(rows: int, limit: int) -> int:
     """A new shared table for ``rows`` listener processes of a node limited to ``limit``
     associations: an anonymous file (not inheritable: ``serve`` passes it to each listener);
     returns its descriptor."""
-    fd = os.memfd_create("dicomweb-dimse-slots", os.MFD_CLOEXEC)
     per_row = 2 * limit  # connections one process may hold (the node's bound)
-    os.ftruncate(fd, _HEADER.size + rows * (_COUNT.size + per_row * _ENTRY.size))
-    os.pwrite(fd, _HEADER.pack(_MAGIC, rows, per_row), 0)
-    return fd
+    return process_rows.new_table("dicomweb-dimse-slots", _HEADER.size + rows * (_COUNT.size + per_row * _ENTRY.size),
+                                  _HEADER.pack(_MAGIC, rows, per_row))
 
 
 class Slots:
@@ -99,11 +97,8 @@ class Slots:
             if self.closed:
                 yield False
                 return
-            fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, _MUTEX)
-            try:
+            with process_rows.mutex(self.fd):
                 yield True
-            finally:
-                fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, _MUTEX)
 
     def _offset(self, row: int) -> int:
         return _HEADER.size + row * (_COUNT.size + self.per_row * _ENTRY.size)
@@ -112,21 +107,11 @@ class Slots:
         """The first row no live process holds: locked (held until this process ends), emptied."""
         with self._locked():
             for row in range(self.rows):
-                try:
-                    fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + row)
-                except OSError:
+                if not process_rows.own(self.fd, row):
                     continue  # a live listener's
                 _COUNT.pack_into(self._map, self._offset(row), 0)
                 return row
         raise RuntimeError(f"all {self.rows} rows of the DIMSE slot table are held by live listeners")
-
-    def _owner_alive(self, row: int) -> bool:
-        try:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 1 + row)
-        except OSError:
-            return True
-        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 1 + row)
-        return False
 
     def _entries(self) -> list[tuple[int, str, str]]:
         """Every live process's connections (the caller holds the lock); a dead process's row is emptied."""
@@ -136,7 +121,7 @@ class Slots:
             (n,) = _COUNT.unpack_from(self._map, at)
             if not n:
                 continue
-            if row != self.row and not self._owner_alive(row):
+            if row != self.row and not process_rows.owner_alive(self.fd, row):
                 _COUNT.pack_into(self._map, at, 0)  # SIGKILLed: its slots come back
                 continue
             for state, address, ae in _ENTRY.iter_unpack(self._map[at + 4:at + 4 + n * _ENTRY.size]):
@@ -159,7 +144,7 @@ class Slots:
                 return
             self.closed = True
             _COUNT.pack_into(self._map, self._offset(self.row), 0)
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 1 + self.row)
+            process_rows.disown(self.fd, self.row)
         self._map.close()
         if self._own:
             os.close(self.fd)
