@@ -387,8 +387,8 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
     that drifting load on a shared machine hits both sides of each ratio alike. The
     server named "static" (nginx) only serves ``study``.
 
-    With ``rounds`` > 1 every step runs again, the servers in the reverse order on every
-    other round (each row notes its ``round``): on this machine the server measured first
+    With ``rounds`` > 1 every step runs again at once, the servers in the reverse order on
+    every other round (each row notes its ``round``): on this machine the server measured first
     of a pair gained ~1.17x in STOW-RS with 8 connections whichever build it was
     (loadtests/results/stow-balance-2026-12-07/), and :func:`ratio_table` takes the
     geometric mean of the rounds' ratios, in which that effect cancels.
@@ -404,7 +404,10 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
     inputs = {name: write_inputs(manifest, host, workdir / name, studies or []) for name, host, _ in servers}
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
     stow_patient = manifest["stow"]["PatientID"]
-    for rnd, op, c in ((rnd, op, c) for rnd in range(rounds) for op in ops for c in conns):
+    # each step's rounds back to back (A B, B A: the ABBA order, which also cancels a steady
+    # drift), so that STOW-RS's steps stay the last (main: a read step after them would see
+    # the data set larger than its reference size)
+    for op, c, rnd in ((op, c, rnd) for op in ops for c in conns for rnd in range(rounds)):
         for name, host, pid in (servers if rnd % 2 == 0 else servers[::-1]):
             if name == "static" and op != "study":
                 continue
