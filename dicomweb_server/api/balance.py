@@ -61,6 +61,7 @@ log = logging.getLogger("dicomweb_server.api")
 _HEADER = struct.Struct("<8sI")  # magic, rows
 _MAGIC = b"DCMBAL01"
 _ROW = struct.Struct("<iii")  # pid, connections held, connections sent to it and not yet adopted
+_FIRST = _HEADER.size // 4  # the first row's first int (the rows start 4-aligned)
 _INT = array.array("i")
 
 
@@ -91,6 +92,9 @@ class Balancer:
         self.table, self.server = table, server
         self.fd = table.fd
         self._map = mmap.mmap(self.fd, _HEADER.size + table.rows * _ROW.size)
+        # the rows as C ints: one field is stored with one aligned write, which a reader in
+        # another process sees whole (struct.pack_into writes byte by byte)
+        self._ints = memoryview(self._map).cast("i")
         self.loop = asyncio.get_running_loop()
         config = server.config
         self._factory = functools.partial(config.http_protocol_class, config=config,
@@ -107,10 +111,27 @@ class Balancer:
         return process_rows.mutex(self.fd)
 
     def _get(self, row: int) -> tuple[int, int, int]:
-        return _ROW.unpack_from(self._map, _HEADER.size + row * _ROW.size)
+        i = _FIRST + 3 * row
+        return self._ints[i], self._ints[i + 1], self._ints[i + 2]
 
     def _set(self, row: int, pid: int, held: int, incoming: int) -> None:
-        _ROW.pack_into(self._map, _HEADER.size + row * _ROW.size, pid, held, max(0, incoming))
+        """A whole row (the caller holds the table's lock, and no live owner writes it: a row
+        being claimed, emptied, or this worker's own)."""
+        i = _FIRST + 3 * row
+        self._ints[i], self._ints[i + 1], self._ints[i + 2] = pid, held, max(0, incoming)
+
+    def _add_incoming(self, row: int, n: int) -> None:
+        """Connections sent to ``row`` and not yet adopted, changed by ``n`` (the caller holds
+        the table's lock: senders and the row's owner both change this field)."""
+        i = _FIRST + 3 * row + 2
+        self._ints[i] = max(0, self._ints[i] + n)
+
+    def _set_held(self, adding: int = 0) -> None:
+        """This worker's count of connections, without the table's lock: only this worker
+        writes it (a sender changes a row's incoming field only), and a reader sees the old
+        or the new value. At every accept and close of a connection: taking the lock there
+        cost clients that open a connection per request (issue 33)."""
+        self._ints[_FIRST + 3 * self.row + 1] = len(self.server.server_state.connections) + adding
 
     def _alive(self, row: int) -> bool:
         return process_rows.owner_alive(self.fd, row)
@@ -135,8 +156,7 @@ class Balancer:
                 if row != self.row and self._get(row)[0] and not self._alive(row):
                     n = self._drain(self.table.pairs[row][0])
                     self._set(row, 0, 0, 0)
-                    pid, held, incoming = self._get(self.row)
-                    self._set(self.row, pid, held, incoming + n)
+                    self._add_incoming(self.row, n)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -145,6 +165,11 @@ class Balancer:
         sock = transport.get_extra_info("socket")
         if self.stopped or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) \
                 or transport.get_extra_info("sslcontext") is not None:
+            return False
+        mine = len(self.server.server_state.connections) + self._get(self.row)[2]
+        if not any(pid and held + incoming < mine for row in range(self.table.rows) if row != self.row
+                   for pid, held, incoming in [self._get(row)]):
+            self._set_held(1)  # no sibling less loaded: read without the lock, the common case
             return False
         sent, refused = False, None
         try:
@@ -168,8 +193,7 @@ class Balancer:
                     self._publish(1)
                 else:
                     sent = True
-                    pid, held, incoming = self._get(target)
-                    self._set(target, pid, held, incoming + 1)
+                    self._add_incoming(target, 1)
         finally:
             if sent:  # the sibling has it, whatever failed after the send: never served by two workers
                 # the message holds the socket: closing this descriptor ends nothing (no shutdown())
@@ -179,14 +203,20 @@ class Balancer:
         return sent
 
     def _publish(self, adding: int = 0, adopted: int = 0) -> None:
-        """This worker's row := its connections (+ ``adding`` about to be added); the caller holds the lock."""
-        pid, _held, incoming = self._get(self.row)
-        self._set(self.row, pid, len(self.server.server_state.connections) + adding, incoming - adopted)
+        """This worker's row := its connections (+ ``adding`` about to be added), ``adopted``
+        connections fewer on their way; the caller holds the lock."""
+        self._set_held(adding)
+        if adopted:
+            self._add_incoming(self.row, -adopted)
 
     def publish(self, adding: int = 0, adopted: int = 0) -> None:
-        if not self.stopped:
-            with self._locked():
-                self._publish(adding, adopted)
+        if self.stopped:
+            return
+        if not adopted:  # the held count alone: this worker's field (_set_held)
+            self._set_held(adding)
+            return
+        with self._locked():
+            self._publish(adding, adopted)
 
     # --- receiving ---------------------------------------------------------------------------
 
@@ -210,8 +240,7 @@ class Balancer:
                     fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
             if _flags & socket.MSG_CTRUNC and not fds:  # the kernel closed it (e.g. no descriptor left)
                 log.warning("a connection handed over by a sibling worker was lost on the way (MSG_CTRUNC)")
-                pid, held, incoming = self._get(self.row)
-                self._set(self.row, pid, held, incoming - 1)  # not coming: the balance stays right
+                self._add_incoming(self.row, -1)  # not coming: the balance stays right
             for fd in fds:
                 n += 1
                 self._adopt(fd)
