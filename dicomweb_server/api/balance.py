@@ -20,7 +20,8 @@ nothing). A connection is decided once: an adopted one is never passed on.
 The accounting is the DIMSE slots' mechanism (:mod:`..process_rows`): an anonymous shared file (``memfd``) that
 the supervisor creates before the workers start, one row per worker (pid, connections held,
 connections sent to it and not yet adopted), changed under an ``fcntl`` lock on a byte of
-the file. A worker holds an ``fcntl`` lock on a byte of its row while it serves; the kernel
+the file, except the count of connections held, which only its worker writes (one aligned
+int store, read whole by the others: no lock at each accept and close). A worker holds an ``fcntl`` lock on a byte of its row while it serves; the kernel
 drops it when the worker dies (SIGKILL included), so a dead or restarted worker's row is
 never chosen. Each row has its own ``socketpair``, made by the supervisor too: every worker
 has both ends of every row, so a descriptor sent to a worker that died before adopting it
