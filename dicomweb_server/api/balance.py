@@ -161,27 +161,29 @@ class Balancer:
 
     # --- sending -----------------------------------------------------------------------------
 
+    def _lighter(self) -> list[tuple[int, int]]:
+        """(load, row) of the siblings holding fewer connections than this worker, least
+        loaded first (from the table as it is read: under the lock or not)."""
+        mine = len(self.server.server_state.connections) + self._get(self.row)[2]
+        return sorted((held + incoming, row) for row in range(self.table.rows) if row != self.row
+                      for pid, held, incoming in [self._get(row)] if pid and held + incoming < mine)
+
     def hand_off(self, transport: asyncio.Transport) -> bool:
         """True: the connection of ``transport`` (just accepted, nothing read) went to a sibling."""
         sock = transport.get_extra_info("socket")
         if self.stopped or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) \
                 or transport.get_extra_info("sslcontext") is not None:
             return False
-        mine = len(self.server.server_state.connections) + self._get(self.row)[2]
-        if not any(pid and held + incoming < mine for row in range(self.table.rows) if row != self.row
-                   for pid, held, incoming in [self._get(row)]):
+        if not self._lighter():
             self._set_held(1)  # no sibling less loaded: read without the lock, the common case
             return False
         sent, refused = False, None
         try:
             with self._locked():
-                mine = len(self.server.server_state.connections) + self._get(self.row)[2]
                 # the least loaded sibling that lives (its lock tested only for the candidates)
-                loads = sorted((held + incoming, row) for row in range(self.table.rows) if row != self.row
-                               for pid, held, incoming in [self._get(row)] if pid and held + incoming < mine)
-                target = next((row for _load, row in loads if self._alive(row)), None)
+                target = next((row for _load, row in self._lighter() if self._alive(row)), None)
                 if target is None:
-                    self._publish(1)
+                    self._set_held(1)
                     return False
                 try:
                     # MSG_DONTWAIT: the descriptors are shared with every worker (O_NONBLOCK would be
@@ -191,7 +193,7 @@ class Balancer:
                                                         socket.MSG_DONTWAIT)
                 except OSError as e:
                     refused = e
-                    self._publish(1)
+                    self._set_held(1)
                 else:
                     sent = True
                     self._add_incoming(target, 1)
