@@ -60,8 +60,11 @@ from . import study as study_check
 
 OPS = ("qido", "wado", "study", "rendered", "stow")
 LUA = common.HERE / "wrk" / "load03.lua"
-#: the whole-study retrieve: no response() function, so wrk does not buffer the bodies
-STUDY_LUA = common.HERE / "wrk" / "study.lua"
+#: WADO-RS instance and whole-study retrieve: answers of sizes measured and validated
+#: before the step, no response() function, so wrk does not copy the bodies into Lua
+SIZED_LUA = common.HERE / "wrk" / "sized.lua"
+#: the operations run with SIZED_LUA (their answers checked by loadtests.study)
+SIZED = ("wado", "study")
 PEER_TEMPLATE = common.HERE / "peers" / "orthanc.json"
 WADO_ACCEPT = 'multipart/related; type="application/dicom"; transfer-syntax=*'
 
@@ -256,8 +259,10 @@ def precheck(manifest: dict, host: str, samples: int = 20, seed: int = 1) -> lis
 # ----------------------------------------------------------------------------- wrk
 
 
-def write_inputs(manifest: dict, host: str, workdir: Path, studies: list[str]) -> dict[str, list[str]]:
-    """Per operation, the wrk script arguments (files under ``workdir``)."""
+def write_inputs(manifest: dict, host: str, workdir: Path) -> dict[str, list[str]]:
+    """Per operation, the wrk script arguments (files under ``workdir``); ``wado.txt``:
+    the order in which the ``wado`` steps ask for the instances (their script and
+    arguments: :func:`sized_answers`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     root = httpx.URL(host).path.rstrip("/")
     rnd = random.Random(20261130)
@@ -266,21 +271,42 @@ def write_inputs(manifest: dict, host: str, workdir: Path, studies: list[str]) -
     queries = [q["query"] for q in manifest["queries"]]
     (workdir / "qido.txt").write_text("".join(f"{root}/studies?{q}\n" for q in queries))
     (workdir / "wado.txt").write_text("".join(f"{root}{i['path']}\n" for i in inst))
-    (workdir / "study.txt").write_text("".join(f"{root}{sp}\n" for sp in studies))
     (workdir / "rendered.txt").write_text("".join(f"{root}{i['path']}/rendered\n" for i in inst))
     data, (_, _, ph_sop) = dataset.stow_template(int(manifest["stow"]["size"]))
     head = f"--{dataset.STOW_BOUNDARY}\r\nContent-Type: application/dicom\r\n\r\n".encode()
     tail = f"\r\n--{dataset.STOW_BOUNDARY}--\r\n".encode()
     (workdir / "stow.bin").write_bytes(head + data + tail)
-    minlen = min(i["pixel_bytes"] for i in inst)
     return {
         "qido": ["qido", str(workdir / "qido.txt"), "application/dicom+json", "1"],
-        "wado": ["wado", str(workdir / "wado.txt"), WADO_ACCEPT, str(minlen)],
-        "study": ["wado", str(workdir / "study.txt"), WADO_ACCEPT, "1"],
         "rendered": ["rendered", str(workdir / "rendered.txt"), "image/jpeg", "1"],
         "stow": ["stow", str(workdir / "stow.bin"), f"{root}/studies", ph_sop],
         "_stow_body": [str(len(head + data + tail))],
     }
+
+
+def sized_answers(name: str, host: str, op: str, manifest: dict, studies: list[str], workdir: Path,
+                  measured: dict[str, dict[str, study_check.StudyAnswer]]) -> dict[str, study_check.StudyAnswer]:
+    """The answers a ``wado`` or ``study`` step of server ``name`` asks for, each fetched and
+    fully validated (loadtests.study), and ``workdir/{op}-sizes.txt`` for wrk/sized.lua: one
+    "path<TAB>bytes" line per request, in the order of the step. Whole studies are measured
+    before every step (a study's answer is ~10 MB: a few dozen), the data set's instances once
+    per server and run (``measured``: up to 1,000 answers)."""
+    if op == "study":
+        answers, problems = study_check.measure(host, studies, manifest, WADO_ACCEPT, static=name == "static")
+        order = list(answers)
+    else:
+        root = httpx.URL(host).path.rstrip("/")
+        by_path = {root + i["path"]: i for i in manifest["instances"]}
+        order = [ln for ln in (workdir / "wado.txt").read_text().splitlines() if ln]
+        if name not in measured:
+            measured[name], problems = study_check.measure_instances(host, [by_path[p] for p in order], WADO_ACCEPT)
+        else:
+            problems = []
+        answers = measured[name]
+    if problems:
+        raise RuntimeError(f"{name}: {op} answers invalid before the step: {problems[:3]}")
+    (workdir / f"{op}-sizes.txt").write_text("".join(f"{p}\t{answers[p].total}\n" for p in order))
+    return answers
 
 
 def run_wrk(host: str, args: list[str], connections: int, duration: float, threads: int,
@@ -355,10 +381,10 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
 
 def step_row(op: str, conns: int, s: dict, stow_body: int,
              answers: dict[str, study_check.StudyAnswer] | None = None) -> dict:
-    """One step's row. ``answers``: for ``study``, the validated answers of the
-    sampled studies (loadtests.study.measure) that wrk's counts are checked against."""
+    """One step's row. ``answers``: for ``wado`` and ``study``, the validated answers
+    (loadtests.study) that wrk's counts are checked against."""
     secs = s["duration_us"] / 1e6
-    if op == "study":
+    if op in SIZED:
         detail, notes = study_check.step_errors(s, answers or {})
     else:
         detail = {k: s[k] for k in ("connect", "read", "write", "status", "timeout", "invalid") if s[k]}
@@ -401,8 +427,9 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
     0.2-0.8 ms of CPU for minutes after ~6,000 deletions, against ~20 us otherwise
     (``benchmarks/file_create.py``), a quarter to a third of a stored instance's cost, paid
     by whichever server's files landed in those groups."""
-    inputs = {name: write_inputs(manifest, host, workdir / name, studies or []) for name, host, _ in servers}
+    inputs = {name: write_inputs(manifest, host, workdir / name) for name, host, _ in servers}
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
+    measured: dict[str, dict[str, study_check.StudyAnswer]] = {}  # the WADO-RS instance answers, per server
     stow_patient = manifest["stow"]["PatientID"]
     # each step's rounds back to back (A B, B A: the ABBA order, which also cancels a steady
     # drift), so that STOW-RS's steps stay the last (main: a read step after them would see
@@ -415,15 +442,10 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
                 common.wait_quiet(settle)
             before = common.stow_patient_count(host, stow_patient) if op == "stow" else None
             answers = None
-            if op == "study":  # every sampled study fetched and validated once, its size noted
-                answers, problems = study_check.measure(host, studies or [], manifest, WADO_ACCEPT,
-                                                            static=name == "static")
-                if problems:
-                    raise RuntimeError(f"{name}: whole-study answers invalid before the step: {problems[:3]}")
-                lines = [f"{p}\t{a.total}\n" for p, a in answers.items()]
-                (workdir / name / "study-sizes.txt").write_text("".join(lines))
-                s = run_wrk(host, [str(workdir / name / "study-sizes.txt"), WADO_ACCEPT], c, duration,
-                            threads, pid, STUDY_LUA)
+            if op in SIZED:  # every answer the step asks for fetched and validated, its size noted
+                answers = sized_answers(name, host, op, manifest, studies or [], workdir / name, measured)
+                s = run_wrk(host, [str(workdir / name / f"{op}-sizes.txt"), WADO_ACCEPT], c, duration,
+                            threads, pid, SIZED_LUA)
             else:
                 s = run_wrk(host, inputs[name][op], c, duration, threads, pid)
             row = step_row(op, c, s, int(inputs[name]["_stow_body"][0]), answers)
@@ -675,10 +697,11 @@ def main(argv: list[str] | None = None) -> int:
                "geometric mean of the rounds' ratios; " if a.rounds > 1 else "") +
             f"'study': whole-study retrieve of {len(studies)} studies cycled. "
             "Server CPU ms/op = CPU seconds of the server's processes over the step / requests. "
-            "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'study' (wrk/study.lua, "
-            "no body buffered in Lua): status >= 400, socket errors, answers not complete by their framing, "
-            "and wrk's byte count outside the window the sizes of the studies, each fully validated just before "
-            "the step (loadtests/study.py), allow; answers ended by the server closing the connection "
+            "Errors: non-2xx, socket errors and answers failing wrk's light check; for 'wado' and 'study' "
+            "(wrk/sized.lua, no body copied into Lua): status >= 400, socket errors, answers not complete by their "
+            "framing, and wrk's byte count outside the window the sizes of the answers allow, each answer (every "
+            "instance of the data set, once per server; every sampled study, before each step) fully validated "
+            "first (loadtests/study.py); answers ended by the server closing the connection "
             "(Orthanc's multipart answers have no Content-Length) are noted as 'closed', not errors. "
             "CPU in % of one core; "
             "'other' = the rest of the machine (neither wrk nor the server), the noise of a shared machine; "

@@ -1,17 +1,21 @@
-"""Whole-study retrieve in loadtests.capacity: one full validation of every sampled
-study before the wrk step, and the checks of the step's counts (wrk/study.lua).
+"""WADO-RS instance and whole-study retrieve in loadtests.capacity: one full validation
+of every answer the step will ask for before the wrk step, and the checks of the step's
+counts (wrk/sized.lua).
 
-wrk/study.lua has no ``response()`` function, so wrk does not copy the ~10 MB bodies
-into Lua (that made wrk the bottleneck). Instead:
+wrk/sized.lua has no ``response()`` function, so wrk does not copy the bodies into Lua
+(~10 MB per study answer, 130-520 KB per instance answer: that made wrk the
+bottleneck, see the script's header). Instead:
 
 * before each study step, :func:`measure` fetches every sampled study once over a raw
   socket, exactly as wrk reads it, and validates it fully (:func:`validate`): status
   200, multipart/related with one application/dicom part per instance of the study
   (PS3.18 10.4.1.1.2), every SOP Instance UID of the manifest's study present once,
   each part's Pixel Data of the manifest's length and SHA-256. It records the size of
-  the whole HTTP answer (status line + headers + body) and how the body is delimited;
+  the whole HTTP answer (status line + headers + body) and how the body is delimited.
+  For WADO-RS instance steps :func:`measure_instances` does the same for every instance
+  of the data set (one part, that instance), once per server and run;
 * during the step wrk frames every answer (Content-Length or chunked; a connection
-  closed early is a read error) and counts status >= 400; study.lua adds up the
+  closed early is a read error) and counts status >= 400; sized.lua adds up the
   expected bytes of every request it sends;
 * after the step :func:`step_errors` checks the byte count against those sizes and
   accounts for servers that end each answer by closing the connection.
@@ -171,8 +175,29 @@ def measure(host: str, studies: list[str], manifest: dict, accept: str,
     return out, problems
 
 
+def measure_instances(host: str, instances: list[dict], accept: str) -> tuple[dict[str, StudyAnswer], list[str]]:
+    """Fetch and validate the WADO-RS answer of each manifest instance of ``instances``
+    (PS3.18 10.4.1.1.1: multipart/related, one application/dicom part: that instance,
+    its Pixel Data the original) once. Returns ({request path: answer}, problems)."""
+    root = httpx.URL(host).path.rstrip("/")
+    out, problems = {}, []
+    for inst in instances:
+        path = root + inst["path"]
+        try:
+            status, headers, body, total = fetch_raw(host, path, accept)
+            if status != 200:
+                raise ValueError(f"HTTP {status}")
+            parts = validate(body, headers.get("content-type", ""),
+                             {inst["sop"]: (inst["pixel_bytes"], inst["sha256"])})
+            closes = "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
+            out[path] = StudyAnswer(total, closes, parts)
+        except (OSError, ValueError) as e:
+            problems.append(f"instance {inst['sop']}: {e}")
+    return out, problems
+
+
 def step_errors(s: dict, answers: dict[str, StudyAnswer]) -> tuple[dict[str, int], dict[str, int]]:
-    """(errors, notes) of one wrk/study.lua step ``s`` (its LOAD03 summary).
+    """(errors, notes) of one wrk/sized.lua step ``s`` (its LOAD03 summary).
 
     * A server whose validated answers end at the connection's close (Orthanc: no
       Content-Length for multipart answers) makes wrk count a read error per answer:

@@ -5,14 +5,16 @@
 # (tests/dimse/test_dcmtk.py) DCMTK's storescu/findscu/getscu/movescu/storescp: installed here with
 # apt-get when missing (as root, or with sudo). The PostgreSQL index's tests start Debian's
 # PostgreSQL server themselves (tests/postgres.py; DICOMWEB_POSTGRES=skip skips them). The docs extra
-# (mkdocs) lets tests/docs/ build the documentation site.
+# (mkdocs) lets tests/docs/ build the documentation site. wrk runs one short step of the capacity
+# runner (tests/loadtests/test_short_run.py).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive  # CI has no terminal: apt must never ask
 cd "$(dirname "$0")/.."
 ORTHANC_DICOMWEB=/usr/share/orthanc/plugins/libOrthancDicomWeb.so
 if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
    || [ ! -x /usr/sbin/Orthanc ] || [ ! -e "$ORTHANC_DICOMWEB" ] || ! [ -x /usr/sbin/nginx ] \
-   || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! [ -x /usr/bin/storescu ]; then
+   || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! [ -x /usr/bin/storescu ] \
+   || ! [ -x /usr/bin/wrk ]; then
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -22,6 +24,7 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 \
   [ -x /usr/sbin/nginx ] || $SUDO apt-get install -y -qq nginx-light
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $SUDO apt-get install -y -qq postgresql
   [ -x /usr/bin/storescu ] || $SUDO apt-get install -y -qq dcmtk
+  [ -x /usr/bin/wrk ] || $SUDO apt-get install -y -qq wrk
 fi
 python3 -m venv .venv
 . .venv/bin/activate

@@ -66,7 +66,7 @@ def test_nothing_is_deleted_between_steps(monkeypatch, tmp_path):
     between steps: a file created right after mass deletion costs the kernel up to ~0.7 ms
     on ext4 without a journal (benchmarks/file_create.py), which the next step measured."""
     events = []
-    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir, studies: {
+    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir: {
         "stow": ["body"], "qido": ["q"], "_stow_body": ["1000"]})
     monkeypatch.setattr(capacity, "run_wrk", lambda host, args, c, *a: events.append(("step", host, c)) or {})
     monkeypatch.setattr(capacity, "step_row", lambda op, c, s, body, answers: {})
@@ -83,7 +83,7 @@ def test_rounds_alternate_the_order_of_the_servers(monkeypatch, tmp_path):
     measured first had an advantage on this machine), each row noting its round; the
     STOW-RS steps stay the last."""
     events = []
-    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir, studies: {
+    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir: {
         "stow": ["body"], "_stow_body": ["1000"]})
     monkeypatch.setattr(capacity, "run_wrk", lambda host, args, c, *a: events.append((host, c)) or {})
     monkeypatch.setattr(capacity, "step_row", lambda op, c, s, body, answers: {})
@@ -101,7 +101,7 @@ def test_keep_stow_leaves_the_stored_instances(monkeypatch, tmp_path):
     """``--keep-stow``: servers started on new folders for the run keep what the STOW-RS
     steps stored (deleting it only slows file creation for whatever runs next)."""
     events = []
-    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir, studies: {
+    monkeypatch.setattr(capacity, "write_inputs", lambda manifest, host, workdir: {
         "stow": ["body"], "_stow_body": ["1000"]})
     monkeypatch.setattr(capacity, "run_wrk", lambda host, args, c, *a: events.append(("step", host)) or {})
     monkeypatch.setattr(capacity, "step_row", lambda op, c, s, body, answers: {})

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from tests.helpers import free_port
 if importlib.util.find_spec("locust") is None or importlib.util.find_spec("psutil") is None:
     pytest.skip("the load extra is not installed: pip install -e '.[load]'", allow_module_level=True)
 
-from loadtests import checks, common, dataset, run  # noqa: E402
+from loadtests import capacity, checks, common, dataset, preload, run  # noqa: E402
 
 SPEC = dataset.Spec(seed=11, studies=3, instances=30, ct_size=64, mr_size=32)
 ROW_KEYS = {"operation", "clients", "ops", "ops_s", "mb_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors",
@@ -110,6 +111,32 @@ def test_short_run_has_no_validation_errors(archive, manifest_path, tmp_path):
         assert s["other_cpu_pct"] is not None and s["machine_busy"] == (s["other_cpu_pct"] > run.BUSY_OTHER_PCT)
     assert run.busy_summary(steps) + "." in md
     assert time.monotonic() - t0 < 90
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/test.sh installs it)")
+def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_path, tmp_path):
+    """The capacity runner's WADO-RS instance step (wrk/sized.lua, no body copied into Lua):
+    every instance's answer fetched and validated before the step, its whole size (status line,
+    headers, body) the one wrk's byte count is checked against; a manifest whose pixel data
+    another server would not match stops the step before any load."""
+    url, pid, _ = archive
+    m = json.loads(manifest_path.read_text())
+    preload.preload(m, [url], progress=False)
+    rows = capacity.run_servers([("ours", url, pid)], m, ["wado"], [2], 2, 2, tmp_path, True)
+    (r,) = rows["ours"]
+    assert r["requests"] > 0 and r["errors"] == 0 and r["error_detail"] == {}, r
+    order = (tmp_path / "ours" / "wado.txt").read_text().split()
+    lines = [ln.split("\t") for ln in (tmp_path / "ours" / "wado-sizes.txt").read_text().splitlines()]
+    assert [p for p, _ in lines] == order and sorted(order) == sorted(i["path"] for i in m["instances"])
+    path, size = lines[0]
+    got = httpx.get(url + path, headers={"Accept": capacity.WADO_ACCEPT})
+    head = f"HTTP/1.1 200 OK\r\n".encode() + b"".join(f"{k}: {v}\r\n".encode() for k, v in got.headers.items())
+    assert int(size) == len(head) + 2 + len(got.content)  # the whole answer, as wrk counts it
+    assert r["mb_s"] * 2 * 1e6 >= r["requests"] * min(int(n) for _, n in lines) * 0.99  # wrk read them all
+    bad = json.loads(manifest_path.read_text())
+    bad["instances"][3]["sha256"] = "0" * 64
+    with pytest.raises(RuntimeError, match=f"wado answers invalid before the step: .*{bad['instances'][3]['sop']}"):
+        capacity.run_servers([("ours", url, pid)], bad, ["wado"], [2], 1, 1, tmp_path / "bad", True)
 
 
 def test_a_wrong_answer_is_a_locust_failure_with_its_reason(archive, manifest_path, tmp_path):

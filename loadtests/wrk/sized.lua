@@ -1,18 +1,22 @@
--- Whole-study retrieve for wrk, without a response() function: python -m loadtests.capacity
--- runs it for the "study" operation.
+-- Answers of known size, for wrk without a response() function: python -m loadtests.capacity
+-- runs it for the "wado" (WADO-RS instance) and "study" (whole-study retrieve) operations.
 --
---   wrk -t2 -c8 -d15s -s study.lua http://127.0.0.1:8080 -- FILE ACCEPT RUNID
+--   wrk -t2 -c8 -d15s -s sized.lua http://127.0.0.1:8080 -- FILE ACCEPT RUNID
 --
--- FILE: one line per study, "PATH<TAB>BYTES": the request path and the exact size of the
+-- FILE: one line per request, "PATH<TAB>BYTES": the request path and the exact size of the
 -- whole HTTP answer (status line, headers and body) that loadtests.study measured and fully
--- validated (every part parsed, every SOP Instance of the study present once, its pixel
--- data the original's SHA-256) just before the step. Each thread cycles through the list
--- from its own offset.
+-- validated (every part parsed, every SOP Instance asked for present once, its pixel data
+-- the original's SHA-256) just before the step. Each thread cycles through the list from its
+-- own offset.
 --
 -- Why no response(): wrk copies every body into a Lua string for response() (it only
--- sets http_parser's on_body callback when the script defines one), ~10 MB per study
--- answer; that made wrk the bottleneck at ~860 MB/s. Without it wrk reads in 8 KiB
--- pieces and only frames the answers. What is checked per answer, then:
+-- sets http_parser's on_body callback when the script defines one): ~10 MB per study
+-- answer made wrk the bottleneck at ~860 MB/s; for WADO-RS instance answers (130-520 KB)
+-- wrk spent 0.51 ms of CPU per answer with it and 0.20 ms without, most of it system time:
+-- each body's Lua string is a fresh mapping (an mmap and a munmap per answer, ~100 page
+-- faults; strace and perf stat, 2026-12-07), so on 2 cores wrk held down the rate of the
+-- server it measured. Without it wrk reads in 8 KiB pieces and only frames the answers.
+-- What is checked per answer, then:
 --   * wrk counts an answer only when http_parser has read all of it: Content-Length
 --     bytes, or the chunked terminator; a connection closed earlier is a read error.
 --     (A body delimited by the connection's close, as Orthanc sends multipart answers,
