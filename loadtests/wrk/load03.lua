@@ -69,11 +69,16 @@ function init(args)
     -- the study and series placeholders of loadtests.dataset.stow_template
     body = replace_plain(body, "2.25.1" .. string.rep("1", 38), uid(1, 0))
     body = replace_plain(body, "2.25.1" .. string.rep("2", 38), uid(2, 0))
-    pieces = split_plain(body, ph)
     uid_prefix = string.format("2.25.1%06d%03d3", runid, tid)
     local boundary = string.match(body, "^%-%-([^\r\n]+)")
     hdr = {["Content-Type"] = 'multipart/related; type="application/dicom"; boundary=' .. boundary,
            ["Accept"] = "application/dicom+json"}
+    -- the whole request (request line, headers, body) made once, cut at the placeholder: each
+    -- request() then joins the pieces around its UID (the same length: Content-Length holds)
+    -- in one string; a body string and a request string per request were two fresh mappings
+    -- of LuaJIT's allocator (over its 128 KiB threshold), ~0.1 ms of wrk's CPU per request
+    assert(#uid_prefix + 28 == #ph, "the placeholder's length is not the UID's")
+    pieces = split_plain(wrk.format("POST", post_path, hdr, body), ph)
   else
     paths = {}
     for line in io.lines(args[2]) do
@@ -89,8 +94,7 @@ end
 function request()
   if mode == "stow" then
     seq = seq + 1
-    local uid = uid_prefix .. string.format("%028d", seq)
-    return wrk.format("POST", post_path, hdr, table.concat(pieces, uid))
+    return table.concat(pieces, uid_prefix .. string.format("%028d", seq))
   end
   i = i % n + 1
   return wrk.format("GET", paths[i], hdr)

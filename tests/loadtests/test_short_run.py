@@ -139,6 +139,29 @@ def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_pat
         capacity.run_servers([("ours", url, pid)], bad, ["wado"], [2], 1, 1, tmp_path / "bad", True)
 
 
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/test.sh installs it)")
+def test_capacity_stow_step_stores_every_request_as_a_new_instance(archive, manifest_path, tmp_path):
+    """wrk/load03.lua's STOW-RS mode (the whole request made once, each request joining its
+    pieces around a new SOP Instance UID): every answered request is one new instance on the
+    server, none failed; the load patient's instances are deleted after the run."""
+    url, pid, _ = archive
+    m = json.loads(manifest_path.read_text())
+    rows = capacity.run_servers([("ours", url, pid)], m, ["stow"], [2], 2, 2, tmp_path, True, keep_stow=True)
+    (r,) = rows["ours"]
+    assert r["requests"] > 0 and r["errors"] == 0, r
+    # (requests still in flight when wrk stopped may be stored without being counted)
+    assert r["requests"] <= r["stored"] <= r["requests"] + 2, r
+    sops: list[str] = []
+    while True:  # (QIDO-RS answers at most 1,000 matches a page)
+        r2 = httpx.get(f"{url}/instances", params={"PatientID": m["stow"]["PatientID"], "offset": len(sops)})
+        page = r2.json() if r2.status_code == 200 else []
+        sops += [x["00080018"]["Value"][0] for x in page]
+        if not page:
+            break
+    assert len(sops) == len(set(sops)) == r["stored"] and {len(u) for u in sops} == {44}
+    common.remove_stow_patient(url, m["stow"]["PatientID"])
+
+
 def test_a_wrong_answer_is_a_locust_failure_with_its_reason(archive, manifest_path, tmp_path):
     url, _, _ = archive
     m = json.loads(manifest_path.read_text())
