@@ -150,6 +150,17 @@ def validate(body: bytes, content_type: str, expected: dict[str, tuple[int, str]
     return len(pieces)
 
 
+def _fetched(host: str, path: str, accept: str, expected: dict[str, tuple[int, str]],
+             static: bool = False) -> StudyAnswer:
+    """One answer fetched as wrk reads it and validated (:func:`validate`)."""
+    status, headers, body, total = fetch_raw(host, path, accept)
+    if status != 200:
+        raise ValueError(f"HTTP {status}")
+    parts = validate(body, headers.get("content-type", ""), expected, static)
+    closes = "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
+    return StudyAnswer(total, closes, parts)
+
+
 def measure(host: str, studies: list[str], manifest: dict, accept: str,
             static: bool = False) -> tuple[dict[str, StudyAnswer], list[str]]:
     """Fetch and validate each study of ``studies`` (paths under the DICOMweb root
@@ -162,14 +173,8 @@ def measure(host: str, studies: list[str], manifest: dict, accept: str,
         by_study.setdefault(sp, {})[inst["sop"]] = (inst["pixel_bytes"], inst["sha256"])
     out, problems = {}, []
     for sp in studies:
-        path = root + sp
         try:
-            status, headers, body, total = fetch_raw(host, path, accept)
-            if status != 200:
-                raise ValueError(f"HTTP {status}")
-            parts = validate(body, headers.get("content-type", ""), by_study[sp], static)
-            closes = "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
-            out[path] = StudyAnswer(total, closes, parts)
+            out[root + sp] = _fetched(host, root + sp, accept, by_study[sp], static)
         except (OSError, ValueError) as e:
             problems.append(f"study {sp}: {e}")
     return out, problems
@@ -182,15 +187,9 @@ def measure_instances(host: str, instances: list[dict], accept: str) -> tuple[di
     root = httpx.URL(host).path.rstrip("/")
     out, problems = {}, []
     for inst in instances:
-        path = root + inst["path"]
         try:
-            status, headers, body, total = fetch_raw(host, path, accept)
-            if status != 200:
-                raise ValueError(f"HTTP {status}")
-            parts = validate(body, headers.get("content-type", ""),
-                             {inst["sop"]: (inst["pixel_bytes"], inst["sha256"])})
-            closes = "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
-            out[path] = StudyAnswer(total, closes, parts)
+            out[root + inst["path"]] = _fetched(host, root + inst["path"], accept,
+                                                {inst["sop"]: (inst["pixel_bytes"], inst["sha256"])})
         except (OSError, ValueError) as e:
             problems.append(f"instance {inst['sop']}: {e}")
     return out, problems
