@@ -1,7 +1,8 @@
 """Access rules over DIMSE, on every index (memory, SQLite, PostgreSQL): a calling AE
 title allowed label ``a`` and not ``b`` finds, gets and moves nothing of study B (it
 answers as a study that does not exist), and a C-STORE into B is refused with 0x0124
-(PS3.7 Annex C, Refused: Not Authorized); a new study it stores gets its write label."""
+(PS3.7 Annex C, Refused: Not Authorized); a new study it stores gets its write label. The
+counts of a C-FIND answer (patient, study, series related) are those of the allowed studies."""
 
 from __future__ import annotations
 
@@ -136,3 +137,70 @@ def test_c_store_into_a_study_not_allowed_is_refused(dimse, two):
     assert dimse.store([make_dataset(study=a[0].StudyInstanceUID, PatientID="PA", PatientName="A^A")],
                        ae_title="SCU_A") == [S.SUCCESS]
     assert dimse.http.get(f"/studies/{a[0].StudyInstanceUID}/labels").json() == ["a"]
+
+
+COUNTS = {"NumberOfPatientRelatedStudies": "", "NumberOfPatientRelatedSeries": "",
+          "NumberOfPatientRelatedInstances": ""}
+
+
+@pytest.fixture
+def split_patient(dimse):
+    """Patient PX with study 1 (stored by SCU_A, so labelled a: 2 series of 2 + 1 instances)
+    and study 2 (stored by SCU_B, labelled b: 1 series of 4 instances); patient PY with one
+    study, labelled b (1 instance)."""
+    s1, s2, s3 = generate_uid(), generate_uid(), generate_uid()
+    se1a, se1b, se2 = generate_uid(), generate_uid(), generate_uid()
+    one = [make_dataset(study=s1, series=se1a, PatientID="PX", PatientName="X^X", InstanceNumber=i) for i in (1, 2)]
+    one.append(make_dataset(study=s1, series=se1b, PatientID="PX", PatientName="X^X", InstanceNumber=3))
+    two = [make_dataset(study=s2, series=se2, PatientID="PX", PatientName="X^X", InstanceNumber=i)
+           for i in (1, 2, 3, 4)]
+    only_b = [make_dataset(study=s3, PatientID="PY", PatientName="Y^Y")]
+    assert dimse.store(one, ae_title="SCU_A") == [S.SUCCESS] * 3
+    assert dimse.store(two + only_b, ae_title="SCU_B") == [S.SUCCESS] * 5
+    assert [dimse.http.get(f"/studies/{s}/labels").json() for s in (s1, s2, s3)] == [["a"], ["b"], ["b"]]
+    return {"s1": s1, "s2": s2, "s3": s3, "se1a": se1a, "se1b": se1b, "se2": se2}
+
+
+def patient_counts(dimse, ae_title, patient_id="") -> list[tuple]:
+    answers = find(dimse, ae_title, PatientRootQueryRetrieveInformationModelFind, QueryRetrieveLevel="PATIENT",
+                   PatientID=patient_id, **COUNTS)
+    return sorted((d.PatientID, d.NumberOfPatientRelatedStudies, d.NumberOfPatientRelatedSeries,
+                   d.NumberOfPatientRelatedInstances) for d in answers)
+
+
+def test_patient_counts_count_only_the_allowed_studies(dimse, split_patient):
+    """Number of Patient Related Studies, Series, Instances (0020,1200/1202/1204; PS3.4 Table
+    C.6-1, C.3.4) are counted over the studies the calling AE may see: SCU_A (label a) does
+    not learn through them that PX has a study labelled b, nor that PY exists."""
+    assert patient_counts(dimse, "SCU_A") == [("PX", 1, 2, 3)]  # study 1 alone
+    assert patient_counts(dimse, "SCU_B") == [("PX", 1, 1, 4), ("PY", 1, 1, 1)]
+    assert patient_counts(dimse, "OTHER") == [("PX", 2, 3, 7), ("PY", 1, 1, 1)]  # no rule: both studies
+    # asked by its Patient ID, PY (only a b study) is a patient that does not exist to SCU_A
+    assert patient_counts(dimse, "SCU_A", "PY") == [] == patient_counts(dimse, "SCU_A", "NOBODY")
+    assert patient_counts(dimse, "SCU_A", "PX") == [("PX", 1, 2, 3)]
+
+
+def test_study_and_series_counts_of_the_allowed_studies_only(dimse, split_patient):
+    """NumberOfStudyRelatedSeries/Instances (0020,1206/1208) and NumberOfSeriesRelatedInstances
+    (0020,1209): SCU_A sees study 1 only, with its own counts; study 2's series are not there."""
+    u = split_patient
+
+    def studies(ae_title, model):
+        return sorted((d.StudyInstanceUID, d.NumberOfStudyRelatedSeries, d.NumberOfStudyRelatedInstances)
+                      for d in find(dimse, ae_title, model, QueryRetrieveLevel="STUDY", PatientID="PX",
+                                    StudyInstanceUID="", NumberOfStudyRelatedSeries="",
+                                    NumberOfStudyRelatedInstances=""))
+    for model in (StudyRootQueryRetrieveInformationModelFind, PatientRootQueryRetrieveInformationModelFind):
+        assert studies("SCU_A", model) == [(u["s1"], 2, 3)]
+        assert studies("OTHER", model) == sorted([(u["s1"], 2, 3), (u["s2"], 1, 4)])
+
+    def series(ae_title, **keys):
+        return sorted((d.SeriesInstanceUID, d.NumberOfSeriesRelatedInstances)
+                      for d in find(dimse, ae_title, StudyRootQueryRetrieveInformationModelFind,
+                                    QueryRetrieveLevel="SERIES", SeriesInstanceUID="",
+                                    NumberOfSeriesRelatedInstances="", **keys))
+    # a relational SERIES query by Patient ID (PS3.4 C.4.1.2.2): study 1's two series only
+    assert series("SCU_A", PatientID="PX") == sorted([(u["se1a"], 2), (u["se1b"], 1)])
+    assert series("OTHER", PatientID="PX") == sorted([(u["se1a"], 2), (u["se1b"], 1), (u["se2"], 4)])
+    assert series("SCU_A", StudyInstanceUID=u["s2"]) == []
+    assert series("SCU_B", StudyInstanceUID=u["s2"]) == [(u["se2"], 4)]

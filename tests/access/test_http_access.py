@@ -253,3 +253,32 @@ def test_merge_of_a_patient_whose_studies_are_not_allowed_is_404_like_none(clien
     assert merged.status_code == 200 and [s["StudyInstanceUID"] for s in merged.json()["studies"]] == \
         [a[0].StudyInstanceUID]
     assert uids(client.get("/studies", params={"PatientID": "P-NEW"}, headers=h(ALL))) == {a[0].StudyInstanceUID}
+
+
+def test_qido_counts_of_a_patient_split_across_labels(client):
+    """QIDO-RS study and series counts (0020,1206/1208/1209) when one patient has a study
+    labelled a (2 series of 2 + 1 instances) and one labelled b (1 series of 4): a token
+    allowed a sees study 1 alone, with its own counts, and none of study 2's series."""
+    s1, s2, se1a, se1b, se2 = (generate_uid() for _ in range(5))
+    one = [make_dataset(study=s1, series=se1a, PatientID="PX", InstanceNumber=i) for i in (1, 2)]
+    one.append(make_dataset(study=s1, series=se1b, PatientID="PX", InstanceNumber=3))
+    two = [make_dataset(study=s2, series=se2, PatientID="PX", InstanceNumber=i) for i in (1, 2, 3, 4)]
+    assert store(client, ONLY_A, *one).status_code == 200  # the write label: a
+    assert store(client, ONLY_B, *two).status_code == 200  # b
+    ask = "/studies?PatientID=PX&includefield=00201206,00201208"
+
+    def studies(token):
+        return sorted((s["0020000D"]["Value"][0], s["00201206"]["Value"][0], s["00201208"]["Value"][0])
+                      for s in client.get(ask, headers=h(token)).json())
+
+    def series(token):
+        return sorted((s["0020000E"]["Value"][0], s["00201209"]["Value"][0])
+                      for s in client.get("/series?PatientID=PX&includefield=00201209", headers=h(token)).json())
+
+    assert studies(ONLY_A) == [(s1, 2, 3)]
+    assert studies(ALL) == sorted([(s1, 2, 3), (s2, 1, 4)])
+    assert series(ONLY_A) == sorted([(se1a, 2), (se1b, 1)])
+    assert series(ALL) == sorted([(se1a, 2), (se1b, 1), (se2, 4)])
+    # study 2's series, asked by its UID: the empty search of a study that does not exist
+    r = client.get(f"/studies/{s2}/series?includefield=00201209", headers=h(ONLY_A))
+    assert (r.status_code, r.json()) == (200, [])
