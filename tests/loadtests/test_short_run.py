@@ -130,7 +130,7 @@ def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_pat
     assert [p for p, _ in lines] == order and sorted(order) == sorted(i["path"] for i in m["instances"])
     path, size = lines[0]
     got = httpx.get(url + path, headers={"Accept": capacity.WADO_ACCEPT})
-    head = f"HTTP/1.1 200 OK\r\n".encode() + b"".join(f"{k}: {v}\r\n".encode() for k, v in got.headers.items())
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in got.headers.items())
     assert int(size) == len(head) + 2 + len(got.content)  # the whole answer, as wrk counts it
     assert r["mb_s"] * 2 * 1e6 >= r["requests"] * min(int(n) for _, n in lines) * 0.99  # wrk read them all
     bad = json.loads(manifest_path.read_text())
@@ -143,7 +143,7 @@ def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_pat
 def test_capacity_stow_step_stores_every_request_as_a_new_instance(archive, manifest_path, tmp_path):
     """wrk/load03.lua's STOW-RS mode (the whole request made once, each request joining its
     pieces around a new SOP Instance UID): every answered request is one new instance on the
-    server, none failed; the load patient's instances are deleted after the run."""
+    server (each UID 44 characters, none twice), none failed."""
     url, pid, _ = archive
     m = json.loads(manifest_path.read_text())
     rows = capacity.run_servers([("ours", url, pid)], m, ["stow"], [2], 2, 2, tmp_path, True, keep_stow=True)
