@@ -94,6 +94,12 @@ presentation.negotiate_as_acceptor
                                                                 order of transfer syntaxes (dimse.md)
 acse.ACSE._negotiate_as_acceptor                   negotiation.py calls the name negotiation.install()
                                                                 rebinds in acse
+service_class.QueryRetrieveServiceClass._move_scp
+                                                   retrieve_scp.py associates with the C-MOVE destination
+                                                                through the listener's AE.associate, reads
+                                                                only is_established and release of it
+                                                                before a final failure: a refused C-MOVE
+                                                                gets _NotAssociated (no connection)
 *module attributes rebound* (:data:`REBOUND`)
 dimse_messages.NamedTemporaryFile                  scp.py       the received file in the spool folder
 dimse_messages.create_file_meta                    scp.py       file meta encoded by hand, Source AE slot
@@ -205,6 +211,9 @@ PINNED: dict[tuple[str, str], tuple[str, str]] = {
         ("negotiation.py", "9e34a18626d6488d8e3605c6b111da204fc85bf9708c446579b3118b6e9bd135"),
     ("pynetdicom.acse", "ACSE._negotiate_as_acceptor"):
         ("negotiation.py", "390acb76f521e611d23e44af30581299c9510fb4ea5444d19b5acf0b15eb4d60"),
+    # relied on: a refused C-MOVE's destination association, never opened, is retrieve_scp._NotAssociated
+    ("pynetdicom.service_class", "QueryRetrieveServiceClass._move_scp"):
+        ("retrieve_scp.py", "f57965190acb491d4d888734151f68e27705f32f987db9cacc890c36a93bbe2c"),
 }
 
 #: methods our patches add where pynetdicom defines none (slots.install: Association.run, a

@@ -5,7 +5,8 @@ Matching is :mod:`.retrieve` (the C-FIND query); counting the sub-operations, th
 and the final responses (PS3.4 C.4.2.1.5, C.4.3.1.4) are pynetdicom's Query/Retrieve
 service class, which calls ``Association.send_c_store`` for each instance the handler
 yields: :func:`_send_c_store_from_file` replaces it while the listener runs
-(``scp._receive_into``).
+(``scp._receive_into``). A C-MOVE with nothing to send (refused, or matching nothing) is
+answered without a connection to its destination (:class:`ListenerAE`).
 
 References
 ----------
@@ -23,7 +24,7 @@ from pathlib import Path
 from pydicom import dcmread
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import UID
-from pynetdicom import build_context, evt
+from pynetdicom import AE, build_context, evt
 from pynetdicom.association import Association
 from pynetdicom.sop_class import (
     PatientRootQueryRetrieveInformationModelGet,
@@ -136,6 +137,44 @@ def _transcoded_for(stored: StoredInstance, accepted: list[str]) -> Dataset:
 _send_c_store = Association.send_c_store
 
 
+# --- a refused C-MOVE: no association to its destination ------------------------------------
+#
+# pynetdicom's Move SCP (``QueryRetrieveServiceClass._move_scp``) takes the destination from the
+# handler, then the number of sub-operations, then associates with the destination, and only
+# then asks the handler for its first (status, data set). Without associating, its handler
+# protocol answers only 0xA801 (destination None) or Success (no sub-operation): a C-MOVE the
+# archive refused (an identifier that does not match the SOP class...) made a TCP connection and
+# an A-ASSOCIATE-RQ to the destination before its failure was sent. The handler asks for no
+# association with the keyword below in the destination's ``AE.associate`` arguments; the
+# listener's AE then returns :class:`_NotAssociated`, and pynetdicom answers the handler's
+# failure as before (same Status, Error Comment, Offending Element and counts).
+
+#: the keyword of the destination's ``AE.associate`` arguments (the handler's first yield)
+#: asking :class:`ListenerAE` not to associate
+NOT_ASSOCIATING = "dicomweb_not_associating"
+
+
+class _NotAssociated:
+    """Stands for the destination's association of a refused C-MOVE, which is never opened:
+    pynetdicom's Move SCP reads ``is_established``, then, given the handler's final failure,
+    calls ``release`` and sends that failure (dimse/pins.py pins its code)."""
+
+    is_established = True
+
+    def release(self) -> None:
+        pass
+
+
+class ListenerAE(AE):
+    """The listener's Application Entity: ``associate`` given ``NOT_ASSOCIATING`` returns a
+    :class:`_NotAssociated` (no connection); otherwise pynetdicom's."""
+
+    def associate(self, addr, port, *args, **kwargs):  # type: ignore[override]
+        if kwargs.pop(NOT_ASSOCIATING, False):
+            return _NotAssociated()
+        return super().associate(addr, port, *args, **kwargs)
+
+
 class RetrieveSCP:
     """The C-GET and C-MOVE handlers of :class:`~.scp.DimseServer` (which provides
     ``archive``, ``settings``, ``peers``, ``_identifier`` and ``_access``)."""
@@ -166,8 +205,8 @@ class RetrieveSCP:
         remaining/completed/failed/warning (PS3.4 C.4.2.1.5). A failed match: 1, then its status
         (pynetdicom answers a count of 0 with Success at once: an identifier that does not match
         the SOP class, or an index that cannot be reached, was a Success with nothing sent; it
-        counts the one announced as failed; a C-MOVE first associates with its destination,
-        proposing Verification only, and answers 0xA801 if it refuses that)."""
+        counts the one announced as failed; a C-MOVE's failure is answered without associating
+        with its destination: :data:`NOT_ASSOCIATING`)."""
         if failure is not None:
             yield 1
             yield failure, None
@@ -211,9 +250,16 @@ class RetrieveSCP:
             yield None, None  # pynetdicom answers 0xA801 Move Destination unknown
             return
         locations, failure = self._matches(event, MOVE_MODELS)
+        if failure is not None or not locations:
+            # nothing to send: no connection to the destination (ListenerAE.associate). Refused
+            # (0xA900, 0xC000, 0xA701): that failure; nothing matched: Success, no sub-operation
+            # (PS3.4 C.4.2.3.1; pynetdicom answers a count of 0 before it associates anyway)
+            yield peer.host, peer.port, {NOT_ASSOCIATING: True}
+            yield from self._send(event, locations, failure)
+            return
         # propose what will be sent: the stored SOP classes and transfer syntaxes, a compressed
         # one in a context of its own (sending_contexts; <= 127 contexts)
-        pairs = ((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations or [])
+        pairs = ((loc.sop_class_uid, loc.transfer_syntax_uid) for loc in locations)
         # and Verification: a destination that accepts none of the stored SOP classes still
         # associates, and each sub-operation fails on its own (0xA702, each instance listed),
         # where pynetdicom answered the association's refusal 0xA801 (destination unknown)
@@ -223,7 +269,7 @@ class RetrieveSCP:
                                      "tls_args": tls.tls_args(peer.tls, peer.host),  # PS3.15 Annex B
                                      "evt_handlers": [(evt.EVT_CONN_OPEN, _sub_operation_socket_timeout)]}
         requester = event.assoc.requestor.ae_title  # PS3.7 9.1.1.1: Move Originator AE Title
-        yield from self._send(event, locations, failure, str(requester).strip())
+        yield from self._send(event, locations, None, str(requester).strip())
 
 
 def _sub_operation_socket_timeout(event) -> None:

@@ -71,7 +71,7 @@ from .pdata import PDURefused
 from . import status as S
 from .find import IdentifierError, decoded_identifier, find
 from .peers import Peer, load_peers
-from .retrieve_scp import GET_MODELS, MOVE_MODELS, SEND_PDU_MAX, RetrieveSCP, _send_c_store_from_file
+from .retrieve_scp import GET_MODELS, MOVE_MODELS, SEND_PDU_MAX, ListenerAE, RetrieveSCP, _send_c_store_from_file
 from .shutdown import CLOSE_WAIT, end_associations, exit_after
 
 log = logging.getLogger("dicomweb_server.dimse")
@@ -420,7 +420,7 @@ class DimseServer(RetrieveSCP):
 
     def _make_ae(self) -> AE:
         s = self.settings
-        ae = AE(ae_title=s.ae_title)
+        ae = ListenerAE(ae_title=s.ae_title)  # a refused C-MOVE: no association (retrieve_scp.py)
         # the limits are the node's (slots.py): pynetdicom's own (acceptor threads of this
         # process, connections without an A-ASSOCIATE-RQ included) never reached
         ae.maximum_associations = 4 * s.dimse_max_associations + 1
