@@ -42,6 +42,7 @@ import httpx
 import numpy as np
 
 from . import load01_storescu
+from .load01_rounds import RATIO_HEADERS, ratio_rows, step_name, step_order
 from .common import CpuSampler, MachineCpu, fmt, process_tree, table, tree_rss_mb
 
 #: (modality, SOP Class UID, rows, columns, frames, share of images) — the reference mix
@@ -426,6 +427,7 @@ class StoreSCP(Target):
 class StepResult:
     target: str
     associations: int
+    round: int = 0  # with --rounds N: which of the step's rounds (the order reversed on odd ones)
     operations: int = 0
     seconds: float = 0.0
     bytes: int = 0
@@ -652,6 +654,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--generator", choices=["pynetdicom", "storescu"], default="pynetdicom",
                    help="the SCU: pynetdicom processes (default), or one DCMTK storescu process per association "
                         "(files written before each step; loadtests/load01_storescu.py)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="each step this many times (1 or an even number), the order of the targets reversed "
+                        "on every other round; the ratio is the geometric mean of the rounds' ratios")
     p.add_argument("--peer-ports", type=int, metavar="FIRST",
                    help="give the peers ports FIRST, FIRST+1, ... (Orthanc DICOM and HTTP, then storescp); "
                         "default: ports the kernel picks")
@@ -664,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         # a step's SOP Instance UIDs are named by its association count, and nothing is deleted
         # before the last step: a repeated step would resend instances still stored
         p.error(f"--associations: each step once, each >= 1 (not {args.associations})")
+    if args.rounds < 1 or (args.rounds > 1 and args.rounds % 2):
+        p.error(f"--rounds: 1 or an even number (each order as often as the other), not {args.rounds}")
 
     load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     targets: list[Target] = []
@@ -691,20 +698,32 @@ def main(argv: list[str] | None = None) -> int:
         results: list[StepResult] = []
         latency: dict[str, dict] = {}
         failures: list[str] = []
+        failed: set[str] = set()
+        for n, rnd, order in step_order(targets, steps, args.rounds):
+            for target in order:
+                if target.name in failed:
+                    continue
+                try:
+                    r = run_step(target, n, args.images, args.scale, args.processes,
+                                 step_name(n, rnd, args.rounds), fast, args.generator, cleanup)
+                except Exception as e:  # report the other targets anyway
+                    failed.add(target.name)
+                    failures.append(f"{target.name}: {type(e).__name__}: {e}")
+                    print(failures[-1], flush=True)
+                    continue
+                r.round = rnd
+                results.append(r)
+                print(table(HEADERS, [r.row()]).splitlines()[-1] + (f" (round {rnd})" if args.rounds > 1 else ""),
+                      flush=True)
         for target in targets:
-            try:
-                for n in steps:
-                    r = run_step(target, n, args.images, args.scale, args.processes, str(n), fast, args.generator,
-                                 cleanup)
-                    results.append(r)
-                    print(table(HEADERS, [r.row()]).splitlines()[-1], flush=True)
-                if args.latency:
+            if args.latency and target.name not in failed:
+                try:
                     latency[target.name] = association_latency(target, args.latency, fast)
                     cleanup.append(lambda t=target, stored=target.stored(LATENCY_STEP): t.remove(LATENCY_STEP, stored))
                     print(f"{target.name}: one-image association {latency[target.name]}", flush=True)
-            except Exception as e:  # report the other targets anyway
-                failures.append(f"{target.name}: {type(e).__name__}: {e}")
-                print(failures[-1], flush=True)
+                except Exception as e:  # noqa: BLE001 - reported with the others
+                    failures.append(f"{target.name}: latency: {type(e).__name__}: {e}")
+                    print(failures[-1], flush=True)
     finally:
         for undo in cleanup:  # (also after a failure or Ctrl-C)
             try:
@@ -720,7 +739,12 @@ def main(argv: list[str] | None = None) -> int:
           f"generator {args.generator}, SCU reactors {args.scu_reactor}; load average at start/end {load0} / {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
           f"- disk durable-write rate, 512 KB files (temp + fsync + rename + dir fsync): "
           f"{disk['files_per_s']} files/s = {disk['MB_per_s']} MB/s ({disk['folder']})",
-          "", table(HEADERS, [r.row() for r in results]), "",
+          f"- order: each step's targets back to back{', every step ' + str(args.rounds) + ' times, the order reversed on every other round (the round after the step count)' if args.rounds > 1 else ''}",
+          "", table(HEADERS, [[r.row()[0], f"{r.associations}" + (f" ({r.round})" if args.rounds > 1 else ""),
+                               *r.row()[2:]] for r in results]), "",
+          *(["Ours / peer (images/s; with rounds: the geometric mean of the rounds' ratios; server CPU per image "
+             "= its CPU % x the step's seconds / images):", "", table(RATIO_HEADERS, ratio_rows(results)), ""]
+            if any(r.target != "ours" for r in results) and any(r.target == "ours" for r in results) else []),
           "Associations rejected (A-ASSOCIATE-RJ) in each step: "
           + ", ".join(f"{r.target}@{r.associations}: {r.rejected}" for r in results)
           + (" (the generator is one peer, one address and one calling AE title: a rejection "
@@ -736,8 +760,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.output / "results.md").write_text("\n".join(md))
     (args.output / "results.json").write_text(json.dumps({
         "images": args.images, "scale": args.scale, "mix": mix, "disk": disk, "latency": latency,
-        "targets": {t.name: t.config for t in targets},
-        "steps": [dict(zip(HEADERS, r.row()), machine_cpu=r.machine_cpu, rejected=r.rejected) for r in results]},
+        "rounds": args.rounds, "targets": {t.name: t.config for t in targets},
+        "steps": [dict(zip(HEADERS, r.row()), machine_cpu=r.machine_cpu, rejected=r.rejected, round=r.round)
+                  for r in results],
+        "ratios": [dict(zip(RATIO_HEADERS, row)) for row in ratio_rows(results)]},
         indent=1))
     print("\n".join(md))
     return 0 if not failures and all(r.errors == 0 and r.missing == 0 and r.extra == 0 and r.partial == 0

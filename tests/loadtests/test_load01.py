@@ -156,3 +156,67 @@ def test_each_step_once(steps, capsys):
     with pytest.raises(SystemExit) as e:
         load01.main(["--associations", steps, "--port", "1"])
     assert e.value.code == 2 and "each step once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rounds", ["3", "0"])
+def test_rounds_one_or_even(rounds, capsys):
+    """Each order (ours first, the peer first) as often as the other, or one round."""
+    with pytest.raises(SystemExit) as e:
+        load01.main(["--rounds", rounds, "--port", "1"])
+    assert e.value.code == 2 and "1 or an even number" in capsys.readouterr().err
+
+
+def test_steps_interleave_the_targets_and_rounds_reverse_them():
+    """Each step's targets back to back (drift hits both sides alike), the order reversed on
+    every other round; each round's instances are new ones (its own name in the UIDs)."""
+    assert load01.step_order(["ours", "orthanc"], [1, 4], 1) == [(1, 0, ["ours", "orthanc"]),
+                                                                  (4, 0, ["ours", "orthanc"])]
+    assert load01.step_order(["ours", "orthanc"], [4], 2) == [(4, 0, ["ours", "orthanc"]),
+                                                              (4, 1, ["orthanc", "ours"])]
+    assert [load01.step_name(4, r, 1) for r in (0,)] == ["4"]
+    assert [load01.step_name(4, r, 2) for r in (0, 1)] == ["4.1", "4.2"]
+    job = load01.Job(0, 0)
+    uids = {load01._dataset(load01.step_name(4, r, 2), job, 0.05, b"\0" * 64).SOPInstanceUID for r in (0, 1)}
+    assert uids == {f"{load01.ROOT}.4.1.1", f"{load01.ROOT}.4.2.1"}
+
+
+def _step(target, n, rnd, ops, seconds, cpu=None):
+    r = load01.StepResult(target, n, round=rnd, operations=ops, seconds=seconds)
+    r.server_cpu = cpu
+    return r
+
+
+def test_the_ratio_is_the_geometric_mean_of_the_rounds():
+    """Round 0: ours 300/s, the peer 150/s (2.0); round 1: 200 against 200 (1.0): sqrt(2).
+    A step whose peer round is missing has no ratio (one round carries the order effect)."""
+    results = [_step("ours", 4, 0, 300, 1.0, cpu=150.0), _step("orthanc", 4, 0, 150, 1.0, cpu=100.0),
+               _step("orthanc", 4, 1, 200, 1.0, cpu=100.0), _step("ours", 4, 1, 200, 1.0, cpu=150.0),
+               _step("ours", 16, 0, 100, 1.0), _step("ours", 16, 1, 100, 1.0), _step("orthanc", 16, 0, 50, 1.0)]
+    rows = load01.ratio_rows(results)
+    assert rows[0][:6] == ["orthanc", 4, 250.0, 175.0, "1.41x", "2.00 / 1.00"]
+    # CPU per image: 150 % over 1 s for 300 and for 200 images: 5.0 and 7.5 ms, mean 6.25
+    assert rows[0][6] == pytest.approx(6.25) and rows[0][7] == pytest.approx((100 / 15 + 5.0) / 2)
+    assert rows[1][:5] == ["orthanc", 16, 100.0, 50.0, "-"]
+
+
+def test_rounds_with_a_peer_run_interleaved(serve, tmp_path):
+    """Two rounds against DCMTK's storescp: ours and the peer alternate within each step,
+    every round's images are checked, and the ratio table pairs the rounds."""
+    if not Path("/usr/bin/storescp").exists():
+        pytest.skip("DCMTK is not installed (apt-get install dcmtk)")
+    http, dimse, data = serve
+    out = tmp_path / "out"
+    rc = load01.main(["--port", str(dimse), "--http", f"http://127.0.0.1:{http}", "--data-dir", str(data),
+                      "--associations", "1", "--images", "6", "--scale", "0.05", "--processes", "1",
+                      "--latency", "0", "--rounds", "2", "--peer", "storescp", "--output", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert rc == 0
+    order = [(s["Target"], s["round"]) for s in results["steps"]]
+    assert order == [("ours", 0), ("storescp", 0), ("storescp", 1), ("ours", 1)]
+    for s in results["steps"]:
+        assert s["Operations"] == 6 and s["Errors"] == 0 and s["missing/extra/partial"] == "0/0/0"
+    (ratio,) = results["ratios"]
+    assert ratio["Peer"] == "storescp" and ratio["Step (assocs)"] == 1 and ratio["ours / peer"].endswith("x")
+    assert len(ratio["per round"].split(" / ")) == 2
+    assert "Ours / peer" in (out / "results.md").read_text()
+    assert httpx.get(f"http://127.0.0.1:{http}/instances", timeout=10).json() == []  # both rounds removed
