@@ -284,6 +284,10 @@ def write_inputs(manifest: dict, host: str, workdir: Path) -> dict[str, list[str
     }
 
 
+class InvalidAnswers(RuntimeError):
+    """An answer failed its full validation before a WADO-RS or whole-study step."""
+
+
 def sized_answers(name: str, host: str, op: str, manifest: dict, studies: list[str], workdir: Path,
                   measured: dict[str, dict[str, study_check.StudyAnswer]]) -> dict[str, study_check.StudyAnswer]:
     """The answers a ``wado`` or ``study`` step of server ``name`` asks for, each fetched and
@@ -304,7 +308,8 @@ def sized_answers(name: str, host: str, op: str, manifest: dict, studies: list[s
             problems = []
         answers = measured[name]
     if problems:
-        raise RuntimeError(f"{name}: {op} answers invalid before the step: {problems[:3]}")
+        raise InvalidAnswers(f"{name}: {op} answers invalid before the step ({len(problems)}): "
+                             + "; ".join(problems[:3]))
     (workdir / f"{op}-sizes.txt").write_text("".join(f"{p}\t{answers[p].total}\n" for p in order))
     return answers
 
@@ -431,6 +436,10 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
     measured: dict[str, dict[str, study_check.StudyAnswer]] = {}  # the WADO-RS instance answers, per server
     stow_patient = manifest["stow"]["PatientID"]
+    if "wado" in ops:  # every instance's answer validated before any load: a wrong one stops the run first
+        for name, host, _ in servers:
+            if name != "static":
+                sized_answers(name, host, "wado", manifest, studies or [], workdir / name, measured)
     # each step's rounds back to back (A B, B A: the ABBA order, which also cancels a steady
     # drift), so that STOW-RS's steps stay the last (main: a read step after them would see
     # the data set larger than its reference size)
@@ -647,8 +656,12 @@ def main(argv: list[str] | None = None) -> int:
                 if n and not a.quiet:
                     print(f"{name}: {n} study/studies of the STOW-RS load patient left by earlier runs deleted",
                           file=sys.stderr)
-        by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet, a.settle,
-                                studies, a.rounds, a.keep_stow)
+        try:
+            by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet,
+                                    a.settle, studies, a.rounds, a.keep_stow)
+        except InvalidAnswers as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         for name, rows in by_server.items():
             results["servers"][name]["rows"] = rows
     finally:

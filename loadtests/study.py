@@ -142,9 +142,10 @@ def validate(body: bytes, content_type: str, expected: dict[str, tuple[int, str]
         seen.add(sop)
         n, sha = expected[sop]
         v = len(part) - n
-        if not (part[v - 12:v - 8] == PIXEL_TAG and int.from_bytes(part[v - 4:v], "little") == n
-                and hashlib.sha256(part[v:]).hexdigest() == sha):
-            raise ValueError(f"instance {sop}: pixel data not the original ({n} B expected)")
+        if not (part[v - 12:v - 8] == PIXEL_TAG and int.from_bytes(part[v - 4:v], "little") == n):
+            raise ValueError(f"instance {sop}: no Pixel Data of the original's length ({n} B) as the last element")
+        if hashlib.sha256(part[v:]).hexdigest() != sha:
+            raise ValueError(f"instance {sop}: pixel data not the original (SHA-256 differs)")
     if len(seen) != len(expected):
         raise ValueError(f"{len(seen)} of {len(expected)} instances")
     return len(pieces)
@@ -190,8 +191,8 @@ def measure_instances(host: str, instances: list[dict], accept: str) -> tuple[di
         try:
             out[root + inst["path"]] = _fetched(host, root + inst["path"], accept,
                                                 {inst["sop"]: (inst["pixel_bytes"], inst["sha256"])})
-        except (OSError, ValueError) as e:
-            problems.append(f"instance {inst['sop']}: {e}")
+        except (OSError, ValueError) as e:  # (validate's messages name the instance)
+            problems.append(str(e) if inst["sop"] in str(e) else f"instance {inst['sop']}: {e}")
     return out, problems
 
 

@@ -114,7 +114,7 @@ def test_short_run_has_no_validation_errors(archive, manifest_path, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/test.sh installs it)")
-def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_path, tmp_path):
+def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_path, tmp_path, monkeypatch):
     """The capacity runner's WADO-RS instance step (wrk/sized.lua, no body copied into Lua):
     every instance's answer fetched and validated before the step, its whole size (status line,
     headers, body) the one wrk's byte count is checked against; a manifest whose pixel data
@@ -135,8 +135,32 @@ def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_pat
     assert r["mb_s"] * 2 * 1e6 >= r["requests"] * min(int(n) for _, n in lines) * 0.99  # wrk read them all
     bad = json.loads(manifest_path.read_text())
     bad["instances"][3]["sha256"] = "0" * 64
-    with pytest.raises(RuntimeError, match=f"wado answers invalid before the step: .*{bad['instances'][3]['sop']}"):
-        capacity.run_servers([("ours", url, pid)], bad, ["wado"], [2], 1, 1, tmp_path / "bad", True)
+    steps: list = []
+    monkeypatch.setattr(capacity, "run_wrk", lambda *a, **k: steps.append(a) or {})
+    with pytest.raises(capacity.InvalidAnswers, match="wado answers invalid before the step") as e:
+        capacity.run_servers([("ours", url, pid)], bad, ["qido", "wado"], [2], 1, 1, tmp_path / "bad", True)
+    sop = bad["instances"][3]["sop"]
+    assert str(e.value).count(sop) == 1 and "SHA-256 differs" in str(e.value)
+    assert steps == []  # stopped before any step, qido's too
+
+
+def test_capacity_run_stops_with_an_error_line_when_an_answer_is_wrong(archive, manifest_path, tmp_path, capsys):
+    """A data set that does not match what the server answers (here: one SHA-256 changed in the
+    manifest) stops the capacity runner before any load, with one "error:" line naming the
+    instance and exit status 2 (it was a traceback)."""
+    url, pid, _ = archive
+    bad = json.loads(manifest_path.read_text())
+    preload.preload(bad, [url], progress=False)
+    bad["instances"][5]["sha256"] = "f" * 64
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    code = capacity.main(["--host", url, "--server-pid", str(pid), "--manifest", str(path), "--operations",
+                          "qido,wado", "--connections", "2", "--duration", "1", "--skip-precheck", "--quiet",
+                          "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert bad["instances"][5]["sop"] in line and "SHA-256 differs" in line
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/test.sh installs it)")

@@ -62,8 +62,11 @@ def test_validate_refuses_missing_twice_and_other_pixels(two):
     with pytest.raises(ValueError, match="twice"):
         study.validate(_answer([a, a]), CT, expected)
     other, _ = _instance("1.2.3.2", 10)  # same instance, other pixel values
-    with pytest.raises(ValueError, match="pixel data not the original"):
+    with pytest.raises(ValueError, match=r"instance 1\.2\.3\.2: pixel data not the original \(SHA-256 differs\)"):
         study.validate(_answer([a, other]), CT, expected)
+    longer = {**expected, "1.2.3.2": (expected["1.2.3.2"][0] + 2, expected["1.2.3.2"][1])}
+    with pytest.raises(ValueError, match=r"1\.2\.3\.2: no Pixel Data of the original's length \(34 B\)"):
+        study.validate(_answer([a, b]), CT, longer)
     with pytest.raises(ValueError, match="closing boundary"):
         study.validate(_answer([a, b])[:-40], CT, expected)
 
