@@ -34,9 +34,9 @@ RATIO_HEADERS = ["Peer", "Step (assocs)", "ours ops/s", "peer ops/s", "ours / pe
 
 def ratio_rows(results: list[StepResult]) -> list[list]:
     """Per peer and step: images/s of ours and of the peer (means over the rounds) and
-    ours / peer, the geometric mean of the rounds' ratios (None when a round is missing on
-    one side: one round alone carries the order effect); server CPU per image, the means of
-    ``Server CPU %`` / images/s."""
+    ours / peer, the geometric mean of the rounds' ratios ("-" when a round is missing on
+    either side: one round alone carries the order effect); server CPU per image, the means
+    of ``Server CPU %`` / images/s."""
     def cpu_ms(r: StepResult) -> float | None:
         return (10 * r.server_cpu * r.seconds / r.operations
                 if r.server_cpu is not None and r.operations and r.seconds else None)
@@ -50,13 +50,15 @@ def ratio_rows(results: list[StepResult]) -> list[list]:
     for peer in dict.fromkeys(r.target for r in results if r.target != "ours"):
         theirs = {(r.associations, r.round): r for r in results if r.target == peer}
         for n in dict.fromkeys(k[0] for k in ours):
-            pairs = [(ours[k], theirs.get(k)) for k in ours if k[0] == n]
-            rate = [(a.operations / a.seconds if a.seconds else None, b.operations / b.seconds
-                     if b is not None and b.seconds else None) for a, b in pairs]
+            rounds = sorted({k[1] for k in ours if k[0] == n} | {k[1] for k in theirs if k[0] == n})
+            pairs = [(ours.get((n, rnd)), theirs.get((n, rnd))) for rnd in rounds]
+            rate = [tuple(r.operations / r.seconds if r is not None and r.seconds else None for r in pair)
+                    for pair in pairs]
             ratios = [x / y for x, y in rate if x and y]
             ratio = math.prod(ratios) ** (1 / len(ratios)) if ratios and len(ratios) == len(pairs) else None
             out.append([peer, n, mean(x for x, _ in rate), mean(y for _, y in rate),
                         f"{ratio:.2f}x" if ratio else "-",
                         " / ".join(f"{x:.2f}" for x in ratios) if len(ratios) > 1 else "-",
-                        mean(cpu_ms(a) for a, _ in pairs), mean(cpu_ms(b) for _, b in pairs if b is not None)])
+                        mean(cpu_ms(a) for a, _ in pairs if a is not None),
+                        mean(cpu_ms(b) for _, b in pairs if b is not None)])
     return out

@@ -197,6 +197,10 @@ def test_the_ratio_is_the_geometric_mean_of_the_rounds():
     # CPU per image: 150 % over 1 s for 300 and for 200 images: 5.0 and 7.5 ms, mean 6.25
     assert rows[0][6] == pytest.approx(6.25) and rows[0][7] == pytest.approx((100 / 15 + 5.0) / 2)
     assert rows[1][:5] == ["orthanc", 16, 100.0, 50.0, "-"]
+    # ours's second round missing (it failed), the peer's there: no ratio either
+    rows = load01.ratio_rows([_step("ours", 4, 0, 300, 1.0), _step("orthanc", 4, 0, 150, 1.0),
+                              _step("orthanc", 4, 1, 200, 1.0)])
+    assert rows[0][:5] == ["orthanc", 4, 300.0, 175.0, "-"]
 
 
 def test_rounds_with_a_peer_run_interleaved(serve, tmp_path):
