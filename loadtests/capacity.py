@@ -314,6 +314,25 @@ def sized_answers(name: str, host: str, op: str, manifest: dict, studies: list[s
     return answers
 
 
+def validated_summary(manifest: dict, ops: list[str], studies: list[str], name: str, skipped: bool,
+                      problems: list[str], instances: int) -> str:
+    """One sentence under a server's table: what was checked of its answers outside wrk's light
+    checks (:func:`precheck`, and the full validation of the sized steps' answers)."""
+    parts = []
+    if name != "static":
+        n = min(20, len(manifest["instances"]))
+        parts.append("precheck skipped" if skipped else
+                     f"before the load, all {len(manifest['queries'])} query counts, {n} instances' pixel SHA-256 "
+                     f"and {n} rendered JPEGs: {len(problems)} problem(s)")
+    if "wado" in ops and instances:
+        parts.append(f"WADO-RS: the answers of all {instances} instances fully validated before the first step "
+                     "(SOP Instance UID, pixel data length and SHA-256), their sizes the window for wrk's byte count")
+    if "study" in ops:
+        parts.append(f"whole-study: {len(studies)} studies fully validated before each step, their sizes the "
+                     "window for wrk's byte count")
+    return ("Checked: " + "; ".join(parts) + ".") if parts else ""
+
+
 def run_wrk(host: str, args: list[str], connections: int, duration: float, threads: int,
             server_pid: int | None, lua: Path = LUA) -> dict:
     if shutil.which("wrk") is None:
@@ -413,7 +432,8 @@ def step_row(op: str, conns: int, s: dict, stow_body: int,
 
 def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops: list[str], conns: list[int],
                 duration: float, threads: int, workdir: Path, quiet: bool, settle: float = 0,
-                studies: list[str] | None = None, rounds: int = 1, keep_stow: bool = False) -> dict[str, list[dict]]:
+                studies: list[str] | None = None, rounds: int = 1, keep_stow: bool = False,
+                measured: dict[str, dict[str, study_check.StudyAnswer]] | None = None) -> dict[str, list[dict]]:
     """Every step on every server, interleaved (ours, then the peer, for each step), so
     that drifting load on a shared machine hits both sides of each ratio alike. The
     server named "static" (nginx) only serves ``study``.
@@ -434,7 +454,7 @@ def run_servers(servers: list[tuple[str, str, int | None]], manifest: dict, ops:
     by whichever server's files landed in those groups."""
     inputs = {name: write_inputs(manifest, host, workdir / name) for name, host, _ in servers}
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in servers}
-    measured: dict[str, dict[str, study_check.StudyAnswer]] = {}  # the WADO-RS instance answers, per server
+    measured = {} if measured is None else measured  # the WADO-RS instance answers validated, per server
     stow_patient = manifest["stow"]["PatientID"]
     if "wado" in ops:  # every instance's answer validated before any load: a wrong one stops the run first
         for name, host, _ in servers:
@@ -656,14 +676,18 @@ def main(argv: list[str] | None = None) -> int:
                 if n and not a.quiet:
                     print(f"{name}: {n} study/studies of the STOW-RS load patient left by earlier runs deleted",
                           file=sys.stderr)
+        measured: dict[str, dict] = {}
         try:
             by_server = run_servers(servers, manifest, ops, conns, a.duration, a.threads, workdir, a.quiet,
-                                    a.settle, studies, a.rounds, a.keep_stow)
+                                    a.settle, studies, a.rounds, a.keep_stow, measured)
         except InvalidAnswers as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         for name, rows in by_server.items():
             results["servers"][name]["rows"] = rows
+            results["servers"][name]["validated"] = validated_summary(
+                manifest, ops, studies, name, a.skip_precheck, results["servers"][name]["precheck_problems"],
+                len(measured.get(name, {})))
     finally:
         if peer is not None:
             peer.stop()
@@ -671,7 +695,8 @@ def main(argv: list[str] | None = None) -> int:
             static.stop()
     text = []
     for name in results["servers"]:
-        text += [f"## {name} ({results['servers'][name]['url']})", "", server_table(results["servers"][name]["rows"]), ""]
+        text += [f"## {name} ({results['servers'][name]['url']})", "", server_table(results["servers"][name]["rows"]), "",
+                 results["servers"][name].get("validated", ""), ""]
     if "orthanc" in results["servers"]:
         t, cmp = ratio_table(results["servers"]["ours"]["rows"], results["servers"]["orthanc"]["rows"])
         results["ratio"] = cmp

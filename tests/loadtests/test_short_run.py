@@ -144,6 +144,23 @@ def test_capacity_wado_step_counts_answers_validated_first(archive, manifest_pat
     assert steps == []  # stopped before any step, qido's too
 
 
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (scripts/test.sh installs it)")
+def test_capacity_report_says_what_was_validated(archive, manifest_path, tmp_path):
+    """capacity.md says, under each server's table, what was checked beyond wrk's light checks:
+    the precheck's counts and problems, and every WADO-RS instance answer validated first."""
+    url, pid, _ = archive
+    m = json.loads(manifest_path.read_text())
+    preload.preload(m, [url], progress=False)
+    code = capacity.main(["--host", url, "--server-pid", str(pid), "--manifest", str(manifest_path), "--operations",
+                          "wado", "--connections", "2", "--duration", "1", "--quiet", "--output", str(tmp_path)])
+    assert code == 0
+    md = (tmp_path / "capacity.md").read_text()
+    n = len(m["instances"])
+    assert (f"Checked: before the load, all {len(m['queries'])} query counts, 20 instances' pixel SHA-256 and 20 "
+            f"rendered JPEGs: 0 problem(s); WADO-RS: the answers of all {n} instances fully validated") in md
+    assert json.loads((tmp_path / "capacity.json").read_text())["servers"]["ours"]["validated"].startswith("Checked:")
+
+
 def test_capacity_run_stops_with_an_error_line_when_an_answer_is_wrong(archive, manifest_path, tmp_path, capsys):
     """A data set that does not match what the server answers (here: one SHA-256 changed in the
     manifest) stops the capacity runner before any load, with one "error:" line naming the
