@@ -97,9 +97,9 @@ def _dechunk(raw: bytes) -> bytes:
 
 def validate(body: bytes, content_type: str, expected: dict[str, tuple[int, str]],
              boundary_from_body: bool = False) -> int:
-    """Check a whole-study answer against the manifest's instances of the study
-    (``{SOP Instance UID: (pixel bytes, SHA-256)}``): every instance once, its pixel
-    data the original. Returns the number of parts. ``boundary_from_body``: take the
+    """Check a multipart WADO-RS answer (a whole study, or one instance) against the
+    manifest's instances it must hold (``{SOP Instance UID: (pixel bytes, SHA-256)}``):
+    every instance once, its pixel data the original. Returns the number of parts. ``boundary_from_body``: take the
     boundary from the body's first line when the Content-Type has none (nginx serving
     the stored answers as static files, whose type has no boundary parameter).
 
