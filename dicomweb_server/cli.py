@@ -49,8 +49,9 @@ def _settings(args: argparse.Namespace):
     """The settings of the command line and environment; exit 2 with one line per bad
     setting (not a traceback) when any is invalid."""
     import pydantic
+    import pydantic_settings
 
-    from .settings import Settings, error_lines
+    from .settings import Settings, error_lines, settings_error_line
 
     overrides = {k: v for k, v in vars(args).items()
                  if k in Settings.model_fields and v is not None}
@@ -59,6 +60,9 @@ def _settings(args: argparse.Namespace):
     except pydantic.ValidationError as e:
         for line in error_lines(e):  # the setting, its variable, what was given and what is allowed
             print(f"dicomweb-server: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except pydantic_settings.SettingsError as e:  # a list or mapping variable that is not JSON
+        print(f"dicomweb-server: {settings_error_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
