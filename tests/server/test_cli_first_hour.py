@@ -248,6 +248,38 @@ def test_which_files_get_a_header(tmp_path):
     assert describe_instance(tmp_path / "meta-no-preamble.out").sop_uid == ds.SOPInstanceUID
 
 
+def test_the_import_report_says_why_a_file_without_header_got_none(tmp_path, capsys):
+    """The store's refusal of a file without PS3.10 header says "preamble and 'DICM' prefix
+    required", which told an import user nothing: import gives bare data sets a header
+    (a new user's trial: pydicom's no_meta.dcm, ExplVR_BigEndNoMeta.dcm, README.txt). The
+    report now names why this file got none."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    big = DicomBytesIO()
+    big.is_implicit_VR, big.is_little_endian = False, False
+    write_dataset(big, make_dataset())
+    no_uid = make_dataset()
+    del no_uid.SOPInstanceUID
+    (folder / "big-endian").write_bytes(big.getvalue())
+    (folder / "no-sop-uid").write_bytes(bare(no_uid, True))
+    (folder / "notes.txt").write_text("Test files of a modality\n")
+    (folder / "good").write_bytes(bare(make_dataset(), True))
+    report = tmp_path / "report.tsv"
+    assert main(["import", "--quiet", "--report", str(report), "--data-dir", str(tmp_path / "data"), str(folder)]) == 1
+    assert capsys.readouterr().out.startswith("imported 1 new instance(s), 0 already stored, 3 refused")
+    lines = dict(line.split("\t") for line in report.read_text().splitlines())
+    assert lines == {
+        str(folder / "big-endian"): "CANNOT_UNDERSTAND (0xC000): a big endian data set without PS3.10 header "
+                                    "(Explicit VR Big Endian, retired: PS3.5 A.3): import gives a header to Little "
+                                    "Endian data sets only",
+        str(folder / "no-sop-uid"): "CANNOT_UNDERSTAND (0xC000): a data set without PS3.10 header and without valid "
+                                    "SOP Class and SOP Instance UIDs (0008,0016), (0008,0018), from which import "
+                                    "makes one",
+        str(folder / "notes.txt"): "CANNOT_UNDERSTAND (0xC000): not DICOM: neither a PS3.10 file (preamble, 'DICM', "
+                                   "file meta) nor a data set",
+    }
+
+
 def test_implementation_class_uid_is_a_uid():
     from dicomweb_server.dicom.uids import IMPLEMENTATION_CLASS_UID, validate_uid
 
