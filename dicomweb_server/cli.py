@@ -145,6 +145,10 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"dicomweb-server: {e}" if isinstance(e, RulesError) else f"dicomweb-server: access rules: {e}",
                   file=sys.stderr)
             return 2
+    if settings.audit_log is not None and (why := _audit_log_problem(Path(settings.audit_log))):
+        # each worker and DIMSE listener opens it: they would die with a traceback, restarted forever
+        print(f"dicomweb-server: --audit-log {settings.audit_log}: {why}", file=sys.stderr)
+        return 2
     refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
@@ -392,6 +396,21 @@ def _data_dir_problem(data: Path) -> str | None:
         return f"cannot be created: {above} is not a folder"
     if not os.access(above, os.W_OK | os.X_OK):
         return f"cannot be created: {above} is not writable"
+    return None
+
+
+def _audit_log_problem(path: Path) -> str | None:
+    """Why the audit log file cannot be opened for appending, or None; creates nothing
+    (the folder is the operator's to make, with its owner and mode)."""
+    if path.is_dir():
+        return "a folder, not a file"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "not writable"
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        return f"folder {folder} does not exist (create it, writable by the archive's user)"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create the file: folder {folder} is not writable"
     return None
 
 

@@ -286,6 +286,28 @@ def test_implementation_class_uid_is_a_uid():
     assert validate_uid(IMPLEMENTATION_CLASS_UID).startswith("2.25.")
 
 
+@pytest.mark.parametrize("where, words", [
+    ("nolog/audit.jsonl", "folder {tmp}/nolog does not exist (create it, writable by the archive's user)"),
+    ("", "a folder, not a file"),
+])
+def test_serve_refuses_an_audit_log_it_cannot_open(tmp_path, where, words):
+    """docs/security.md's ``--audit-log /var/log/dicomweb/audit.jsonl`` on a machine without
+    that folder: every worker and DIMSE listener died opening it with a traceback and was
+    started again, forever (a new user's trial). Now one line and exit 2, nothing created."""
+    p = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
+                          "--port", "0", "--dimse-port", "0", "--audit-log", str(tmp_path / where)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail("serve kept running with an audit log it cannot open")
+    assert p.returncode == 2, err
+    assert err == f"dicomweb-server: --audit-log {tmp_path / where}: {words.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / "d").exists()
+
+
 # -- 12. root ------------------------------------------------------------------------------
 
 def test_root_beyond_loopback_is_warned(monkeypatch, capsys):
