@@ -93,10 +93,16 @@ def _serve(args: argparse.Namespace) -> int:
     from .api.limits import raise_open_files_limit
 
     settings = _settings(args)
-    if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
+    why, credentials = _credential_files(settings)  # each worker reads them: a bad one killed every worker
+    if why is not None:
+        print(f"dicomweb-server: {why}", file=sys.stderr)
+        return 2
+    if not _is_loopback(settings.host) and not credentials and not settings.insecure:
+        # an empty keys file is no authentication: it used to pass this check and serve anyone
         print(f"dicomweb-server: refusing to listen on {settings.host} without authentication: configure "
               "API keys (--api-keys-file or DICOMWEB_API_KEYS), OIDC (--oidc-jwks-url) or basic users "
-              "(--basic-users-file), or pass --insecure (DICOMWEB_INSECURE=true)",
+              "(--basic-users-file), or pass --insecure (DICOMWEB_INSECURE=true)"
+              + ("; the files given hold no key or user" if settings.auth_configured() else ""),
               file=sys.stderr)
         return 2
     if settings.index == "memory" and args.workers not in (None, 1):
@@ -397,6 +403,30 @@ def _data_dir_problem(data: Path) -> str | None:
     if not os.access(above, os.W_OK | os.X_OK):
         return f"cannot be created: {above} is not writable"
     return None
+
+
+def _credential_files(settings) -> tuple[str | None, bool]:
+    """(why the API keys or basic users file cannot be used, or None; whether any credential
+    is configured: a key, a basic user or OIDC). Read as the workers read them
+    (access/audit.py ``load_json_file``): JSON objects."""
+    from .access.audit import load_json_file
+
+    found = {"--api-keys-file": {}, "--basic-users-file": {}}
+    for flag, path in (("--api-keys-file", settings.api_keys_file), ("--basic-users-file", settings.basic_users_file)):
+        if path is None:
+            continue
+        try:
+            found[flag] = load_json_file(path)
+        except OSError as e:
+            return f"{flag} {path}: cannot read it: {e.strerror or e}", False
+        except ValueError as e:
+            return f"{flag} {path}: not JSON: {e}", False
+        if not isinstance(found[flag], dict) or not all(isinstance(v, (list, dict)) for v in found[flag].values()):
+            form = '{"token": ["read", "write"]}' if flag == "--api-keys-file" else \
+                '{"user": {"password_sha256": "...", "scopes": ["read"]}}'
+            return f"{flag} {path}: not of the form {form}", False
+    return None, bool(found["--api-keys-file"] or settings.api_keys or found["--basic-users-file"]
+                      or settings.oidc_jwks_url)
 
 
 def _audit_log_problem(path: Path) -> str | None:

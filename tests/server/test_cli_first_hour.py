@@ -286,6 +286,21 @@ def test_implementation_class_uid_is_a_uid():
     assert validate_uid(IMPLEMENTATION_CLASS_UID).startswith("2.25.")
 
 
+def _serve_exit(tmp_path, *args: str) -> tuple[int, str]:
+    """Run ``serve`` with ``args``; its exit status and stderr, or a test failure when it
+    is still running after 30 s (then its whole process group is killed)."""
+    p = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
+                          "--port", "0", "--dimse-port", "0", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"serve {' '.join(args)} kept running")
+    return p.returncode, err
+
+
 @pytest.mark.parametrize("where, words", [
     ("nolog/audit.jsonl", "folder {tmp}/nolog does not exist (create it, writable by the archive's user)"),
     ("", "a folder, not a file"),
@@ -294,18 +309,41 @@ def test_serve_refuses_an_audit_log_it_cannot_open(tmp_path, where, words):
     """docs/security.md's ``--audit-log /var/log/dicomweb/audit.jsonl`` on a machine without
     that folder: every worker and DIMSE listener died opening it with a traceback and was
     started again, forever (a new user's trial). Now one line and exit 2, nothing created."""
-    p = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
-                          "--port", "0", "--dimse-port", "0", "--audit-log", str(tmp_path / where)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _out, err = p.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        pytest.fail("serve kept running with an audit log it cannot open")
-    assert p.returncode == 2, err
+    status, err = _serve_exit(tmp_path, "--audit-log", str(tmp_path / where))
+    assert status == 2, err
     assert err == f"dicomweb-server: --audit-log {tmp_path / where}: {words.format(tmp=tmp_path)}\n"
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flag, text, words", [
+    ("--api-keys-file", None, "cannot read it: No such file or directory"),
+    ("--basic-users-file", None, "cannot read it: No such file or directory"),
+    ("--api-keys-file", "x\n", "not JSON: unexpected character, expected a JSON value: line 1 column 1 (char 0)"),
+    ("--api-keys-file", '["tok"]', 'not of the form {"token": ["read", "write"]}'),
+    ("--basic-users-file", '{"alice": "secret"}',
+     'not of the form {"user": {"password_sha256": "...", "scopes": ["read"]}}'),
+])
+def test_serve_refuses_a_credentials_file_it_cannot_use(tmp_path, flag, text, words):
+    """Every worker read these files as it started: a missing or malformed one killed each
+    worker with a traceback, and uvicorn started them again, forever (a new user's trial)."""
+    f = tmp_path / "creds.json"
+    if text is not None:
+        f.write_text(text)
+    status, err = _serve_exit(tmp_path, flag, str(f))
+    assert (status, err) == (2, f"dicomweb-server: {flag} {f}: {words}\n")
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_empty_api_keys_file_is_no_authentication_beyond_loopback(tmp_path):
+    """``--host 0.0.0.0 --api-keys-file`` of ``{}`` passed the "authentication needed" check
+    (a file was given) and then served every anonymous STOW-RS and DELETE (the workers saw
+    no key and turned authentication off)."""
+    f = tmp_path / "keys.json"
+    f.write_text("{}")
+    status, err = _serve_exit(tmp_path, "--host", "0.0.0.0", "--api-keys-file", str(f))
+    assert status == 2, err
+    assert err.startswith("dicomweb-server: refusing to listen on 0.0.0.0 without authentication: ")
+    assert err.endswith("; the files given hold no key or user\n") and err.count("\n") == 1
 
 
 # -- 12. root ------------------------------------------------------------------------------
