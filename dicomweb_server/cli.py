@@ -49,8 +49,9 @@ def _settings(args: argparse.Namespace):
     """The settings of the command line and environment; exit 2 with one line per bad
     setting (not a traceback) when any is invalid."""
     import pydantic
+    import pydantic_settings
 
-    from .settings import Settings, error_lines
+    from .settings import Settings, error_lines, settings_error_line
 
     overrides = {k: v for k, v in vars(args).items()
                  if k in Settings.model_fields and v is not None}
@@ -59,6 +60,9 @@ def _settings(args: argparse.Namespace):
     except pydantic.ValidationError as e:
         for line in error_lines(e):  # the setting, its variable, what was given and what is allowed
             print(f"dicomweb-server: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except pydantic_settings.SettingsError as e:  # a list or mapping variable that is not JSON
+        print(f"dicomweb-server: {settings_error_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -89,10 +93,16 @@ def _serve(args: argparse.Namespace) -> int:
     from .api.limits import raise_open_files_limit
 
     settings = _settings(args)
-    if not _is_loopback(settings.host) and not settings.auth_configured() and not settings.insecure:
+    why, credentials = _credential_files(settings)  # each worker reads them: a bad one killed every worker
+    if why is not None:
+        print(f"dicomweb-server: {why}", file=sys.stderr)
+        return 2
+    if not _is_loopback(settings.host) and not credentials and not settings.insecure:
+        # an empty keys file is no authentication: it used to pass this check and serve anyone
         print(f"dicomweb-server: refusing to listen on {settings.host} without authentication: configure "
               "API keys (--api-keys-file or DICOMWEB_API_KEYS), OIDC (--oidc-jwks-url) or basic users "
-              "(--basic-users-file), or pass --insecure (DICOMWEB_INSECURE=true)",
+              "(--basic-users-file), or pass --insecure (DICOMWEB_INSECURE=true)"
+              + ("; the files given hold no key or user" if settings.auth_configured() else ""),
               file=sys.stderr)
         return 2
     if settings.index == "memory" and args.workers not in (None, 1):
@@ -141,6 +151,10 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"dicomweb-server: {e}" if isinstance(e, RulesError) else f"dicomweb-server: access rules: {e}",
                   file=sys.stderr)
             return 2
+    if settings.audit_log is not None and (why := _audit_log_problem(Path(settings.audit_log))):
+        # each worker and DIMSE listener opens it: they would die with a traceback, restarted forever
+        print(f"dicomweb-server: --audit-log {settings.audit_log}: {why}", file=sys.stderr)
+        return 2
     refused = _storage_refused(settings)  # an unreachable bucket: said once, before any worker starts
     if refused:
         print(f"dicomweb-server: {refused}", file=sys.stderr)
@@ -388,6 +402,45 @@ def _data_dir_problem(data: Path) -> str | None:
         return f"cannot be created: {above} is not a folder"
     if not os.access(above, os.W_OK | os.X_OK):
         return f"cannot be created: {above} is not writable"
+    return None
+
+
+def _credential_files(settings) -> tuple[str | None, bool]:
+    """(why the API keys or basic users file cannot be used, or None; whether any credential
+    is configured: a key, a basic user or OIDC). Read as the workers read them
+    (access/audit.py ``load_json_file``): JSON objects."""
+    from .access.audit import load_json_file
+
+    found = {"--api-keys-file": {}, "--basic-users-file": {}}
+    for flag, path in (("--api-keys-file", settings.api_keys_file), ("--basic-users-file", settings.basic_users_file)):
+        if path is None:
+            continue
+        try:
+            found[flag] = load_json_file(path)
+        except OSError as e:
+            return f"{flag} {path}: cannot read it: {e.strerror or e}", False
+        except ValueError as e:
+            return f"{flag} {path}: not JSON: {e}", False
+        if not isinstance(found[flag], dict) or not all(isinstance(v, (list, dict)) for v in found[flag].values()):
+            form = '{"token": ["read", "write"]}' if flag == "--api-keys-file" else \
+                '{"user": {"password_sha256": "...", "scopes": ["read"]}}'
+            return f"{flag} {path}: not of the form {form}", False
+    return None, bool(found["--api-keys-file"] or settings.api_keys or found["--basic-users-file"]
+                      or settings.oidc_jwks_url)
+
+
+def _audit_log_problem(path: Path) -> str | None:
+    """Why the audit log file cannot be opened for appending, or None; creates nothing
+    (the folder is the operator's to make, with its owner and mode)."""
+    if path.is_dir():
+        return "a folder, not a file"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "not writable"
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        return f"folder {folder} does not exist (create it, writable by the archive's user)"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create the file: folder {folder} is not writable"
     return None
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .archive import IMPORT_SOURCE
-from .dicom.bare import wrap_bare_data_set
+from .dicom.bare import why_not_bare, wrap_bare_data_set
 from .dicom.multipart import SpooledPart
 from .dicom.status import FailureReason
 
@@ -122,7 +122,17 @@ def run_import(archive, files: list[Path], broken: list[Path], run: ImportRun, q
                 # those in one request): compared with the stored one after the first pass
                 retry.append(source)
                 continue
-            run.refuse(source, f.reason.name, f"{f.reason.name} (0x{f.reason.value:04X}): {f.message}")
+            message = f.message
+            if source is not None and f.reason is FailureReason.CANNOT_UNDERSTAND:
+                # the store says "preamble and 'DICM' prefix required", but import takes bare
+                # data sets: say why this one could not be given a header
+                try:
+                    why = why_not_bare(source)
+                except OSError:  # gone or unreadable since: the store's message stands
+                    why = None
+                if why is not None:
+                    message = why
+            run.refuse(source, f.reason.name, f"{f.reason.name} (0x{f.reason.value:04X}): {message}")
         batch.clear()
         origin.clear()
 

@@ -4,12 +4,15 @@ and the ``dicomweb-server`` command line maps its flags onto the same fields."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import typing
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from .config_values import Bound, ae_title_problem, host_problem
 from .dicom.charset import configured
@@ -351,3 +354,37 @@ def error_lines(e: ValidationError) -> list[str]:
             msg += f"; allowed: {bound.describe()}"
         lines.append(f"{where}: {msg}")
     return lines
+
+
+#: what a mapping setting looks like as JSON in the environment (docs/configuration.md)
+_JSON_EXAMPLES = {
+    "api_keys": '{"my-secret-token": ["read", "write", "delete"]}',
+    "access_rules": '{"identities": {"basic:alice": ["cardio"]}, "default": "*"}',
+}
+
+
+def settings_error_line(e: SettingsError) -> str:
+    """One line for a list or mapping setting whose environment variable is not JSON.
+
+    pydantic-settings decodes such variables (``DICOMWEB_CORS_ORIGINS``, ``DICOMWEB_API_KEYS``,
+    ``DICOMWEB_ACCESS_RULES``, ``DICOMWEB_DIMSE_ALLOWED_AES``) with ``json.loads`` before any
+    validation, and raises :class:`SettingsError` with a traceback a user cannot act on. The
+    line names the setting, its variable, what was given and the JSON wanted: for a list, the
+    value given, split at commas, as a JSON list."""
+    m = re.search(r'field "(\w+)"', str(e))
+    name = m.group(1) if m else ""
+    var = f"DICOMWEB_{name.upper()}"
+    # pydantic-settings reads the environment case-insensitively
+    given = next((v for k, v in os.environ.items() if k.upper() == var), None)
+    info = Settings.model_fields.get(name)
+    if info is None or given is None:
+        return f"settings: {e}"
+    why = f" ({e.__cause__})" if isinstance(e.__cause__, json.JSONDecodeError) else ""
+    if typing.get_origin(info.annotation) is list:
+        items = [x.strip() for x in given.split(",") if x.strip()] or ["..."]
+        example = json.dumps(items)
+        wanted = "a JSON list"
+    else:
+        example = _JSON_EXAMPLES.get(name, "{...}")
+        wanted = "a JSON object"
+    return f"{name} ({var}): {given!r} is not JSON{why}; give {wanted}, e.g. {var}='{example}'"

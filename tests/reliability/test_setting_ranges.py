@@ -51,6 +51,34 @@ def test_serve_refuses_a_setting_out_of_range(tmp_path, args, env, words):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.parametrize("env, words", [
+    ({"DICOMWEB_CORS_ORIGINS": "https://viewer.example"},
+     "cors_origins (DICOMWEB_CORS_ORIGINS): 'https://viewer.example' is not JSON (Expecting value: line 1 column 1 "
+     "(char 0)); give a JSON list, e.g. DICOMWEB_CORS_ORIGINS='[\"https://viewer.example\"]'"),
+    ({"dicomweb_dimse_allowed_aes": "CT1, MR1"},
+     "dimse_allowed_aes (DICOMWEB_DIMSE_ALLOWED_AES): 'CT1, MR1' is not JSON (Expecting value: line 1 column 1 "
+     "(char 0)); give a JSON list, e.g. DICOMWEB_DIMSE_ALLOWED_AES='[\"CT1\", \"MR1\"]'"),
+    ({"DICOMWEB_API_KEYS": "my-secret-token"},
+     "api_keys (DICOMWEB_API_KEYS): 'my-secret-token' is not JSON (Expecting value: line 1 column 1 (char 0)); "
+     "give a JSON object, e.g. DICOMWEB_API_KEYS='{\"my-secret-token\": [\"read\", \"write\", \"delete\"]}'"),
+    ({"DICOMWEB_ACCESS_RULES": "{bad"},
+     "access_rules (DICOMWEB_ACCESS_RULES): '{bad' is not JSON (Expecting property name enclosed in double quotes: "
+     "line 1 column 2 (char 1)); give a JSON object, e.g. "
+     "DICOMWEB_ACCESS_RULES='{\"identities\": {\"basic:alice\": [\"cardio\"]}, \"default\": \"*\"}'"),
+])
+@pytest.mark.parametrize("command", ["serve", "import"])
+def test_a_list_or_mapping_variable_that_is_not_json_is_one_line(tmp_path, env, words, command):
+    """pydantic-settings json.loads these variables before validation: a plain value was a
+    SettingsError traceback (exit 1) that named neither the form wanted nor an example
+    (a new user's trial: ``DICOMWEB_CORS_ORIGINS=https://viewer.example``)."""
+    args = ["--port", "0"] if command == "serve" else ["--samples"]
+    r = subprocess.run([sys.executable, "-m", "dicomweb_server.cli", command, "--data-dir", str(tmp_path / "d"), *args],
+                       env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"dicomweb-server: {words}", r.stderr
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("body, words", [
     (DEST + RULE + "[delivery]\nconcurrency = 100000\n",
      "line 7: [delivery] concurrency: 100000 is out of range; allowed: an integer from 1 to 64"),

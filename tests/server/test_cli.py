@@ -90,7 +90,8 @@ def test_import_report_names_each_file_not_stored(tmp_path, capsys):
     assert "imported 1 new instance(s), 1 already stored" in out.out
     lines = dict(line.split("\t") for line in report.read_text().splitlines())
     assert sorted(lines) == [str(folder / n) for n in ("b-notes.txt", "c-no-study.dcm", "d-other-content.dcm")]
-    assert lines[str(folder / "b-notes.txt")].startswith("CANNOT_UNDERSTAND (0xC000): not a PS3.10 DICOM file")
+    assert lines[str(folder / "b-notes.txt")] == (
+        "CANNOT_UNDERSTAND (0xC000): not DICOM: neither a PS3.10 file (preamble, 'DICM', file meta) nor a data set")
     assert "force=True" not in lines[str(folder / "b-notes.txt")]  # pydicom's hint to its own callers
     assert lines[str(folder / "c-no-study.dcm")].startswith("DATASET_MISMATCH (0xA900): StudyInstanceUID")
     assert lines[str(folder / "d-other-content.dcm")] == (

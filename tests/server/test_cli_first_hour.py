@@ -248,10 +248,102 @@ def test_which_files_get_a_header(tmp_path):
     assert describe_instance(tmp_path / "meta-no-preamble.out").sop_uid == ds.SOPInstanceUID
 
 
+def test_the_import_report_says_why_a_file_without_header_got_none(tmp_path, capsys):
+    """The store's refusal of a file without PS3.10 header says "preamble and 'DICM' prefix
+    required", which told an import user nothing: import gives bare data sets a header
+    (a new user's trial: pydicom's no_meta.dcm, ExplVR_BigEndNoMeta.dcm, README.txt). The
+    report now names why this file got none."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    big = DicomBytesIO()
+    big.is_implicit_VR, big.is_little_endian = False, False
+    write_dataset(big, make_dataset())
+    no_uid = make_dataset()
+    del no_uid.SOPInstanceUID
+    (folder / "big-endian").write_bytes(big.getvalue())
+    (folder / "no-sop-uid").write_bytes(bare(no_uid, True))
+    (folder / "notes.txt").write_text("Test files of a modality\n")
+    (folder / "good").write_bytes(bare(make_dataset(), True))
+    report = tmp_path / "report.tsv"
+    assert main(["import", "--quiet", "--report", str(report), "--data-dir", str(tmp_path / "data"), str(folder)]) == 1
+    assert capsys.readouterr().out.startswith("imported 1 new instance(s), 0 already stored, 3 refused")
+    lines = dict(line.split("\t") for line in report.read_text().splitlines())
+    assert lines == {
+        str(folder / "big-endian"): "CANNOT_UNDERSTAND (0xC000): a big endian data set without PS3.10 header "
+                                    "(Explicit VR Big Endian, retired: PS3.5 A.3): import gives a header to Little "
+                                    "Endian data sets only",
+        str(folder / "no-sop-uid"): "CANNOT_UNDERSTAND (0xC000): a data set without PS3.10 header and without valid "
+                                    "SOP Class and SOP Instance UIDs (0008,0016), (0008,0018), from which import "
+                                    "makes one",
+        str(folder / "notes.txt"): "CANNOT_UNDERSTAND (0xC000): not DICOM: neither a PS3.10 file (preamble, 'DICM', "
+                                   "file meta) nor a data set",
+    }
+
+
 def test_implementation_class_uid_is_a_uid():
     from dicomweb_server.dicom.uids import IMPLEMENTATION_CLASS_UID, validate_uid
 
     assert validate_uid(IMPLEMENTATION_CLASS_UID).startswith("2.25.")
+
+
+def _serve_exit(tmp_path, *args: str) -> tuple[int, str]:
+    """Run ``serve`` with ``args``; its exit status and stderr, or a test failure when it
+    is still running after 30 s (then its whole process group is killed)."""
+    p = subprocess.Popen([sys.executable, "-m", "dicomweb_server.cli", "serve", "--data-dir", str(tmp_path / "d"),
+                          "--port", "0", "--dimse-port", "0", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"serve {' '.join(args)} kept running")
+    return p.returncode, err
+
+
+@pytest.mark.parametrize("where, words", [
+    ("nolog/audit.jsonl", "folder {tmp}/nolog does not exist (create it, writable by the archive's user)"),
+    ("", "a folder, not a file"),
+])
+def test_serve_refuses_an_audit_log_it_cannot_open(tmp_path, where, words):
+    """docs/security.md's ``--audit-log /var/log/dicomweb/audit.jsonl`` on a machine without
+    that folder: every worker and DIMSE listener died opening it with a traceback and was
+    started again, forever (a new user's trial). Now one line and exit 2, nothing created."""
+    status, err = _serve_exit(tmp_path, "--audit-log", str(tmp_path / where))
+    assert status == 2, err
+    assert err == f"dicomweb-server: --audit-log {tmp_path / where}: {words.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flag, text, words", [
+    ("--api-keys-file", None, "cannot read it: No such file or directory"),
+    ("--basic-users-file", None, "cannot read it: No such file or directory"),
+    ("--api-keys-file", "x\n", "not JSON: unexpected character, expected a JSON value: line 1 column 1 (char 0)"),
+    ("--api-keys-file", '["tok"]', 'not of the form {"token": ["read", "write"]}'),
+    ("--basic-users-file", '{"alice": "secret"}',
+     'not of the form {"user": {"password_sha256": "...", "scopes": ["read"]}}'),
+])
+def test_serve_refuses_a_credentials_file_it_cannot_use(tmp_path, flag, text, words):
+    """Every worker read these files as it started: a missing or malformed one killed each
+    worker with a traceback, and uvicorn started them again, forever (a new user's trial)."""
+    f = tmp_path / "creds.json"
+    if text is not None:
+        f.write_text(text)
+    status, err = _serve_exit(tmp_path, flag, str(f))
+    assert (status, err) == (2, f"dicomweb-server: {flag} {f}: {words}\n")
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_empty_api_keys_file_is_no_authentication_beyond_loopback(tmp_path):
+    """``--host 0.0.0.0 --api-keys-file`` of ``{}`` passed the "authentication needed" check
+    (a file was given) and then served every anonymous STOW-RS and DELETE (the workers saw
+    no key and turned authentication off)."""
+    f = tmp_path / "keys.json"
+    f.write_text("{}")
+    status, err = _serve_exit(tmp_path, "--host", "0.0.0.0", "--api-keys-file", str(f))
+    assert status == 2, err
+    assert err.startswith("dicomweb-server: refusing to listen on 0.0.0.0 without authentication: ")
+    assert err.endswith("; the files given hold no key or user\n") and err.count("\n") == 1
 
 
 # -- 12. root ------------------------------------------------------------------------------
