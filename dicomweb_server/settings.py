@@ -356,6 +356,9 @@ def error_lines(e: ValidationError) -> list[str]:
     return lines
 
 
+#: settings whose value an error line does not repeat: it would leave tokens in logs and journals
+_SECRETS = frozenset({"api_keys"})
+
 #: what a mapping setting looks like as JSON in the environment (docs/configuration.md)
 _JSON_EXAMPLES = {
     "api_keys": '{"my-secret-token": ["read", "write", "delete"]}',
@@ -387,4 +390,5 @@ def settings_error_line(e: SettingsError) -> str:
     else:
         example = _JSON_EXAMPLES.get(name, "{...}")
         wanted = "a JSON object"
-    return f"{name} ({var}): {given!r} is not JSON{why}; give {wanted}, e.g. {var}='{example}'"
+    shown = "the value given (not shown: it holds secrets)" if name in _SECRETS else repr(given)
+    return f"{name} ({var}): {shown} is not JSON{why}; give {wanted}, e.g. {var}='{example}'"
