@@ -56,9 +56,12 @@ def announce_when_listening(settings, workers: int, dimse_processes: int) -> thr
     """A daemon thread printing the DICOMweb (and viewer) address when the HTTP port
     accepts, then the DIMSE address when that port does (``dimse_processes`` 0: the
     listener runs in the worker)."""
-    base = f"http://{settings.host}:{settings.port}"
+    # port 0: the kernel picks the port when a worker binds it, after this line is made; an
+    # address ending in ":0" is one no client can use
+    base = f"http://{settings.host}:{settings.port or '<port>'}"
+    picked = " (--port 0: a port the kernel picked; `ss -ltnp` shows it)" if not settings.port else ""
     http = [f"dicomweb-server: DICOMweb at {base}{settings.prefix}/ ({settings.index} index, data in "
-            f"{Path(settings.data_dir).resolve()}, {workers} worker(s))"]
+            f"{Path(settings.data_dir).resolve()}, {workers} worker(s)){picked}"]
     if settings.viewer:
         http.append(f"dicomweb-server: OHIF viewer at {base}/viewer/")
 

@@ -359,3 +359,16 @@ def test_root_beyond_loopback_is_warned(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     warn_if_root("0.0.0.0", False)
     assert capsys.readouterr().err == ""
+
+
+def test_port_zero_is_not_announced_as_an_address(tmp_path, capsys):
+    """``--port 0`` printed "DICOMweb at http://127.0.0.1:0/", an address no client can use
+    (a new user's trial): the line says the kernel picked the port and where to see it."""
+    from dicomweb_server.settings import Settings
+    from dicomweb_server.startup import announce_when_listening
+
+    settings = Settings(port=0, data_dir=tmp_path, dimse_port=0, viewer=False)
+    announce_when_listening(settings, 1, 0).join(10)
+    err = capsys.readouterr().err
+    assert err == (f"dicomweb-server: DICOMweb at http://127.0.0.1:<port>/ (sqlite index, data in {tmp_path.resolve()}, "
+                   "1 worker(s)) (--port 0: a port the kernel picked; `ss -ltnp` shows it)\n")
