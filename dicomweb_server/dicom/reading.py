@@ -50,9 +50,9 @@ DEFLATED_LE = "1.2.840.10008.1.2.1.99"
 EXPLICIT_VR_LE = "1.2.840.10008.1.2.1"
 #: the inflated data set of a Deflated file may be at most this large (0xC000 beyond)
 MAX_INFLATED_BYTES = 256 * 1024 * 1024
-#: the inflated identifier of a C-FIND, C-GET or C-MOVE request in Deflated Explicit VR
-#: Little Endian may be at most this large (real ones are a few KB); pynetdicom inflates
-#: it whole, without a bound
+#: the inflated identifier of a C-FIND, C-GET or C-MOVE request (or data set of an
+#: N-ACTION, N-CREATE, N-SET request) in Deflated Explicit VR Little Endian may be at most
+#: this large (real ones are a few KB); pynetdicom inflates it whole, without a bound
 MAX_IDENTIFIER_BYTES = 1024 * 1024
 #: sequences may nest at most this deep (0xC000 beyond): DICOM JSON nests three JSON
 #: levels per sequence and common JSON parsers (orjson) stop at 255 levels
@@ -247,7 +247,7 @@ def read_identifier(raw: bytes, implicit_vr: bool, little_endian: bool, deflated
         inflater = zlib.decompressobj(-zlib.MAX_WBITS)
         raw = inflater.decompress(raw, MAX_IDENTIFIER_BYTES + 1)
         if len(raw) > MAX_IDENTIFIER_BYTES:
-            raise Unacceptable(f"the Deflated identifier inflates to more than {MAX_IDENTIFIER_BYTES} bytes")
+            raise Unacceptable(f"the Deflated data set inflates to more than {MAX_IDENTIFIER_BYTES} bytes")
         implicit_vr, little_endian = False, True
     try:
         with ReadBudget() as budget:

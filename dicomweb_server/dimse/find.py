@@ -84,7 +84,8 @@ def decoded_identifier(event) -> tuple[Dataset | None, str]:
 def parsed_identifier(identifier, transfer_syntax: str) -> Dataset:
     """The request's Identifier (a BytesIO) in ``transfer_syntax``, read with the bounds of
     :func:`..dicom.reading.read_identifier` (pynetdicom's ``event.identifier`` inflates a
-    Deflated one whole: a 97 KB C-FIND identifier held its association for 48 s)."""
+    Deflated one whole: a 97 KB C-FIND identifier held its association for 48 s). Also the
+    data set of an N-ACTION (storage commitment) or N-CREATE/N-SET (MPPS) request."""
     ts = UID(str(transfer_syntax))
     return read_identifier(identifier.getvalue(), ts.is_implicit_VR, ts.is_little_endian, ts.is_deflated)
 

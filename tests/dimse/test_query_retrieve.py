@@ -682,7 +682,7 @@ def test_a_deflated_identifier_is_inflated_with_a_bound(dimse):
     assert len(bomb) < 100_000
     start = time.monotonic()
     assert _raw_request(dimse, model, bomb, ts=DeflatedExplicitVRLittleEndian) == [
-        (S.QR_UNABLE_TO_PROCESS, "identifier refused: the Deflated identifier inflates to more tha")]
+        (S.QR_UNABLE_TO_PROCESS, "identifier refused: the Deflated data set inflates to more than")]
     assert time.monotonic() - start < 5
     small = _deflated_identifier(reading.MAX_IDENTIFIER_BYTES // 2)
     out = _raw_request(dimse, model, small, ts=DeflatedExplicitVRLittleEndian)
