@@ -467,13 +467,23 @@ def _frames_addressable(loc: InstanceLocation) -> bool:
     return layout.frames is not None if layout.fragments is not None else pix.get("frame_length") is not None
 
 
+#: NumberOfFrames is an IS (PS3.5 §6.2): at most 2^31 - 1; a requested frame number of more
+#: digits is kept as this, and named as such (not as the number the client did not send)
+NO_FRAME = 2**31
+
+
+def frame_name(k: int) -> str:
+    """Frame number ``k`` as an error message names it (PS3.18 §10.4.1.1.2 frame list)."""
+    return str(k) if k < NO_FRAME else f"numbered above {NO_FRAME - 1}"
+
+
 def _check_frames(loc: InstanceLocation, numbers: list[int]) -> int:
     if loc.pixel is None:
         raise NotFound(f"instance {loc.sop_uid} has no pixel data")
     n = int(loc.pixel.get("number_of_frames") or 1)
     bad = [k for k in numbers if k > n]
     if bad:
-        raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {bad[0]}")
+        raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {frame_name(bad[0])}")
     return n
 
 
@@ -771,7 +781,7 @@ def rendered(path: Path, loc: InstanceLocation, frame_numbers: list[int] | None,
         render.check_size(hdr, len(frame_numbers), params, media_type, pictures)  # 413 before any frame is read
         if loc.pixel is None:
             if any(k > n for k in frame_numbers):
-                raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frame_numbers)}")
+                raise NotFound(f"instance {loc.sop_uid} has {n} frame(s); no frame {frame_name(max(frame_numbers))}")
             return render.render(hdr, pixels.float_frames(hdr, frame_numbers), params, media_type,
                                  frame_numbers=frame_numbers)
         vr = loc.pixel.get("vr")

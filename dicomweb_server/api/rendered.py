@@ -133,7 +133,8 @@ async def _one(request: Request, archive, loc: InstanceLocation, frames: list[in
         # one part per frame, streamed; the whole answer is checked with the first picture
         n = int((loc.pixel or {}).get("number_of_frames") or 0)
         if n and max(frames) > n:  # type: ignore[arg-type]
-            raise DICOMwebHTTPError(404, f"instance {loc.sop_uid} has {n} frame(s); no frame {max(frames)}")
+            raise DICOMwebHTTPError(
+                404, f"instance {loc.sop_uid} has {n} frame(s); no frame {retrieve.frame_name(max(frames))}")
         first = await _picture(request, archive, loc, frames[:1], params, media_type, thumbnail,
                                pictures=len(frames))  # type: ignore[index, arg-type]
 

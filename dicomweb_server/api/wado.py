@@ -124,8 +124,7 @@ async def leave_out_missing(archive, locs: list[InstanceLocation],
     return await run_blocking(account_missing, archive, locs, left_out, headers)
 
 
-#: NumberOfFrames is an IS (PS3.5 §6.2): at most 2^31 - 1; a longer number names no frame
-_NO_FRAME = 2**31
+_NO_FRAME = retrieve.NO_FRAME  # a number of more than ten digits names no frame (retrieve.py)
 
 
 def parse_frame_list(frames: str, limit: int = 10_000) -> list[int]:
@@ -563,7 +562,8 @@ async def retrieve_instance_frames(request: Request, archive: ArchiveDep, study:
         raise DICOMwebHTTPError(404, f"instance {instance} has no pixel data (SOP Class {loc.sop_class_uid})")
     n = int(loc.pixel.get("number_of_frames") or 1)
     if max(numbers) > n:
-        raise DICOMwebHTTPError(404, f"instance {instance} has {n} frame(s); no frame {max(numbers)}")
+        raise DICOMwebHTTPError(
+            404, f"instance {instance} has {n} frame(s); no frame {retrieve.frame_name(max(numbers))}")
     if len(numbers) > n:  # bounds the answer by the size of all frames, before any work
         raise DICOMwebHTTPError(400, f"the frame list has {len(numbers)} items; instance {instance} has {n} "
                                      f"frame(s), so at most {n} items may be asked in one request")

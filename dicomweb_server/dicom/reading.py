@@ -12,10 +12,17 @@ References
 PS3.10 §7.1 (file meta information), PS3.5 §7.1 (element lengths), §7.5 (sequences),
 §A.5 (Deflated Explicit VR Little Endian: the data set after the file meta is one
 raw deflate stream, RFC 1951), PS3.4 B.2.3 (0xC000 cannot understand).
+
+Parsing costs per element, not per byte: an element can be 8 bytes (a tag and a zero
+length), and deflate shrinks a run of them about 1000:1, so a 100 KB Deflated part or
+C-FIND identifier once held a worker or a DIMSE association for minutes. Every parse
+here reads through a :class:`ReadBudget` (:data:`MAX_ELEMENT_READS` reads of the file,
+at every sequence depth) and is refused (0xC000) when it runs out.
 """
 
 from __future__ import annotations
 
+import contextvars
 import io
 import os
 import tempfile
@@ -33,6 +40,7 @@ from pydicom.filereader import (
     _read_file_meta_info,
     read_dataset,
     read_preamble,
+    read_sequence,
 )
 from pydicom.filewriter import write_file_meta_info
 
@@ -42,15 +50,88 @@ DEFLATED_LE = "1.2.840.10008.1.2.1.99"
 EXPLICIT_VR_LE = "1.2.840.10008.1.2.1"
 #: the inflated data set of a Deflated file may be at most this large (0xC000 beyond)
 MAX_INFLATED_BYTES = 256 * 1024 * 1024
+#: the inflated identifier of a C-FIND, C-GET or C-MOVE request (or data set of an
+#: N-ACTION, N-CREATE, N-SET request) in Deflated Explicit VR Little Endian may be at most
+#: this large (real ones are a few KB); pynetdicom inflates it whole, without a bound
+MAX_IDENTIFIER_BYTES = 1024 * 1024
 #: sequences may nest at most this deep (0xC000 beyond): DICOM JSON nests three JSON
 #: levels per sequence and common JSON parsers (orjson) stop at 255 levels
 MAX_SEQUENCE_DEPTH = 64
+#: read() calls one data set's parse may make (an element's header, its value when not
+#: empty, an item's header, at every depth; about a million elements): no real header
+#: comes near it, and it bounds a deflate bomb's parse to seconds (module docstring)
+MAX_ELEMENT_READS = 2_000_000
 _UNDEFINED = 0xFFFFFFFF
 _CHUNK = 1024 * 1024
 
 
 class Unacceptable(ValueError):
     """The file cannot be understood or breaks a documented bound (STOW 0xC000)."""
+
+
+class _OutOfReads(Exception):
+    """A :class:`ReadBudget` ran out. Not a ValueError: pydicom takes a ValueError from a
+    value converter as a wrong VR and tries the others (``convert_retry_VR_order``)."""
+
+
+def _refused(e: _OutOfReads) -> Unacceptable:
+    return Unacceptable(str(e))
+
+
+class ReadBudget:
+    """The read() calls left to one data set's parse (:data:`MAX_ELEMENT_READS`)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = self.left = MAX_ELEMENT_READS if limit is None else limit
+
+    def wrap(self, fp: BinaryIO) -> BinaryIO:
+        return _Counted(fp, self)  # type: ignore[return-value]
+
+    def __enter__(self) -> ReadBudget:
+        """Also count the parse of sequences pydicom reads later, from their bytes (a
+        sequence of defined length is parsed when first accessed)."""
+        self._token = _BUDGET.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _BUDGET.reset(self._token)
+
+
+class _Counted:
+    """``fp`` whose read() calls are charged to a :class:`ReadBudget`."""
+
+    def __init__(self, fp: BinaryIO, budget: ReadBudget) -> None:
+        self._fp, self._budget = fp, budget
+
+    def read(self, size: int = -1) -> bytes:
+        budget = self._budget
+        budget.left -= 1
+        if budget.left < 0:
+            raise _OutOfReads(f"the data set needs more than {budget.limit} reads to parse (more elements than "
+                              "any real data set: a deflate bomb?)")
+        return self._fp.read(size)
+
+    def __getattr__(self, name: str):
+        return getattr(self._fp, name)
+
+
+_BUDGET: contextvars.ContextVar[ReadBudget | None] = contextvars.ContextVar("dicom_read_budget", default=None)
+_convert_sq = pydicom.values.converters["SQ"]
+
+
+def _budgeted_convert_sq(byte_string: bytes, is_implicit_VR: bool, is_little_endian: bool,
+                         encoding: list[str] | None = None, offset: int = 0):
+    """pydicom's SQ converter (``pydicom.values.convert_SQ``), its reads charged to the
+    budget of the parse under way, if any."""
+    budget = _BUDGET.get()
+    if budget is None:
+        return _convert_sq(byte_string, is_implicit_VR, is_little_endian, encoding, offset)
+    fp = budget.wrap(io.BytesIO(byte_string))
+    return read_sequence(fp, is_implicit_VR, is_little_endian, len(byte_string),
+                         encoding or [pydicom.charset.default_encoding], offset)
+
+
+pydicom.values.converters["SQ"] = _budgeted_convert_sq
 
 
 class TruncatedElement(Unacceptable):
@@ -78,16 +159,24 @@ def read_instance(path: Path, data: bytes | None = None) -> tuple[Dataset, str, 
     pydicom.errors.InvalidDicomError, other exceptions
         Not parseable (the caller maps them to 0xC000).
     """
-    with (open(path, "rb") if data is None else io.BytesIO(data)) as fp:
+    try:
+        return _read_instance(path, data)
+    except _OutOfReads as e:
+        raise _refused(e) from None
+
+
+def _read_instance(path: Path, data: bytes | None) -> tuple[Dataset, str, PixelLayout | None]:
+    with (open(path, "rb") if data is None else io.BytesIO(data)) as fp, ReadBudget() as budget:
         preamble, meta = _read_meta(fp)
         ts = str(meta.get("TransferSyntaxUID", "") or "")
         if not ts:
             raise Unacceptable("no TransferSyntaxUID in the file meta information (PS3.10 §7.1)")
         if ts == DEFLATED_LE:
             with _inflated_copy(fp, meta, path.parent) as tmp:
-                ds, layout = _read(tmp, os.fstat(tmp.fileno()).st_size)
+                ds, layout = _read(budget.wrap(tmp), os.fstat(tmp.fileno()).st_size)
             return ds, ts, layout
-        ds, layout = _read(fp, os.fstat(fp.fileno()).st_size if data is None else len(data), (preamble, meta))
+        size = os.fstat(fp.fileno()).st_size if data is None else len(data)
+        ds, layout = _read(budget.wrap(fp), size, (preamble, meta))
         return ds, ts, layout
 
 
@@ -138,6 +227,34 @@ def _read_after_meta(fp: BinaryIO, preamble: bytes | None, meta: FileMetaDataset
         dataset.update(command_set)
     ds = FileDataset(fp, dataset, preamble, meta, implicit, little)
     ds.set_original_encoding(implicit, little, dataset._character_set)
+    return ds
+
+
+def read_identifier(raw: bytes, implicit_vr: bool, little_endian: bool, deflated: bool) -> Dataset:
+    """The identifier of a C-FIND, C-GET or C-MOVE request (PS3.7 §9.1.2.1, §9.1.3.1,
+    §9.1.4.1), encoded in its presentation context's transfer syntax, parsed whole and
+    checked (:func:`check_complete`): what pynetdicom's ``event.identifier`` decodes, with
+    the inflation of a Deflated one (PS3.5 §A.5) bounded by :data:`MAX_IDENTIFIER_BYTES`
+    and the parse by a :class:`ReadBudget`.
+
+    Raises
+    ------
+    Unacceptable
+        Inflates past the bound, a parse past the budget, a truncated element, sequences
+        nested too deep.
+    """
+    if deflated:
+        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        raw = inflater.decompress(raw, MAX_IDENTIFIER_BYTES + 1)
+        if len(raw) > MAX_IDENTIFIER_BYTES:
+            raise Unacceptable(f"the Deflated data set inflates to more than {MAX_IDENTIFIER_BYTES} bytes")
+        implicit_vr, little_endian = False, True
+    try:
+        with ReadBudget() as budget:
+            ds = read_dataset(budget.wrap(io.BytesIO(raw)), implicit_vr, little_endian)
+            check_complete(ds)
+    except _OutOfReads as e:
+        raise _refused(e) from None
     return ds
 
 

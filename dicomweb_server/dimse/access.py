@@ -235,10 +235,9 @@ def _request_details(assoc, msg, context_id: int, service: str) -> dict:
     identifier = getattr(msg, "Identifier", None)
     if service in ("C-FIND", "C-GET", "C-MOVE") and isinstance(identifier, BytesIO):
         try:
-            from pynetdicom.dsutils import decode
+            from .find import parsed_identifier  # bounded: not pynetdicom's decode (find.py)
 
-            ts = assoc._accepted_cx[context_id].transfer_syntax[0]
-            ds = decode(BytesIO(identifier.getvalue()), ts.is_implicit_VR, ts.is_little_endian, ts.is_deflated)
+            ds = parsed_identifier(identifier, assoc._accepted_cx[context_id].transfer_syntax[0])
             out["level"] = str(ds.get("QueryRetrieveLevel", "")) or None
             out["study"] = str(ds.get("StudyInstanceUID", "")) or None
         except Exception:  # noqa: BLE001 - the service names what is wrong with it

@@ -185,10 +185,15 @@ class Reporter:
     def on_n_action(self, event):
         """``EVT_N_ACTION``: the request owed durably, then Success (or a failure status)."""
         req = event.request
-        try:
-            info = event.action_information
-        except Exception:  # noqa: BLE001 - does not decode
-            info = None
+        info = None
+        if req.ActionInformation is not None:
+            try:
+                from .find import parsed_identifier  # bounded, unlike event.action_information (find.py)
+
+                info = parsed_identifier(req.ActionInformation, event.context.transfer_syntax)
+            except Exception as e:  # noqa: BLE001 - does not decode, or past the bounds (PS3.7 C.4.2)
+                log.warning("storage commitment request from %s refused: %s", event.assoc.requestor.ae_title, e)
+                return S.dataset(S.PROCESSING_FAILURE, f"Action Information cannot be decoded: {e}"), None
         try:
             tuid, refs = parse_request(req.ActionTypeID, info)
         except RequestError as e:

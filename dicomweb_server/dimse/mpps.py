@@ -46,9 +46,17 @@ def _requester(event) -> str:
     return (ae.decode("ascii", "replace") if isinstance(ae, bytes) else str(ae)).strip()
 
 
+#: the request primitive's attribute of each data set (pynetdicom's event attribute decodes it
+#: without bounds: a Deflated one inflated whole; find.py parsed_identifier has them)
+_PRIMITIVE = {"attribute_list": "AttributeList", "modification_list": "ModificationList"}
+
+
 def _decoded(event, name: str) -> dict:
+    from .find import parsed_identifier
+
     try:
-        ds = getattr(event, name)
+        raw = getattr(event.request, _PRIMITIVE[name])
+        ds = parsed_identifier(raw, event.context.transfer_syntax) if raw is not None else None
         return ds.to_json_dict() if ds is not None else {}
     except Exception as e:  # noqa: BLE001 - does not decode
         raise MppsError(PROCESSING_FAILURE, f"the {name.replace('_', ' ')} cannot be decoded: {e}") from None

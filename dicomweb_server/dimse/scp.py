@@ -238,6 +238,10 @@ def _receive_into(spool: Path, max_pdu: int) -> None:
     # format debug lines for every message and PDU, logged or not: 4-5 % of the listener's
     # GIL samples per C-STORE (py-spy, store_rsp.py). Debug logging of pynetdicom is off here.
     _config.LOG_HANDLER_LEVEL = "none"
+    # pynetdicom decodes a C-FIND/C-GET/C-MOVE identifier a first time only to log it at INFO,
+    # inflating a Deflated one without a bound (a 97 KB identifier: 48 s and 270 MB); the
+    # archive's handlers read it with bounds (dicom/reading.py read_identifier, PS3.5 §A.5)
+    _config.LOG_REQUEST_IDENTIFIERS = False
     store_rsp.install()  # the C-STORE-RSP encoded by hand (store_rsp.py: 19 % of GIL samples)
     pdata.install()  # P-DATA-TF as views of one buffer, PDV by PDV, message assembly checked (pdata.py)
     access.install()  # every DIMSE request checked against the listener's AccessPolicy (access.py)

@@ -287,3 +287,23 @@ def test_report_owed_across_a_sigkill(tmp_path):
     finally:
         for k in env:
             os.environ.pop(k, None)
+
+
+def test_a_deflated_request_is_inflated_with_a_bound(commit_dimse, requester):
+    """An N-ACTION whose Action Information, in Deflated Explicit VR Little Endian (PS3.5
+    §A.5), inflates past 1 MiB (dicom/reading.py MAX_IDENTIFIER_BYTES; a private OB of 4 MiB
+    of zeros, 4 KB on the wire): 0x0110 Processing failure (PS3.7 C.4.2) saying why.
+    pynetdicom inflated it whole, without a bound, and the commitment was owed (0x0000)."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    ds = _request(str(generate_uid()), [(CT, str(generate_uid()))])
+    ds.add_new(0x00090010, "LO", "BOMB")
+    ds.add_new(0x00091001, "OB", bytes(4 * 1024 * 1024))
+    assoc = commit_dimse.associate([build_context(StorageCommitmentPushModel, DeflatedExplicitVRLittleEndian)],
+                                   ae_title="MODALITY")
+    try:
+        status, _ = assoc.send_n_action(ds, 1, StorageCommitmentPushModel, StorageCommitmentPushModelInstance)
+        assert (status.Status, status.ErrorComment) == (
+            0x0110, "Action Information cannot be decoded: the Deflated data set infl")
+    finally:
+        assoc.release()

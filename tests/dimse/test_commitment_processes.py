@@ -81,8 +81,15 @@ def _request(tuid: str, sop: str) -> Dataset:
 
 
 def _n_action(reporter: commitment.Reporter, assoc: _Assoc, tuid: str, sop: str) -> int:
-    info = _request(tuid, sop)
-    event = SimpleNamespace(request=SimpleNamespace(ActionTypeID=1), action_information=info, assoc=assoc)
+    from io import BytesIO
+
+    from pydicom.uid import ImplicitVRLittleEndian
+    from pynetdicom.dsutils import encode
+
+    # the Action Information as pynetdicom's primitive holds it, encoded (commitment.py reads it with bounds)
+    info = BytesIO(encode(_request(tuid, sop), True, True))
+    event = SimpleNamespace(request=SimpleNamespace(ActionTypeID=1, ActionInformation=info),
+                            context=SimpleNamespace(transfer_syntax=ImplicitVRLittleEndian), assoc=assoc)
     status, _ = reporter.on_n_action(event)
     assoc.response_sent()
     return status

@@ -152,3 +152,25 @@ def test_mpps_needs_the_write_scope(guarded):
     assert results == {"READER": (0x0124, 0x0124), "CT1": (0x0000, 0x0000)}
     with httpx.Client(base_url=srv.url) as c:
         assert c.get("/worklist", headers={"Authorization": "Bearer k-0123456789"}).status_code == 200
+
+
+def test_a_deflated_attribute_list_is_inflated_with_a_bound(dimse):
+    """An N-CREATE whose attribute list, in Deflated Explicit VR Little Endian (PS3.5 §A.5),
+    inflates past 1 MiB (dicom/reading.py MAX_IDENTIFIER_BYTES; here a private OB of 4 MiB of
+    zeros, 4 KB on the wire): 0x0110 Processing failure (PS3.7 §10.1.5.1.6), the step not
+    created. pynetdicom inflated it whole, without a bound, and the step was created."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    study = generate_uid()
+    assert dimse.http.post("/worklist", json=worklist_entry("SPS9", study)).status_code == 201
+    assoc = dimse.associate([build_context(MPPS, DeflatedExplicitVRLittleEndian)])
+    try:
+        ds = _ds(created("SPS9", study))
+        ds.add_new(0x00090010, "LO", "BOMB")
+        ds.add_new(0x00091001, "OB", bytes(4 * 1024 * 1024))
+        status, _ = assoc.send_n_create(ds, MPPS, generate_uid())
+        assert (status.Status, status.ErrorComment) == (
+            0x0110, "the attribute list cannot be decoded: the Deflated data set infl")
+        assert _sps_status(dimse, "SPS9") == "SCHEDULED"
+    finally:
+        assoc.release()

@@ -585,17 +585,16 @@ def test_a_lower_case_level_is_refused(dimse):
         (S.QR_IDENTIFIER_MISMATCH, "QueryRetrieveLevel 'study' is not one of STUDY, SERIES, IMAGE")]
 
 
-def _raw_request(d, model, raw: bytes, get: bool = False) -> list:
-    """Send a C-FIND (or C-GET) whose identifier is ``raw`` (Explicit VR Little Endian);
-    the statuses of the responses, or "C-STORE" for a sub-operation."""
+def _raw_request(d, model, raw: bytes, get: bool = False, ts: str = "1.2.840.10008.1.2.1") -> list:
+    """Send a C-FIND (or C-GET) whose identifier is ``raw`` (in ``ts``, Explicit VR Little
+    Endian unless told); the statuses of the responses, or "C-STORE" for a sub-operation."""
     import io
 
-    from pydicom.uid import ExplicitVRLittleEndian
     from pynetdicom.dimse_primitives import C_FIND, C_GET
 
     ae = AE(ae_title="RAWSCU")
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = 30
-    ae.add_requested_context(model, ExplicitVRLittleEndian)
+    ae.add_requested_context(model, ts)
     assoc = ae.associate("127.0.0.1", d.port, ae_title="DICOMWEB")
     assert assoc.is_established
     req = C_GET() if get else C_FIND()
@@ -648,3 +647,43 @@ def test_a_truncated_identifier_is_unable_to_process(dimse):
     seq = struct.pack("<HH", 0x0008, 0x1110) + b"SQ\0\0" + struct.pack("<I", len(item)) + item
     assert _raw_request(dimse, StudyRootQueryRetrieveInformationModelFind, el(0x0008, 0x0052, b"CS", b"STUDY ") + seq) \
         == [(S.QR_UNABLE_TO_PROCESS, "identifier truncated: (0008,0050) declares 40 bytes, has 4")]
+
+
+def _deflated_identifier(zeros: int) -> bytes:
+    """A STUDY C-FIND identifier in Deflated Explicit VR Little Endian (PS3.5 §A.5) followed
+    by ``zeros`` zero bytes (8-byte elements of tag (0000,0000), length 0): deflate shrinks
+    them about 1000:1."""
+    import zlib
+
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset
+
+    ident = Dataset()
+    ident.QueryRetrieveLevel, ident.StudyInstanceUID = "STUDY", A
+    fp = DicomBytesIO()
+    fp.is_little_endian, fp.is_implicit_VR = True, False
+    write_dataset(fp, ident)
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return comp.compress(fp.getvalue() + bytes(zeros)) + comp.flush()
+
+
+def test_a_deflated_identifier_is_inflated_with_a_bound(dimse):
+    """A C-FIND identifier of 64 KB inflating to 64 MiB: 0xC000 Unable to process (PS3.4
+    C.4.1.1.4) at once. pynetdicom inflated it whole, twice (once only to log it), and parsed
+    its 8 million elements: a 97 KB identifier held its association 48 s and 270 MB. One
+    within the bound (dicom/reading.py MAX_IDENTIFIER_BYTES) is answered."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    from dicomweb_server.dicom import reading
+
+    _store_two_studies(dimse)
+    model = StudyRootQueryRetrieveInformationModelFind
+    bomb = _deflated_identifier(64 * 1024 * 1024)
+    assert len(bomb) < 100_000
+    start = time.monotonic()
+    assert _raw_request(dimse, model, bomb, ts=DeflatedExplicitVRLittleEndian) == [
+        (S.QR_UNABLE_TO_PROCESS, "identifier refused: the Deflated data set inflates to more than")]
+    assert time.monotonic() - start < 5
+    small = _deflated_identifier(reading.MAX_IDENTIFIER_BYTES // 2)
+    out = _raw_request(dimse, model, small, ts=DeflatedExplicitVRLittleEndian)
+    assert [status for status, _ in out] == [S.PENDING, S.SUCCESS]

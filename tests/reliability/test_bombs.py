@@ -96,6 +96,30 @@ class TestBombs:
         assert "inflates to more than 4194304 bytes" in warning
         assert peak < 12 * MiB, peak
 
+    @pytest.mark.parametrize("where", ["top level", "in a sequence item"])
+    def test_element_bomb_is_refused(self, archive, monkeypatch, where):
+        """Zero bytes are 8-byte elements ((0000,0000), length 0) that deflate about 1000:1:
+        a 50 KB part inflating to 50 MB took 43 s of a worker to parse (6 million elements),
+        within MAX_INFLATED_BYTES. The parse now runs out of reads (MAX_ELEMENT_READS),
+        whether the elements are in the data set or in a sequence item of defined length,
+        parsed later (PS3.5 §7.5.1). 0xC000 (PS3.18 §10.5.3) and the good part stored."""
+        _srv, c = archive
+        monkeypatch.setattr(reading, "MAX_ELEMENT_READS", 100_000, raising=False)
+        ds = make_dataset(pixels=False, PatientID="bombs")
+        ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+        head = to_bytes(ds)
+        meta_end = _meta_end(head)
+        zeros = bytes(8 * 200_000)
+        if where == "in a sequence item":  # (0040,A043) Concept Name Code Sequence, one item of them
+            item = struct.pack("<HHL", 0xFFFE, 0xE000, len(zeros)) + zeros
+            zeros = _elem(0x0040, 0xA043, b"SQ", item)
+        plain = zlib.decompress(head[meta_end:], -15) + zeros
+        comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+        data = head[:meta_end] + comp.compress(plain) + comp.flush()
+        assert len(data) < 8 * 1024
+        warning = _store_with_good(c, data)
+        assert "needs more than 100000 reads to parse" in warning
+
     def test_deflated_within_bound_is_stored(self, archive):
         _srv, c = archive
         ds = make_dataset(rows=16, columns=16, frames=2, PatientID="bombs")

@@ -113,3 +113,21 @@ def test_repeat_is_served_from_cache(http, server, study):
     a = http.get(url(ct) + "/rendered").content
     b = http.get(url(ct) + "/rendered").content
     assert a == b
+
+
+@pytest.mark.parametrize("path, accept", [
+    ("/frames/{}", 'multipart/related; type="application/octet-stream"'),
+    ("/frames/{}/rendered", "image/png"),
+    ("/frames/1,{}/rendered", 'multipart/related; type="image/png"'),
+    ("/frames/{}/rendered", "image/gif"),
+])
+def test_a_frame_number_beyond_any_is_named_as_such(http, study, path, accept):
+    """A frame number of more than ten digits (PS3.18 §10.4.1.1.2) names no frame of any
+    instance (NumberOfFrames is an IS, PS3.5 §6.2: at most 2^31 - 1): 404, and the message
+    says so. It said 'no frame 2147483648', a number the client never sent."""
+    _ct, _sr, mf, url = study
+    for frames, named in (("99999999999999999999999", "numbered above 2147483647"),
+                          ("2147483648", "numbered above 2147483647"), ("2147483647", "2147483647"), ("7", "7")):
+        r = http.get(url(mf) + path.format(frames), headers={"Accept": accept})
+        assert (r.status_code, r.json()["detail"]) == (
+            404, f"instance {mf.SOPInstanceUID} has 3 frame(s); no frame {named}"), (frames, r.text)
